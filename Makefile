@@ -1,0 +1,41 @@
+# varpack developer entry points. Every target bootstraps .venv on its own (see `install`).
+PY ?= python3
+VENV := .venv
+BIN := $(abspath $(VENV)/bin)
+STAMP := $(VENV)/.installed
+export PATH := $(BIN):$(PATH)
+# Quiet rich progress bars and keep MPICH from pinning every rank to the same core.
+export PYTHONUNBUFFERED := 1
+DEMO := demo-out
+
+.PHONY: install test demo bench lint format clean
+
+install: $(STAMP)
+
+# torch==2.13.0 first: it is a local CPU wheel here; any other torch spec pulls gigabytes of CUDA.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[mpi,torch,plot,dev]'
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+demo: install
+	bash jobs/demo.sh $(DEMO)
+
+bench: install
+	bash tests/benchmarks/run_all.sh
+
+lint: install
+	$(BIN)/ruff check varpack tests jobs
+	$(BIN)/ruff format --check varpack tests jobs
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff format varpack tests jobs
+	$(BIN)/ruff check --fix varpack tests jobs
+
+clean:
+	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,3 @@
+from varpack.cli import main
+
+main()

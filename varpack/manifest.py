@@ -1,0 +1,175 @@
+"""The plan's on-disk format: ``plan.json`` plus one Parquet manifest per data-parallel rank.
+
+This module is the contract between ``varpack plan`` and every reader (``inspect``, ``validate``,
+:mod:`varpack.torch`). Writing is atomic: the whole directory appears at once, and ``plan.json``,
+which carries the checksums of the rank files, is written last. Reading refuses a plan whose
+format, version, layout or checksums do not match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from varpack.atomic import atomic_dir
+from varpack.errors import InputError
+
+FORMAT = "varpack.plan"
+VERSION = 1
+PLAN_JSON = "plan.json"
+
+#: Columns every manifest has, in this order (names and types are the contract).
+BASE_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("micro", pa.int32()),
+        ("sample_ids", pa.list_(pa.int64())),
+        ("seq_lens", pa.list_(pa.int32())),
+        ("pad_to", pa.int32()),
+        ("lr_factor", pa.float64()),
+        ("step_tokens", pa.int64()),
+        ("step_samples", pa.int64()),
+        ("warmup", pa.bool_()),
+    ]
+)
+#: Columns that features add where they apply (shapes: pad_rows; blocks: block_index; cp).
+OPTIONAL_FIELDS = {
+    "pad_rows": pa.int32(),
+    "block_index": pa.list_(pa.int32()),
+    "cp_placement": pa.list_(pa.int32()),
+}
+_ROW_GROUP = 65536
+
+
+def rank_file(rank: int) -> str:
+    """File name of a rank's manifest.
+
+    >>> rank_file(3)
+    'rank-00003.parquet'
+    """
+    return f"rank-{rank:05d}.parquet"
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def manifest_schema(columns: Sequence[str]) -> pa.Schema:
+    """Base schema plus the optional columns named in ``columns``, in a fixed order."""
+    extra = [pa.field(n, t) for n, t in OPTIONAL_FIELDS.items() if n in columns]
+    return pa.schema(list(BASE_SCHEMA) + extra)
+
+
+def _write_table(table: pa.Table, path: Path) -> None:
+    # Fixed writer options: identical tables give byte-identical files (same pyarrow version).
+    pq.write_table(table, path, compression="zstd", row_group_size=_ROW_GROUP, write_statistics=True)
+
+
+def write_plan(
+    out: str | os.PathLike[str], meta: dict[str, Any], tables: Sequence[pa.Table], overwrite: bool = False
+) -> Path:
+    """Write the rank manifests, then ``plan.json`` (with their sha256 and rows), atomically.
+
+    ``meta`` holds everything of plan.json except ``format``, ``version`` and ``ranks``, which
+    are filled in here. Each table must match :func:`manifest_schema` for its columns.
+    """
+    with atomic_dir(out, overwrite) as tmp:
+        ranks = []
+        for rank, table in enumerate(tables):
+            schema = manifest_schema(table.column_names)
+            if table.schema != schema:
+                table = table.select(schema.names).cast(schema)
+            name = rank_file(rank)
+            _write_table(table, tmp / name)
+            ranks.append({"rank": rank, "file": name, "rows": table.num_rows, "sha256": sha256_file(tmp / name)})
+        doc = {"format": FORMAT, "version": VERSION, **meta, "ranks": ranks}
+        (tmp / PLAN_JSON).write_text(json.dumps(doc, indent=2) + "\n")
+    return Path(out)
+
+
+@dataclass
+class Plan:
+    """A plan on disk: its directory and the parsed ``plan.json``."""
+
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def dp(self) -> int:
+        return int(self.meta["layout"]["dp"])
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.meta["num_steps"])
+
+    @property
+    def grad_accum(self) -> int:
+        return int(self.meta["layout"]["grad_accum"])
+
+    def rank_entry(self, rank: int) -> dict[str, Any]:
+        if not 0 <= rank < self.dp:
+            raise InputError(f"{self.path}: rank {rank} is outside the plan's dp={self.dp} ranks")
+        return dict(self.meta["ranks"][rank])
+
+    def verify_rank(self, rank: int) -> list[str]:
+        """Problems with one rank file (missing, wrong sha256, wrong row count); empty if fine."""
+        entry = self.rank_entry(rank)
+        path = self.path / entry["file"]
+        if not path.is_file():
+            return [f"{path}: rank {rank} manifest is missing"]
+        problems = []
+        if sha256_file(path) != entry["sha256"]:
+            problems.append(f"{path}: sha256 does not match plan.json; the file changed after planning")
+        rows = pq.ParquetFile(path).metadata.num_rows
+        if rows != entry["rows"]:
+            problems.append(f"{path}: {rows} rows, plan.json says {entry['rows']}")
+        return problems
+
+    def rank_table(self, rank: int, verify: bool = True) -> pa.Table:
+        """The manifest of ``rank`` (rows in execution order), checked against plan.json."""
+        if verify:
+            problems = self.verify_rank(rank)
+            if problems:
+                raise InputError(problems[0] + "; re-run varpack plan")
+        return pq.read_table(self.path / self.rank_entry(rank)["file"])
+
+
+def load_plan(path: str | os.PathLike[str], verify: bool = False) -> Plan:
+    """Open a plan directory; check format, version and layout (and every checksum if ``verify``)."""
+    root = Path(path)
+    doc_path = root / PLAN_JSON
+    if not doc_path.is_file():
+        raise InputError(f"{root}: no {PLAN_JSON}; not a varpack plan (or planning did not finish)")
+    try:
+        meta = json.loads(doc_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{doc_path}: unreadable ({exc}); re-run varpack plan") from None
+    if meta.get("format") != FORMAT:
+        raise InputError(f"{doc_path}: format {meta.get('format')!r} is not {FORMAT!r}")
+    if meta.get("version") != VERSION:
+        raise InputError(
+            f"{doc_path}: plan version {meta.get('version')!r}, this varpack reads version {VERSION}; "
+            "re-run varpack plan with this version"
+        )
+    layout = meta.get("layout") or {}
+    if not isinstance(layout.get("dp"), int) or len(meta.get("ranks", [])) != layout["dp"]:
+        raise InputError(f"{doc_path}: layout dp does not match the {len(meta.get('ranks', []))} rank files")
+    plan = Plan(root, meta)
+    if verify:
+        for rank in range(plan.dp):
+            problems = plan.verify_rank(rank)
+            if problems:
+                raise InputError(problems[0] + "; re-run varpack plan")
+    return plan

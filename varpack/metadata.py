@@ -1,0 +1,212 @@
+"""Sequence-length metadata: locate, read and validate sharded Parquet.
+
+Contract (DESIGN.md): ``sample_id`` integer, unique, >= 0; ``seq_len`` integer, > 0; optional
+numeric key columns; any other column is ignored unless asked for. The unit of reading is a
+:class:`Piece` (one row group of one file) so that MPI ranks can split the input by rows rather
+than by files. Every check is vectorised and names the file, the row (within that file) and the
+sample id of the first offence.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.types as pat
+
+from varpack.errors import InputError
+
+ID = "sample_id"
+LEN = "seq_len"
+REQUIRED = (ID, LEN)
+_FORMAT = ds.ParquetFileFormat()
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One row group of one Parquet file, with its row offset inside that file."""
+
+    path: str
+    row_group: int
+    num_rows: int
+    file_row_offset: int
+
+
+def resolve_files(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Expand a file, a directory (recursively, ``*.parquet``) or a glob into a sorted file list.
+
+    The order is by path, so it is stable across runs and machines. Hidden files and names
+    starting with ``_`` (``_index.json``, ``_SUCCESS``) are skipped inside directories.
+    """
+    specs = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+    files: list[Path] = []
+    for item in specs:
+        path = Path(item)
+        if path.is_dir():
+            found = [
+                p
+                for p in path.rglob("*.parquet")
+                if p.is_file() and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts)
+            ]
+            if not found:
+                raise InputError(f"{path}: directory holds no *.parquet files; point at Parquet metadata")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        elif glob.has_magic(str(item)):
+            found = [Path(p) for p in glob.glob(str(item), recursive=True) if Path(p).is_file()]
+            if not found:
+                raise InputError(f"{item}: the pattern matches no file; check the path")
+            files.extend(found)
+        else:
+            raise InputError(f"{path}: no such file or directory")
+    return sorted(set(files), key=lambda p: str(p))
+
+
+def _fragment(path: Path | str, row_groups: list[int] | None = None) -> ds.ParquetFileFragment:
+    return _FORMAT.make_fragment(str(path), row_groups=row_groups)
+
+
+def list_pieces(files: Sequence[Path | str], keys: Sequence[str] = ()) -> list[Piece]:
+    """Read every footer, check each file's schema, and list its row groups in file order."""
+    pieces: list[Piece] = []
+    for path in files:
+        try:
+            frag = _fragment(path)
+            check_schema(frag.physical_schema, str(path), keys)
+            meta = frag.metadata
+        except InputError:
+            raise
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"{path}: cannot read as Parquet ({_first_line(exc)}); replace or remove the file") from None
+        offset = 0
+        for i in range(meta.num_row_groups):
+            n = meta.row_group(i).num_rows
+            pieces.append(Piece(str(path), i, n, offset))
+            offset += n
+    return pieces
+
+
+def check_schema(schema: pa.Schema, where: str, keys: Sequence[str] = ()) -> None:
+    """Required columns present with integer types; key columns present and numeric."""
+    for name in REQUIRED:
+        if schema.get_field_index(name) < 0:
+            have = ", ".join(schema.names) or "none"
+            raise InputError(f"{where}: missing column '{name}' (columns: {have}); metadata needs {ID} and {LEN}")
+        typ = schema.field(name).type
+        if not pat.is_integer(typ):
+            raise InputError(f"{where}: column '{name}' has type {typ}, expected an integer type (int64 or int32)")
+    for key in keys:
+        if key in REQUIRED:
+            continue
+        if schema.get_field_index(key) < 0:
+            raise InputError(f"{where}: missing key column '{key}' (columns: {', '.join(schema.names)})")
+        typ = schema.field(key).type
+        if not (pat.is_integer(typ) or pat.is_floating(typ)):
+            raise InputError(f"{where}: key column '{key}' has type {typ}, expected a numeric type")
+
+
+def read_piece(piece: Piece, keys: Sequence[str] = ()) -> pa.Table:
+    """Read and validate one row group; returns ``sample_id`` int64, ``seq_len`` int64, keys."""
+    columns = list(dict.fromkeys([*REQUIRED, *keys]))
+    try:
+        table = _fragment(piece.path, [piece.row_group]).to_table(columns=columns)
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(
+            f"{piece.path}: cannot read row group {piece.row_group} ({_first_line(exc)}); replace or remove the file"
+        ) from None
+    return validate_table(table, piece.path, piece.file_row_offset, keys)
+
+
+def validate_table(table: pa.Table, where: str, first_row: int = 0, keys: Sequence[str] = ()) -> pa.Table:
+    """Check nulls, ranges and types of one chunk; return it normalised to int64 id and length."""
+    check_schema(table.schema, where, keys)
+    for name in dict.fromkeys([*REQUIRED, *keys]):
+        col = table.column(name)
+        if col.null_count:
+            row = int(pc.index(pc.is_null(col), True).as_py())
+            raise InputError(f"{where}: row {first_row + row}: null in column '{name}'; every row needs a value")
+    ids = table.column(ID)
+    if pat.is_unsigned_integer(ids.type) and len(ids) and pc.max(ids).as_py() > np.iinfo(np.int64).max:
+        row = int(pc.index(pc.greater(ids, np.iinfo(np.int64).max), True).as_py())
+        raise InputError(f"{where}: row {first_row + row}: sample_id does not fit int64")
+    ids = ids.cast(pa.int64())
+    lens = table.column(LEN).cast(pa.int64())
+    _first_violation(pc.less(ids, 0), ids, where, first_row, "negative sample_id; ids must be >= 0")
+    _first_violation(pc.less_equal(lens, 0), ids, where, first_row, "non-positive seq_len; lengths must be > 0")
+    out = {ID: ids, LEN: lens}
+    for key in keys:
+        if key not in out:
+            out[key] = table.column(key)
+    return pa.table(out)
+
+
+def _first_violation(mask: pa.ChunkedArray, ids: pa.ChunkedArray, where: str, first_row: int, what: str) -> None:
+    if pc.any(mask).as_py():
+        row = int(pc.index(mask, True).as_py())
+        raise InputError(f"{where}: row {first_row + row} (sample_id {ids[row].as_py()}): {what}")
+
+
+def first_duplicate(sorted_ids: np.ndarray) -> int | None:
+    """The smallest id that occurs twice in an ascending array, or None.
+
+    >>> first_duplicate(np.array([1, 3, 3, 7]))
+    3
+    >>> first_duplicate(np.array([1, 2])) is None
+    True
+    """
+    if len(sorted_ids) < 2:
+        return None
+    dup = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
+    return int(sorted_ids[dup[0]]) if len(dup) else None
+
+
+def duplicate_error(sample_id: int, places: Sequence[str]) -> InputError:
+    """The one message for a duplicate id; ``places`` name where it occurs ("file row N")."""
+    where = " and ".join(places[:2]) if places else "the input"
+    return InputError(f"duplicate sample_id {sample_id} in {where}; sample ids must be unique across all shards")
+
+
+def read_metadata(
+    spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], keys: Sequence[str] = ()
+) -> pa.Table:
+    """Read, validate and concatenate all metadata in ``spec`` (single process).
+
+    Returns a table with ``sample_id`` int64, ``seq_len`` int64 and the key columns, in file and
+    row order. Raises :class:`InputError` for any contract violation, including duplicate ids
+    across shards and an input with no rows.
+    """
+    files = resolve_files(spec)
+    pieces = list_pieces(files, keys)
+    tables = [read_piece(p, keys) for p in pieces if p.num_rows]
+    if not tables or sum(t.num_rows for t in tables) == 0:
+        raise InputError(f"{spec}: the metadata holds no rows; nothing to do")
+    table = pa.concat_tables(tables).combine_chunks()
+    ids = table.column(ID).to_numpy()
+    dup = first_duplicate(np.sort(ids))
+    if dup is not None:
+        raise duplicate_error(dup, _locate(dup, ids, [p for p in pieces if p.num_rows]))
+    return table
+
+
+def _locate(sample_id: int, ids: np.ndarray, pieces: Sequence[Piece]) -> list[str]:
+    """Name the file and row of each occurrence of ``sample_id`` (error path only)."""
+    starts = np.cumsum([0] + [p.num_rows for p in pieces])
+    places = []
+    for row in np.flatnonzero(ids == sample_id):
+        k = int(np.searchsorted(starts, row, side="right") - 1)
+        piece = pieces[k]
+        places.append(f"{piece.path} row {piece.file_row_offset + int(row - starts[k])}")
+    return places
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
