@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,16 +74,24 @@ def manifest_schema(columns: Sequence[str]) -> pa.Schema:
 
 def _write_table(table: pa.Table, path: Path) -> None:
     # Fixed writer options: identical tables give byte-identical files (same pyarrow version).
-    pq.write_table(table, path, compression="zstd", row_group_size=_ROW_GROUP, write_statistics=True)
+    pq.write_table(
+        table, path, compression="zstd", row_group_size=_ROW_GROUP, write_statistics=True
+    )
 
 
 def write_plan(
-    out: str | os.PathLike[str], meta: dict[str, Any], tables: Sequence[pa.Table], overwrite: bool = False
+    out: str | os.PathLike[str],
+    meta: dict[str, Any],
+    tables: Iterable[pa.Table],
+    overwrite: bool = False,
+    rank_extra: Sequence[dict[str, Any]] | None = None,
 ) -> Path:
     """Write the rank manifests, then ``plan.json`` (with their sha256 and rows), atomically.
 
     ``meta`` holds everything of plan.json except ``format``, ``version`` and ``ranks``, which
     are filled in here. Each table must match :func:`manifest_schema` for its columns.
+    ``tables`` may be a generator (one rank in memory at a time); ``rank_extra[r]`` adds keys to
+    rank ``r``'s entry (e.g. its ``shapes``).
     """
     with atomic_dir(out, overwrite) as tmp:
         ranks = []
@@ -93,7 +101,15 @@ def write_plan(
                 table = table.select(schema.names).cast(schema)
             name = rank_file(rank)
             _write_table(table, tmp / name)
-            ranks.append({"rank": rank, "file": name, "rows": table.num_rows, "sha256": sha256_file(tmp / name)})
+            ranks.append(
+                {
+                    "rank": rank,
+                    "file": name,
+                    "rows": table.num_rows,
+                    "sha256": sha256_file(tmp / name),
+                    **(rank_extra[rank] if rank_extra is not None else {}),
+                }
+            )
         doc = {"format": FORMAT, "version": VERSION, **meta, "ranks": ranks}
         (tmp / PLAN_JSON).write_text(json.dumps(doc, indent=2) + "\n")
     return Path(out)
@@ -131,7 +147,9 @@ class Plan:
             return [f"{path}: rank {rank} manifest is missing"]
         problems = []
         if sha256_file(path) != entry["sha256"]:
-            problems.append(f"{path}: sha256 does not match plan.json; the file changed after planning")
+            problems.append(
+                f"{path}: sha256 does not match plan.json; the file changed after planning"
+            )
         rows = pq.ParquetFile(path).metadata.num_rows
         if rows != entry["rows"]:
             problems.append(f"{path}: {rows} rows, plan.json says {entry['rows']}")
@@ -165,7 +183,9 @@ def load_plan(path: str | os.PathLike[str], verify: bool = False) -> Plan:
         )
     layout = meta.get("layout") or {}
     if not isinstance(layout.get("dp"), int) or len(meta.get("ranks", [])) != layout["dp"]:
-        raise InputError(f"{doc_path}: layout dp does not match the {len(meta.get('ranks', []))} rank files")
+        raise InputError(
+            f"{doc_path}: layout dp does not match the {len(meta.get('ranks', []))} rank files"
+        )
     plan = Plan(root, meta)
     if verify:
         for rank in range(plan.dp):

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.types as pat
 
 from varpack.errors import InputError
@@ -27,6 +28,24 @@ ID = "sample_id"
 LEN = "seq_len"
 REQUIRED = (ID, LEN)
 _FORMAT = ds.ParquetFileFormat()
+_LOCAL = pafs.LocalFileSystem()
+
+#: The schema varpack writes for metadata (``synth``, ``lengths``); readers accept any integer types.
+WRITE_SCHEMA = pa.schema([(ID, pa.int64()), (LEN, pa.int32())])
+#: Parquet writer options for metadata: zstd halves the size of sparse ids at little cost, and a
+#: dictionary pays off for lengths (few distinct values) but not for random ids.
+WRITE_OPTIONS: dict[str, object] = {"compression": "zstd", "use_dictionary": [LEN]}
+#: Largest length varpack writes (int32 column).
+MAX_LEN = int(np.iinfo(np.int32).max)
+
+
+def shard_name(index: int) -> str:
+    """File name of output shard ``index``; zero-padded so the path order is the shard order.
+
+    >>> shard_name(7)
+    'part-00007.parquet'
+    """
+    return f"part-{index:05d}.parquet"
 
 
 @dataclass(frozen=True)
@@ -53,10 +72,13 @@ def resolve_files(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             found = [
                 p
                 for p in path.rglob("*.parquet")
-                if p.is_file() and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts)
+                if p.is_file()
+                and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts)
             ]
             if not found:
-                raise InputError(f"{path}: directory holds no *.parquet files; point at Parquet metadata")
+                raise InputError(
+                    f"{path}: directory holds no *.parquet files; point at a Parquet file, directory or glob"
+                )
             files.extend(found)
         elif path.is_file():
             files.append(path)
@@ -71,7 +93,7 @@ def resolve_files(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
 
 
 def _fragment(path: Path | str, row_groups: list[int] | None = None) -> ds.ParquetFileFragment:
-    return _FORMAT.make_fragment(str(path), row_groups=row_groups)
+    return _FORMAT.make_fragment(str(path), filesystem=_LOCAL, row_groups=row_groups)
 
 
 def list_pieces(files: Sequence[Path | str], keys: Sequence[str] = ()) -> list[Piece]:
@@ -85,7 +107,9 @@ def list_pieces(files: Sequence[Path | str], keys: Sequence[str] = ()) -> list[P
         except InputError:
             raise
         except (OSError, pa.ArrowException) as exc:
-            raise InputError(f"{path}: cannot read as Parquet ({_first_line(exc)}); replace or remove the file") from None
+            raise InputError(
+                f"{path}: cannot read as Parquet ({first_line(exc)}); replace or remove the file"
+            ) from None
         offset = 0
         for i in range(meta.num_row_groups):
             n = meta.row_group(i).num_rows
@@ -99,15 +123,21 @@ def check_schema(schema: pa.Schema, where: str, keys: Sequence[str] = ()) -> Non
     for name in REQUIRED:
         if schema.get_field_index(name) < 0:
             have = ", ".join(schema.names) or "none"
-            raise InputError(f"{where}: missing column '{name}' (columns: {have}); metadata needs {ID} and {LEN}")
+            raise InputError(
+                f"{where}: missing column '{name}' (columns: {have}); metadata needs {ID} and {LEN}"
+            )
         typ = schema.field(name).type
         if not pat.is_integer(typ):
-            raise InputError(f"{where}: column '{name}' has type {typ}, expected an integer type (int64 or int32)")
+            raise InputError(
+                f"{where}: column '{name}' has type {typ}, expected an integer type (int64 or int32)"
+            )
     for key in keys:
         if key in REQUIRED:
             continue
         if schema.get_field_index(key) < 0:
-            raise InputError(f"{where}: missing key column '{key}' (columns: {', '.join(schema.names)})")
+            raise InputError(
+                f"{where}: missing key column '{key}' (columns: {', '.join(schema.names)})"
+            )
         typ = schema.field(key).type
         if not (pat.is_integer(typ) or pat.is_floating(typ)):
             raise InputError(f"{where}: key column '{key}' has type {typ}, expected a numeric type")
@@ -120,35 +150,53 @@ def read_piece(piece: Piece, keys: Sequence[str] = ()) -> pa.Table:
         table = _fragment(piece.path, [piece.row_group]).to_table(columns=columns)
     except (OSError, pa.ArrowException) as exc:
         raise InputError(
-            f"{piece.path}: cannot read row group {piece.row_group} ({_first_line(exc)}); replace or remove the file"
+            f"{piece.path}: cannot read row group {piece.row_group} ({first_line(exc)}); replace or remove the file"
         ) from None
     return validate_table(table, piece.path, piece.file_row_offset, keys)
 
 
-def validate_table(table: pa.Table, where: str, first_row: int = 0, keys: Sequence[str] = ()) -> pa.Table:
+def validate_table(
+    table: pa.Table, where: str, first_row: int = 0, keys: Sequence[str] = ()
+) -> pa.Table:
     """Check nulls, ranges and types of one chunk; return it normalised to int64 id and length."""
     check_schema(table.schema, where, keys)
     for name in dict.fromkeys([*REQUIRED, *keys]):
         col = table.column(name)
         if col.null_count:
             row = int(pc.index(pc.is_null(col), True).as_py())
-            raise InputError(f"{where}: row {first_row + row}: null in column '{name}'; every row needs a value")
-    ids = table.column(ID)
-    if pat.is_unsigned_integer(ids.type) and len(ids) and pc.max(ids).as_py() > np.iinfo(np.int64).max:
-        row = int(pc.index(pc.greater(ids, np.iinfo(np.int64).max), True).as_py())
-        raise InputError(f"{where}: row {first_row + row}: sample_id does not fit int64")
-    ids = ids.cast(pa.int64())
-    lens = table.column(LEN).cast(pa.int64())
+            raise InputError(
+                f"{where}: row {first_row + row}: null in column '{name}'; every row needs a value"
+            )
+    ids = _to_int64(table.column(ID), ID, where, first_row)
+    lens = _to_int64(table.column(LEN), LEN, where, first_row)
     _first_violation(pc.less(ids, 0), ids, where, first_row, "negative sample_id; ids must be >= 0")
-    _first_violation(pc.less_equal(lens, 0), ids, where, first_row, "non-positive seq_len; lengths must be > 0")
+    _first_violation(
+        pc.less_equal(lens, 0), ids, where, first_row, "non-positive seq_len; lengths must be > 0"
+    )
     out = {ID: ids, LEN: lens}
     for key in keys:
         if key not in out:
-            out[key] = table.column(key)
+            col = table.column(key)
+            if pat.is_floating(col.type):
+                # NaN has no place in a total order: the sort would depend on the NaN convention.
+                what = f"NaN in key column '{key}'; give every row a number"
+                _first_violation(pc.is_nan(col), ids, where, first_row, what)
+            out[key] = col
     return pa.table(out)
 
 
-def _first_violation(mask: pa.ChunkedArray, ids: pa.ChunkedArray, where: str, first_row: int, what: str) -> None:
+def _to_int64(col: pa.ChunkedArray, name: str, where: str, first_row: int) -> pa.ChunkedArray:
+    """Cast an integer column to int64, naming the first value that does not fit (uint64)."""
+    limit = np.iinfo(np.int64).max
+    if pat.is_unsigned_integer(col.type) and len(col) and pc.max(col).as_py() > limit:
+        row = int(pc.index(pc.greater(col, pa.scalar(limit, col.type)), True).as_py())
+        raise InputError(f"{where}: row {first_row + row}: {name} does not fit int64")
+    return col.cast(pa.int64())
+
+
+def _first_violation(
+    mask: pa.ChunkedArray, ids: pa.ChunkedArray, where: str, first_row: int, what: str
+) -> None:
     if pc.any(mask).as_py():
         row = int(pc.index(mask, True).as_py())
         raise InputError(f"{where}: row {first_row + row} (sample_id {ids[row].as_py()}): {what}")
@@ -171,7 +219,9 @@ def first_duplicate(sorted_ids: np.ndarray) -> int | None:
 def duplicate_error(sample_id: int, places: Sequence[str]) -> InputError:
     """The one message for a duplicate id; ``places`` name where it occurs ("file row N")."""
     where = " and ".join(places[:2]) if places else "the input"
-    return InputError(f"duplicate sample_id {sample_id} in {where}; sample ids must be unique across all shards")
+    return InputError(
+        f"duplicate sample_id {sample_id} in {where}; sample ids must be unique across all shards"
+    )
 
 
 def read_metadata(
@@ -187,7 +237,7 @@ def read_metadata(
     pieces = list_pieces(files, keys)
     tables = [read_piece(p, keys) for p in pieces if p.num_rows]
     if not tables or sum(t.num_rows for t in tables) == 0:
-        raise InputError(f"{spec}: the metadata holds no rows; nothing to do")
+        raise InputError(f"{_describe(spec)}: the metadata holds no rows; nothing to do")
     table = pa.concat_tables(tables).combine_chunks()
     ids = table.column(ID).to_numpy()
     dup = first_duplicate(np.sort(ids))
@@ -207,6 +257,14 @@ def _locate(sample_id: int, ids: np.ndarray, pieces: Sequence[Piece]) -> list[st
     return places
 
 
-def _first_line(exc: BaseException) -> str:
+def _describe(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> str:
+    if isinstance(spec, (str, os.PathLike)):
+        return str(spec)
+    names = [str(s) for s in spec]
+    return names[0] if len(names) == 1 else f"{len(names)} inputs ({names[0]}, ...)"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (Arrow errors can run to many lines)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `make demo`: the whole varpack flow end to end on built-in synthetic data.
+#   synth (tokenized) -> lengths -> check -> mpiexec -n 2 sort -> plan -> inspect (+plot) -> validate
+#   -> torchrun 2-process training replay of the plan.
+set -euo pipefail
+OUT=${1:-demo-out}
+rm -rf "$OUT"
+mkdir -p "$OUT"
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "1. synthetic tokenized dataset (long-tail chat lengths, 4 unequal shards)"
+varpack synth "$OUT/tokens" --dist long-tail --num-samples 4000 --max-len 2048 --shards 4 \
+  --tokenized --vocab-size 512 --seed 7
+
+step "2. derive the length metadata from the tokens"
+varpack lengths "$OUT/tokens" "$OUT/meta"
+
+step "3. validate and summarise the metadata"
+varpack check "$OUT/meta"
+
+step "4. distributed sample sort on 2 MPI ranks"
+mpiexec -n 2 python -m mpi4py -m varpack sort "$OUT/meta" "$OUT/sorted"
+
+step "5. plan: 2 data-parallel ranks, grad-accum 2, packed, 4K-token budget, shuffled window, sqrt LR"
+varpack plan "$OUT/sorted" "$OUT/plan" --dp 2 --grad-accum 2 --max-tokens 4096 --layout packed \
+  --pad-multiple 64 --order shuffle --seed 1 --shuffle-window 8 --cost flops --model-preset qwen2.5-0.5b \
+  --lr-scaling sqrt --base-batch-size 64
+
+step "6. inspect (figures + plot)"
+varpack inspect "$OUT/plan" --plot "$OUT/plan.png"
+
+step "7. validate the plan against its metadata"
+varpack validate "$OUT/plan" --metadata "$OUT/meta"
+
+echo
+echo "demo outputs in $OUT/ (plan.png is the plot)"

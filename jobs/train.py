@@ -1,0 +1,254 @@
+"""Example trainer: replay a varpack plan with DDP (torchrun; gloo on CPU, nccl on GPU).
+
+    torchrun --standalone --nproc-per-node 2 jobs/train.py --plan PLAN --data TOKENS --out RUN
+
+What it shows, in the order a real trainer needs it:
+
+- ``PlanLoader`` gives this rank its micro-batches; ``batch.is_last_micro`` decides when DDP
+  synchronises (``no_sync()`` on every other micro-batch);
+- the loss of each micro-batch is the sum of its token losses times ``dp / D`` (``D`` = the
+  step's supervised tokens, from the plan), so accumulated, all-reduced gradients are exactly the
+  gradient of the step's mean token loss;
+- ``VariableBatchSizeLR`` scales a warm-up + cosine schedule by the plan's per-step LR factor;
+- ``--compile static`` compiles with ``dynamic=False`` after ``compile_warmup`` ran every shape;
+- checkpoints hold model, optimizer, LR and loader cursor; ``--resume`` continues exactly.
+
+Attention: flash-attn varlen over ``cu_seqlens`` where installed (CUDA, bf16), else SDPA with the
+block-diagonal causal mask built on the device from ``cu_seqlens``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from varpack.errors import VarpackError
+from varpack.torch import (
+    ParquetTokenDataset,
+    PlanLoader,
+    VariableBatchSizeLR,
+    compile_warmup,
+    dummy_batch,
+    normalise,
+    token_loss_sum,
+)
+from varpack.torch.model import PRESETS, TinyGPT, model_inputs, param_count_str
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--plan", required=True, help="plan directory (varpack plan)")
+    p.add_argument("--data", required=True, help="tokenized Parquet (sample_id + input_ids)")
+    p.add_argument("--out", required=True, help="run directory: checkpoint, logs, records")
+    p.add_argument("--column", default="input_ids")
+    p.add_argument("--id-column", default="sample_id")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary")
+    p.add_argument("--lr", type=float, default=3e-4, help="base LR (scaled per step by the plan)")
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument(
+        "--max-steps", type=int, default=None, help="stop after this many optimizer steps"
+    )
+    p.add_argument("--collate", choices=["packed", "padded", "blocks"], default=None)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
+    p.add_argument("--attention", choices=["auto", "mask", "flash"], default="auto")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--compile", choices=["none", "static", "dynamic"], default="none")
+    p.add_argument(
+        "--ckpt-every", type=int, default=0, help="steps between checkpoints (0: at the end)"
+    )
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--record", action="store_true", help="write OUT/record-rank-R.json (ids seen)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def setup_distributed() -> tuple[int, int, torch.device]:
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    cuda = torch.cuda.is_available()
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return rank, world, torch.device("cuda", local)
+    return rank, world, torch.device("cpu")
+
+
+def lr_lambda(warmup: int, total: int) -> Any:
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.9 * 0.5 * (
+            1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup)))
+        )
+
+    return f
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # atomic: a crash never leaves half a checkpoint
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    rank, world, device = setup_distributed()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(args.seed)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+
+    dataset = ParquetTokenDataset(args.data, column=args.column, id_column=args.id_column)
+    loader = PlanLoader(
+        args.plan,
+        dataset,
+        collate=args.collate,
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",
+    )
+    cfg = PRESETS[args.preset]
+    if args.vocab_size:
+        cfg = type(cfg)(**{**cfg.__dict__, "vocab_size": args.vocab_size})
+    model: torch.nn.Module = TinyGPT(cfg).to(device)
+    raw = model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, foreach=False)
+    base = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(args.warmup_steps, loader.num_steps)
+    )
+    scheduler = VariableBatchSizeLR(base, loader.lr_factors())
+    ckpt = out / "checkpoint.pt"
+    step_done = 0
+    if args.resume:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        raw.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["lr"])
+        loader.load_state_dict(state["loader"])
+        step_done = state["steps_done"]
+    ddp: DDP | None = None
+    if world > 1:
+        model = ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if args.compile != "none":
+        model = torch.compile(model, dynamic=args.compile == "dynamic")  # type: ignore[assignment]
+    attention = args.attention
+
+    def micro_loss(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            logits = m(**model_inputs(batch, attention, dtype))
+        return normalise(token_loss_sum(logits, batch.labels), batch, world)
+
+    if args.compile == "static":
+        t0 = time.perf_counter()
+        shapes = compile_warmup(
+            model,
+            loader,
+            loader.rank,
+            lambda s: dummy_batch(s, loader.layout).to(device),
+            micro_loss,
+        )
+        log(rank, f"compile warm-up: {len(shapes)} shapes in {time.perf_counter() - t0:.1f}s")
+
+    log(rank, f"model {args.preset} {param_count_str(raw.num_params())} params; plan {loader.num_steps} steps x "
+        f"{loader.grad_accum} micro x dp {world}; layout {loader.layout}; device {device}")  # fmt: skip
+    seen: list[int] = []
+    step_loss = torch.zeros((), device=device)
+    rank_tokens = win_tokens = tokens_total = 0
+    t_start = t_win = time.perf_counter()
+    for batch in loader:
+        batch = batch.to(device, non_blocking=True)
+        # Gradients are all-reduced only on the step's last micro-batch (DDP no_sync before it).
+        with (
+            ddp.no_sync()
+            if ddp is not None and not batch.is_last_micro
+            else contextlib.nullcontext()
+        ):
+            loss = micro_loss(model, batch)
+            loss.backward()
+        step_loss += loss.detach()
+        rank_tokens += batch.num_tokens
+        if args.record:
+            seen.extend(batch.sample_ids.tolist())
+        if not batch.is_last_micro:
+            continue
+        torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
+        lr_now = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step_done += 1
+        win_tokens += batch.step_tokens
+        tokens_total += batch.step_tokens
+        if step_done % args.log_every == 0 or batch.step == loader.num_steps - 1:
+            if dist.is_initialized():
+                dist.all_reduce(step_loss)  # sum over ranks of dp/D * sum(losses) = dp * mean
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            log(rank, f"step {batch.step:5d}  loss {float(step_loss) / world:.4f}  lr {lr_now:.2e} "
+                f"(x{batch.lr_factor:.3g})  step tokens {batch.step_tokens} (this rank {rank_tokens})  "
+                f"{win_tokens / (now - t_win):,.0f} tok/s")  # fmt: skip
+            win_tokens, t_win = 0, now
+        step_loss.zero_()
+        rank_tokens = 0
+        if args.ckpt_every and step_done % args.ckpt_every == 0:
+            checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done)
+        if args.max_steps is not None and step_done >= args.max_steps:
+            break
+    checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done)
+    elapsed = time.perf_counter() - t_start
+    log(
+        rank,
+        f"done: {step_done} steps, {tokens_total:,} tokens in {elapsed:.1f}s ({tokens_total / max(elapsed, 1e-9):,.0f} tok/s)",
+    )
+    if args.record:
+        record = {
+            "rank": rank,
+            "steps_done": step_done,
+            "sample_ids": seen,
+            "cursor": loader.state_dict(),
+        }
+        (out / f"record-rank-{rank}.json").write_text(json.dumps(record))
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def checkpoint(
+    rank: int, path: Path, model: torch.nn.Module, opt: Any, lr: Any, loader: PlanLoader, steps: int
+) -> None:
+    if rank == 0:  # the loader cursor is rank-independent, so one copy serves every rank
+        state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "lr": lr.state_dict(),
+                 "loader": loader.state_dict(), "steps_done": steps}  # fmt: skip
+        save_checkpoint(path, state)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def log(rank: int, msg: str) -> None:
+    if rank == 0:
+        print(f"[train] {msg}", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except VarpackError as exc:  # a user mistake: one line, exit 2 (as the varpack CLI does)
+        print(f"varpack: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)

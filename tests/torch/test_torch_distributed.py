@@ -1,0 +1,69 @@
+"""Two gloo processes replay a whole plan under DDP with jobs/train.py (torchrun), and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch.nn")
+
+import torch  # noqa: E402
+from plan_helpers import make_plan, random_lengths, write_tokens  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def torchrun(nproc: int, *args: object, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(ROOT / "jobs" / "train.py"), *map(str, args)]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert proc.returncode == 0, (
+        f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    )
+    return proc
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads((out / f"record-rank-{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_two_ranks_replay_the_plan_and_resume(tmp_path) -> None:
+    rng = np.random.default_rng(7)
+    lens = random_lengths(rng, 80, 2, 40)
+    write_tokens(tmp_path / "tok.parquet", list(lens), list(lens.values()), row_group_size=16)
+    plan = make_plan(tmp_path / "plan", lens, dp=2, grad_accum=2, budget=96, pad_multiple=16)
+    num_steps = json.loads((plan / "plan.json").read_text())["num_steps"]
+    assert num_steps >= 4
+    common = ["--plan", plan, "--data", tmp_path / "tok.parquet", "--record", "--warmup-steps", "2"]
+
+    # Whole plan in one go: both ranks finish all steps, every sample exactly once across ranks.
+    full = torchrun(2, *common, "--out", tmp_path / "full")
+    recs = _records(tmp_path / "full")
+    assert [r["steps_done"] for r in recs] == [num_steps, num_steps]
+    seen = recs[0]["sample_ids"] + recs[1]["sample_ids"]
+    assert sorted(seen) == sorted(lens)
+    assert "tok/s" in full.stdout and "loss" in full.stdout
+
+    # Stop after 2 steps, resume from the checkpoint: the two halves cover the plan exactly once.
+    torchrun(2, *common, "--out", tmp_path / "run", "--max-steps", "2")
+    part1 = _records(tmp_path / "run")
+    assert [r["cursor"]["step"] for r in part1] == [2, 2]
+    torchrun(2, *common, "--out", tmp_path / "run", "--resume")
+    part2 = _records(tmp_path / "run")
+    assert [r["steps_done"] for r in part2] == [num_steps, num_steps]
+    for r in range(2):  # each rank continues exactly where it stopped
+        assert part1[r]["sample_ids"] + part2[r]["sample_ids"] == recs[r]["sample_ids"]
+    # ... and ends with the same weights and LR state as the uninterrupted run.
+    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)
+    b = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    for k, v in a["model"].items():
+        assert torch.allclose(v, b["model"][k], atol=1e-6), k
+    assert a["lr"]["last_step"] == b["lr"]["last_step"] == num_steps

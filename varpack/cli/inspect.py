@@ -1,0 +1,29 @@
+"""``varpack inspect``: show a plan's figures (text or JSON) and optionally plot them."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command()
+@click.argument("plan", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option(
+    "--plot",
+    "plot_file",
+    type=click.Path(),
+    default=None,
+    help="Write a PNG: lengths, tokens per micro-batch, LR factor, per-rank load.",
+)
+def inspect(plan: str, as_json: bool, plot_file: str | None) -> None:
+    """Show PLAN's padding, balance, time vs ideal, mixing, LR range and shapes (checksums verified)."""
+    from varpack.inspect import describe, plot, render
+
+    info = describe(plan)
+    click.echo(json.dumps(info, indent=2) if as_json else render(info))
+    if plot_file:
+        plot(plan, plot_file)
+        if not as_json:
+            click.echo(f"plot written to {plot_file}")

@@ -1,0 +1,88 @@
+"""``varpack plan``: sorted lengths (or raw metadata) -> per-rank micro-batch manifests."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from varpack.plan.config import CHOICES, HELP, PlanConfig
+
+_FLOATS = {"base_batch_size"}
+_STRINGS = {"model_preset"}
+
+
+def _option_decorators() -> list[Callable[[Any], Any]]:
+    """One ``--flag`` per PlanConfig field; default None so a TOML value is not overridden."""
+    out = []
+    defaults = PlanConfig()
+    for f in dataclasses.fields(PlanConfig):
+        typ: Any
+        if f.name in CHOICES:
+            typ = click.Choice(CHOICES[f.name])
+        elif f.name in _FLOATS:
+            typ = float
+        elif f.name in _STRINGS:
+            typ = str
+        else:
+            typ = int
+        default = getattr(defaults, f.name)
+        shown = "required" if f.name in {"max_tokens", "batch_size"} else default
+        help_text = f"{HELP[f.name]} [default: {shown}]"
+        out.append(
+            click.option(
+                f"--{f.name.replace('_', '-')}", f.name, type=typ, default=None, help=help_text
+            )
+        )
+    return out
+
+
+def _with_plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    for deco in reversed(_option_decorators()):
+        func = deco(func)
+    return func
+
+
+@click.command(context_settings={"show_default": False})
+@click.argument("input", type=click.Path())
+@click.argument("out", type=click.Path())
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(),
+    default=None,
+    help="TOML file with any of the options below (flags override it).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
+@click.option("--quiet", "-q", is_flag=True, help="No summary line.")
+@_with_plan_options
+def plan(
+    input: str, out: str, config_file: str | None, overwrite: bool, quiet: bool, **options: Any
+) -> None:
+    """Plan training on INPUT (a `varpack sort` output, or raw metadata) into the directory OUT.
+
+    OUT gets plan.json and one manifest per data-parallel rank (rank-00000.parquet, ...): one row
+    per micro-batch in execution order with its sample ids, lengths, padded length, LR factor and
+    the step's global token and sample counts. Example:
+
+        varpack plan sorted/ plan/ --max-tokens 16384 --dp 8 --grad-accum 4 --cost flops --model-preset qwen2.5-0.5b
+    """
+    from varpack.atomic import check_output
+    from varpack.planning import load_toml
+    from varpack.planning import plan as run_plan
+
+    check_output(out, overwrite)
+    values: dict[str, Any] = load_toml(config_file) if config_file else {}
+    values.update({k: v for k, v in options.items() if v is not None})
+    cfg = PlanConfig.from_mapping(values).resolved()
+    arrays, meta = run_plan(input, out, cfg, overwrite=overwrite)
+    if not quiet:
+        s = meta["stats"]
+        click.echo(
+            f"{out}: {meta['input']['num_samples']} samples -> {meta['num_steps']} steps x {cfg.dp} ranks x "
+            f"{cfg.grad_accum} micro-batches; padding {100 * s['padding_ratio']:.2f}%, "
+            f"time {s['time_vs_ideal']:.3f}x ideal, imbalance max {s['imbalance_max']:.3f}, "
+            f"mixing {s['mixing']:.3f}, dropped {s['dropped']}"
+        )

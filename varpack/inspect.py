@@ -1,0 +1,157 @@
+"""``varpack inspect``: a plan's figures as a table or JSON, and an optional four-panel plot.
+
+The figures are plan.json's stats (computed by :mod:`varpack.plan.stats`); the plot reads the
+manifests and scores micro-batches with the plan's own cost model (:func:`varpack.plan.pack.summarize`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from varpack.manifest import load_plan
+from varpack.plan.config import PlanConfig
+from varpack.plan.pack import summarize
+from varpack.plan.stats import step_loads
+
+_MAX_POINTS = 200_000
+
+
+def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The plan's layout, config, input, stats and per-rank shape counts (JSON-ready)."""
+    plan = load_plan(path, verify=True)
+    meta = plan.meta
+    return {
+        "plan": str(path),
+        "input": meta["input"],
+        "layout": meta["layout"],
+        "num_steps": meta["num_steps"],
+        "config": meta["config"],
+        "stats": meta["stats"],
+        "dropped": len(meta.get("dropped") or []),
+        "ranks": [
+            {"rank": r["rank"], "rows": r["rows"], "shapes": len(r.get("shapes", []))}
+            for r in meta["ranks"]
+        ],
+    }
+
+
+def render(info: dict[str, Any]) -> str:
+    """Human-readable summary (plain text, one figure per line)."""
+    s, lay, cfg = info["stats"], info["layout"], info["config"]
+    budget = (
+        f"max-tokens {cfg['max_tokens']}"
+        if cfg["batching"] == "budget"
+        else f"batch-size {cfg['batch_size']}"
+    )
+    shapes = s["shapes_per_rank"]
+    rows = [
+        ("plan", info["plan"]),
+        (
+            "input",
+            f"{info['input']['num_samples']} samples, {info['input']['total_tokens']} tokens ({info['input']['source']})",
+        ),
+        (
+            "layout",
+            f"dp {lay['dp']} x grad-accum {lay['grad_accum']} (pp {lay['pp']}, cp {lay['cp']}); {info['num_steps']} steps",
+        ),
+        (
+            "batching",
+            f"{cfg['batching']} ({budget}), {cfg['layout']}, pad multiple {cfg['pad_multiple']}, order {cfg['order']}",
+        ),
+        ("micro-batches", f"{s['num_micro_batches']} ({s['micro_batches_per_rank']} per rank)"),
+        ("real tokens", f"{s['real_tokens']}"),
+        ("padded tokens", f"{s['padded_tokens']} (padding {100 * s['padding_ratio']:.3f}%)"),
+        ("time vs ideal", f"{s['time_vs_ideal']:.4f} (cost {s['cost']})"),
+        (
+            "imbalance",
+            f"mean {s['imbalance_mean']:.4f}, max {s['imbalance_max']:.4f} (slowest rank / mean, per step)",
+        ),
+        ("mixing", f"{s['mixing']:.4f} (mean KS distance of a step's lengths to the dataset's)"),
+        ("samples / step", f"{s['step_samples_min']} .. {s['step_samples_max']}"),
+        ("tokens / step", f"{s['step_tokens_min']} .. {s['step_tokens_max']}"),
+        (
+            "LR factor",
+            f"{s['lr_factor_min']:.4g} .. {s['lr_factor_max']:.4g} ({cfg['lr_scaling']})",
+        ),
+        ("shapes / rank", f"{min(shapes)} .. {max(shapes)}"),
+        ("dropped", f"{info['dropped']}; oversize alone {len(s.get('oversize_alone', []))}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _thin(n: int) -> np.ndarray:
+    """Indices of at most _MAX_POINTS evenly spaced items (plots stay light at any size)."""
+    return (
+        np.unique(np.linspace(0, n - 1, min(n, _MAX_POINTS)).astype(np.int64))
+        if n
+        else np.zeros(0, np.int64)
+    )
+
+
+def plot(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
+    """Length histogram, tokens per micro-batch, LR factor per step, per-rank load per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plan = load_plan(path, verify=True)
+    cfg = PlanConfig.from_mapping(plan.meta["config"]).resolved()
+    steps, ranks, tokens, costs, lens_all = [], [], [], [], []
+    lr = np.ones(plan.num_steps)
+    for r in range(plan.dp):
+        t = plan.rank_table(r, verify=False)
+        col = t.column("seq_lens").combine_chunks()
+        off = col.offsets.to_numpy().astype(np.int64)
+        lens = col.flatten().to_numpy().astype(np.int64)
+        micro = summarize(off - off[0], lens, cfg)
+        step = t.column("step").to_numpy()
+        steps.append(step)
+        ranks.append(np.full(len(step), r))
+        tokens.append(micro.tokens)
+        costs.append(micro.cost)
+        lens_all.append(lens)
+        lr[step] = t.column("lr_factor").to_numpy()
+    step = np.concatenate(steps)
+    rank = np.concatenate(ranks)
+    cost = np.concatenate(costs)
+    order = np.lexsort((rank, step))
+    fig, ax = plt.subplots(2, 2, figsize=(13, 8))
+    lens = np.concatenate(lens_all)
+    ax[0, 0].hist(lens, bins=100, log=True, color="tab:blue")
+    ax[0, 0].set(title="sample lengths", xlabel="tokens", ylabel="samples")
+    tok = np.concatenate(tokens)[order]
+    keep = _thin(len(tok))
+    ax[0, 1].plot(keep, tok[keep], ",", color="tab:green")
+    ax[0, 1].axhline(cfg.max_tokens or 0, color="gray", lw=0.5) if cfg.max_tokens else None
+    ax[0, 1].set(
+        title="real tokens per micro-batch",
+        xlabel="micro-batch (step, rank order)",
+        ylabel="tokens",
+    )
+    ax[1, 0].plot(np.arange(plan.num_steps), lr, lw=0.8, color="tab:orange")
+    ax[1, 0].set(title=f"LR factor per step ({cfg.lr_scaling})", xlabel="step", ylabel="factor")
+    loads = step_loads(step, rank, cost, plan.num_steps, plan.dp)
+    rel = loads / np.maximum(loads.mean(axis=1, keepdims=True), 1e-300)
+    bins = min(plan.num_steps, 1000)
+    edges = np.linspace(0, plan.num_steps, bins + 1).astype(np.int64)
+    binned = np.maximum.reduceat(rel, edges[:-1], axis=0) if plan.num_steps else rel
+    im = ax[1, 1].imshow(
+        binned.T,
+        aspect="auto",
+        cmap="viridis",
+        interpolation="nearest",
+        extent=(0, plan.num_steps, plan.dp - 0.5, -0.5),
+    )
+    fig.colorbar(im, ax=ax[1, 1], label="rank load / step mean")
+    ax[1, 1].set(title=f"per-rank load per step ({cfg.cost})", xlabel="step", ylabel="rank")
+    fig.suptitle(
+        f"{path}: {plan.num_steps} steps, dp {plan.dp}, time {plan.meta['stats']['time_vs_ideal']:.3f}x ideal"
+    )
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,213 @@
+"""Every planning option in one frozen dataclass, with its default and its validation.
+
+The CLI, a ``plan.toml`` file and the Python API all end in :class:`PlanConfig`; ``plan.json``
+stores :meth:`PlanConfig.to_dict` of the *resolved* config (defaults and preset dimensions filled
+in), and ``validate`` rebuilds the config from there with :meth:`PlanConfig.from_mapping`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from varpack.errors import ConfigError
+from varpack.plan.cost import PRESETS
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "batching": ("budget", "fixed"),
+    "layout": ("packed", "padded"),
+    "oversize": ("error", "drop", "alone"),
+    "cost": ("tokens", "padded", "flops"),
+    "order": ("curriculum", "shuffle"),
+    "lr_scaling": ("none", "linear", "sqrt"),
+    "base_unit": ("samples", "tokens"),
+}
+
+#: One line of help per option (the CLI and the docs use these).
+HELP: dict[str, str] = {
+    "batching": "budget: as many samples as fit --max-tokens; fixed: --batch-size samples",
+    "max_tokens": "token budget of one micro-batch (padded tokens: B x T padded, or the packed total)",
+    "batch_size": "samples per micro-batch with --batching fixed",
+    "layout": "packed: one flattened row per micro-batch; padded: B rows padded to the longest",
+    "pad_multiple": "round the padded length (padded) or the packed total (packed) up to this multiple",
+    "oversize": "a sample longer than the budget: error, drop it (listed in plan.json), or alone",
+    "dp": "data-parallel ranks (one manifest each)",
+    "grad_accum": "micro-batches per rank per optimizer step",
+    "cost": "cost model used to balance ranks and to score the plan",
+    "model_preset": f"model dimensions for --cost flops: {', '.join(sorted(PRESETS))}",
+    "hidden": "hidden size h for --cost flops",
+    "kv_hidden": "key/value hidden size (kv heads x head dim) for --cost flops",
+    "layers": "number of transformer layers for --cost flops",
+    "order": "curriculum: steps follow the sorted order; shuffle: random order, regrouped in windows",
+    "seed": "seed of the shuffle (each epoch reseeded from (seed, epoch))",
+    "epochs": "number of passes over the data (steps are numbered continuously)",
+    "shuffle_window": "shuffle: regroup samples within windows of this many steps (1 = most random)",
+    "lr_scaling": "LR factor per step from the realised global batch: none, linear (k) or sqrt (sqrt k)",
+    "base_batch_size": "reference global batch size for --lr-scaling (in --base-unit)",
+    "base_unit": "unit of --base-batch-size and of the realised batch: samples or tokens",
+}
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """All options of ``varpack plan`` (see :data:`HELP`); build with :meth:`resolved`."""
+
+    batching: str = "budget"
+    max_tokens: int | None = None
+    batch_size: int | None = None
+    layout: str = "packed"
+    pad_multiple: int = 1
+    oversize: str = "error"
+    dp: int = 1
+    grad_accum: int = 1
+    cost: str = "tokens"
+    model_preset: str | None = None
+    hidden: int | None = None
+    kv_hidden: int | None = None
+    layers: int | None = None
+    order: str = "curriculum"
+    seed: int = 0
+    epochs: int = 1
+    shuffle_window: int = 8
+    lr_scaling: str = "none"
+    base_batch_size: float | None = None
+    base_unit: str = "samples"
+
+    @property
+    def micro_per_step(self) -> int:
+        """Micro-batches of one optimizer step over all ranks (dp x grad_accum)."""
+        return self.dp * self.grad_accum
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "config") -> PlanConfig:
+        """Build from a mapping (TOML table, plan.json ``config``); keys may use ``-`` or ``_``.
+
+        >>> PlanConfig.from_mapping({"max-tokens": 64, "dp": 2}).resolved().max_tokens
+        64
+        """
+        known = {f.name for f in fields(cls)}
+        clean: dict[str, Any] = {}
+        for key, value in values.items():
+            name = str(key).replace("-", "_")
+            if name not in known:
+                raise ConfigError(
+                    f"{where}: unknown option '{key}' (known: {', '.join(sorted(known))})"
+                )
+            clean[name] = value
+        return cls(**clean)
+
+    def resolved(self) -> PlanConfig:
+        """Check every option and combination; fill model dimensions from the preset."""
+        cfg = self
+        for name, choices in CHOICES.items():
+            value = getattr(cfg, name)
+            if value not in choices:
+                raise ConfigError(f"--{_flag(name)} {value!r}: choose one of {', '.join(choices)}")
+        for name in ("dp", "grad_accum", "pad_multiple", "epochs", "shuffle_window"):
+            _positive_int(name, getattr(cfg, name))
+        if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
+            raise ConfigError(f"--seed {cfg.seed!r}: must be an integer >= 0")
+        cfg = cfg._resolve_batching()._resolve_model()._resolve_lr()
+        return cfg
+
+    def _resolve_batching(self) -> PlanConfig:
+        if self.batching == "budget":
+            if self.batch_size is not None:
+                raise ConfigError(
+                    "--batch-size conflicts with --batching budget; use --max-tokens, or --batching fixed"
+                )
+            if self.max_tokens is None:
+                raise ConfigError(
+                    "--batching budget needs --max-tokens (the token budget of a micro-batch)"
+                )
+            _positive_int("max_tokens", self.max_tokens)
+            if self.max_tokens < self.pad_multiple:
+                raise ConfigError(
+                    f"--max-tokens {self.max_tokens} is smaller than --pad-multiple {self.pad_multiple}: nothing fits"
+                )
+        else:
+            if self.max_tokens is not None:
+                raise ConfigError(
+                    "--max-tokens conflicts with --batching fixed; use --batch-size, or --batching budget"
+                )
+            if self.batch_size is None:
+                raise ConfigError("--batching fixed needs --batch-size (samples per micro-batch)")
+            _positive_int("batch_size", self.batch_size)
+            if self.oversize != "error":
+                raise ConfigError(
+                    "--oversize applies to --batching budget only (fixed batches have no budget)"
+                )
+        return self
+
+    def _resolve_model(self) -> PlanConfig:
+        dims = {"hidden": self.hidden, "kv_hidden": self.kv_hidden, "layers": self.layers}
+        given = [k for k, v in dims.items() if v is not None]
+        if self.cost != "flops":
+            if self.model_preset is not None or given:
+                what = "--model-preset" if self.model_preset is not None else f"--{_flag(given[0])}"
+                raise ConfigError(
+                    f"{what} is only used by --cost flops; add --cost flops or remove it"
+                )
+            return self
+        if self.model_preset is not None:
+            key = str(self.model_preset).lower()
+            if key not in PRESETS:
+                raise ConfigError(
+                    f"--model-preset {self.model_preset!r} is unknown; choose one of {', '.join(sorted(PRESETS))}"
+                )
+            model = PRESETS[key]
+            differ = [k for k in given if dims[k] != getattr(model, k)]  # resolved() is idempotent
+            if differ:
+                raise ConfigError(
+                    f"--{_flag(differ[0])} conflicts with --model-preset; give a preset or the dimensions"
+                )
+            return dataclasses.replace(
+                self,
+                model_preset=key,
+                hidden=model.hidden,
+                kv_hidden=model.kv_hidden,
+                layers=model.layers,
+            )
+        missing = [k for k, v in dims.items() if v is None]
+        if missing:
+            raise ConfigError(
+                f"--cost flops needs --model-preset or all of --hidden --kv-hidden --layers (missing --{_flag(missing[0])})"
+            )
+        for name in dims:
+            _positive_int(name, getattr(self, name))
+        return self
+
+    def _resolve_lr(self) -> PlanConfig:
+        if self.lr_scaling == "none":
+            if self.base_batch_size is not None:
+                raise ConfigError(
+                    "--base-batch-size has no effect with --lr-scaling none; add --lr-scaling linear|sqrt"
+                )
+            return self
+        if self.base_batch_size is None:
+            raise ConfigError(
+                f"--lr-scaling {self.lr_scaling} needs --base-batch-size (the reference global batch)"
+            )
+        base = self.base_batch_size
+        if (
+            isinstance(base, bool)
+            or not isinstance(base, int | float)
+            or not base > 0
+            or base == float("inf")
+        ):
+            raise ConfigError(f"--base-batch-size {base!r}: must be a number > 0")
+        return dataclasses.replace(self, base_batch_size=float(base))
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"--{_flag(name)} {value!r}: must be an integer >= 1")

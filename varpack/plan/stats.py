@@ -1,0 +1,163 @@
+"""Figures that score a plan; the planner stores them in plan.json, ``inspect`` shows them and
+``validate`` recomputes them from the manifests with these same functions.
+
+* padding: real tokens vs the tokens the model processes (micro-batch volumes).
+* imbalance per step: slowest rank's cost / mean rank cost (mean and max over steps).
+* time vs ideal: ``sum over steps of the slowest rank's cost`` divided by the ideal
+  ``sum(sample_cost) / dp`` (real samples, no padding, perfect balance). It counts padding,
+  imbalance and (with ``flops``) attention's quadratic cost on padded rows.
+* mixing: mean over steps of the Kolmogorov-Smirnov distance between the step's length
+  distribution and the whole plan's, evaluated at up to 127 quantiles of the lengths (0: every
+  step looks like the dataset; sorted batching is close to 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from varpack.plan.rules import LAYOUT_CODE, PACKED, volume
+
+_BINS = 128
+_CELLS = 1 << 24  # histogram cells per pass of the mixing computation
+_CHUNK = 1 << 22  # samples per chunk
+
+
+def _length_histogram(lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct lengths and their counts (bincount when lengths are small ints)."""
+    top = int(lens.max())
+    if top <= (1 << 24):
+        counts = np.bincount(lens, minlength=top + 1)
+        values = np.flatnonzero(counts)
+        return values, counts[values]
+    values, counts = np.unique(lens, return_counts=True)
+    return values, counts
+
+
+def mixing(sample_step: np.ndarray, sample_len: np.ndarray, num_steps: int) -> float:
+    """Mean KS distance between each step's lengths and all lengths (see module doc).
+
+    >>> lens = np.array([1, 2, 3, 4] * 2)
+    >>> mixing(np.array([0, 0, 0, 0, 1, 1, 1, 1]), lens, 2)  # each step = the dataset
+    0.0
+    >>> mixing(np.array([0, 0, 1, 1, 0, 0, 1, 1]), lens, 2)  # sorted halves
+    0.5
+    """
+    n = len(sample_len)
+    if n == 0 or num_steps == 0:
+        return 0.0
+    lens = np.asarray(sample_len)
+    values, counts = _length_histogram(lens)
+    cum = np.cumsum(counts)
+    picks = np.searchsorted(cum, np.arange(1, _BINS) * n / _BINS)  # quantile positions
+    edges = np.unique(values[np.minimum(picks, len(values) - 1)])
+    edges = edges[edges < values[-1]]  # at the maximum both CDFs are 1
+    if len(edges) == 0:
+        return 0.0
+    cdf = cum[np.searchsorted(values, edges)] / n  # F(edge) = P(len <= edge)
+    nb = len(edges) + 1
+    per_pass = max(1, _CELLS // nb)
+    total = 0.0
+    for lo in range(0, num_steps, per_pass):
+        hi = min(num_steps, lo + per_pass)
+        hist = np.zeros((hi - lo) * nb, dtype=np.int64)
+        for a in range(0, n, _CHUNK):  # bounded temporaries at any size
+            step = np.asarray(sample_step[a : a + _CHUNK], dtype=np.int64)
+            bins = np.searchsorted(
+                edges, lens[a : a + _CHUNK], side="left"
+            )  # edges[b-1] < len <= edges[b]
+            if lo > 0 or hi < num_steps:
+                mask = (step >= lo) & (step < hi)
+                step, bins = step[mask], bins[mask]
+            hist += np.bincount((step - lo) * nb + bins, minlength=(hi - lo) * nb)
+        hist2 = hist.reshape(hi - lo, nb)
+        size = hist2.sum(axis=1)
+        ecdf = np.cumsum(hist2[:, :-1], axis=1) / np.maximum(size, 1)[:, None]
+        ks = np.abs(ecdf - cdf[None, :]).max(axis=1)
+        total += float(ks[size > 0].sum())
+    return total / num_steps
+
+
+def chunked_sum(values: np.ndarray, fn: Any) -> float:
+    """``sum(fn(values))`` computed over chunks (no full-size temporary)."""
+    return float(
+        sum(float(fn(values[a : a + _CHUNK]).sum()) for a in range(0, len(values), _CHUNK))
+    )
+
+
+def step_loads(
+    step: np.ndarray, rank: np.ndarray, cost: np.ndarray, num_steps: int, dp: int
+) -> np.ndarray:
+    """(steps, dp) matrix of each rank's cost in each step."""
+    flat = np.bincount(step * dp + rank, weights=cost, minlength=num_steps * dp)
+    return flat.reshape(num_steps, dp)
+
+
+def rank_shapes(
+    rank: np.ndarray, count: np.ndarray, padded_len: np.ndarray, layout: str, dp: int
+) -> list[list[Any]]:
+    """Distinct shapes each rank sees, sorted: ``[B, T]`` (padded) or ``T`` (packed total).
+
+    >>> rank_shapes(np.array([0, 0, 1]), np.array([2, 3, 2]), np.array([8, 8, 8]), "packed", 2)
+    [[8], [8]]
+    """
+    out: list[list[Any]] = []
+    packed = LAYOUT_CODE[layout] == PACKED
+    for r in range(dp):
+        sel = rank == r
+        if packed:
+            out.append(np.unique(padded_len[sel]).tolist())
+        else:
+            pairs = np.unique(np.stack([count[sel], padded_len[sel]], axis=1), axis=0)
+            out.append(pairs.tolist())
+    return out
+
+
+def plan_stats(
+    *,
+    step: np.ndarray,
+    rank: np.ndarray,
+    count: np.ndarray,
+    tokens: np.ndarray,
+    padded_len: np.ndarray,
+    cost: np.ndarray,
+    sample_step: np.ndarray,
+    sample_len: np.ndarray,
+    ideal_cost: float,
+    lr: np.ndarray,
+    step_samples: np.ndarray,
+    step_tokens: np.ndarray,
+    num_steps: int,
+    dp: int,
+    layout: str,
+    shapes: list[list[Any]],
+) -> dict[str, Any]:
+    """The stats block of plan.json (plain JSON types)."""
+    real = int(tokens.sum())
+    padded = int(volume(count, padded_len, LAYOUT_CODE[layout]).sum())
+    loads = step_loads(step, rank, cost, num_steps, dp)
+    peak = loads.max(axis=1)
+    imbalance = peak / np.maximum(loads.mean(axis=1), 1e-300)
+    est = float(peak.sum())
+    ideal = ideal_cost / dp
+    return {
+        "real_tokens": real,
+        "padded_tokens": padded,
+        "padding_ratio": (padded - real) / padded if padded else 0.0,
+        "num_micro_batches": int(len(step)),
+        "micro_batches_per_rank": int(len(step) // dp),
+        "imbalance_mean": float(imbalance.mean()) if num_steps else 1.0,
+        "imbalance_max": float(imbalance.max()) if num_steps else 1.0,
+        "est_time": est,
+        "ideal_time": ideal,
+        "time_vs_ideal": est / ideal if ideal else 1.0,
+        "lr_factor_min": float(lr.min()) if num_steps else 1.0,
+        "lr_factor_max": float(lr.max()) if num_steps else 1.0,
+        "step_samples_min": int(step_samples.min()) if num_steps else 0,
+        "step_samples_max": int(step_samples.max()) if num_steps else 0,
+        "step_tokens_min": int(step_tokens.min()) if num_steps else 0,
+        "step_tokens_max": int(step_tokens.max()) if num_steps else 0,
+        "mixing": mixing(sample_step, sample_len, num_steps),
+        "shapes_per_rank": [len(s) for s in shapes],
+    }

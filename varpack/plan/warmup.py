@@ -1,0 +1,180 @@
+"""Compile warm-up ordering: each rank meets every shape it will ever see in its first micro-batches.
+
+Static ``torch.compile`` builds one graph per input shape; a rank that meets a new shape late
+recompiles mid-training (and stalls the other ranks at the next collective). ``--warmup reorder``
+moves, on every rank, one micro-batch of each distinct shape to the front of that rank's plan,
+largest shape first (an out-of-memory error shows at once), and leaves the rest in plan order.
+``--warmup list`` keeps the order and only records each rank's shapes (:func:`rank_shapes`).
+
+Representation (all plain arrays): a plan of ``dp`` ranks, each with ``n`` micro-batches in
+execution order (every rank has the same count: ``n = num_steps * grad_accum``), is a ``(dp, n)``
+array of shape ids. Position ``i`` of a rank is step ``i // grad_accum``, micro ``i % grad_accum``.
+Shape ids come from :func:`encode_shapes` and are ordered by size: a larger id is a larger shape.
+Reordering only permutes positions within a rank, so every step keeps ``grad_accum`` micro-batches
+on every rank; but micro-batches change steps, so the planner must recompute each step's global
+tokens and samples (:func:`step_totals`) and its LR factor afterwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def encode_shapes(rows: np.ndarray, pad_to: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Shape ids of micro-batches and the table of distinct shapes, smallest first.
+
+    ``rows``: rows of each micro-batch (padded layout: samples + ``pad_rows``; packed: 1s);
+    ``pad_to``: its padded length. Any array shape (e.g. ``(dp, n)``); ids have the same shape.
+    Shapes are ordered by tokens ``rows * pad_to``, then by ``pad_to`` (attention memory grows with
+    the length), so ``shapes[-1]`` is the largest. Returns ``(ids, shapes)`` with ``shapes`` an
+    ``(S, 2)`` ``int64`` array of ``(rows, pad_to)``.
+
+    >>> ids, table = encode_shapes(np.array([4, 1, 4, 2]), np.array([8, 64, 8, 16]))
+    >>> ids.tolist(), table.tolist()
+    ([0, 2, 0, 1], [[4, 8], [2, 16], [1, 64]])
+    """
+    r = np.asarray(rows, np.int64)
+    t = np.asarray(pad_to, np.int64)
+    pairs = np.stack([r.ravel(), t.ravel()], axis=1)
+    table, inv = np.unique(pairs, axis=0, return_inverse=True)
+    order = np.lexsort((table[:, 0], table[:, 1], table[:, 0] * table[:, 1]))
+    rank_of = np.empty(order.size, np.int64)
+    rank_of[order] = np.arange(order.size)
+    return rank_of[inv.ravel()].reshape(r.shape), table[order]
+
+
+def _first_occurrence(shape_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rank, position, shape) of the first micro-batch of each distinct shape on each rank."""
+    dp, n = shape_ids.shape
+    s = int(shape_ids.max()) + 1 if shape_ids.size else 1
+    key = np.arange(dp, dtype=np.int64)[:, None] * s + shape_ids
+    _, first = np.unique(key.ravel(), return_index=True)
+    return first // n, first % n, shape_ids.ravel()[first]
+
+
+def warmup_order(shape_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``--warmup reorder``: a per-rank permutation putting one micro-batch per shape first.
+
+    ``shape_ids``: ``(dp, n)`` ids in execution order, a larger id a larger shape. On each rank
+    the first micro-batch of every distinct shape moves to the front, largest shape first; the
+    others follow in their plan order. Returns ``(perm, warmup)``, both ``(dp, n)``:
+    ``perm[r, i]`` is the old position of the micro-batch rank ``r`` runs at position ``i``
+    (apply with ``np.take_along_axis(x, perm, axis=1)``) and ``warmup[r, i]`` is true for the
+    prefix (the manifest's ``warmup`` column). Vectorised over all ranks.
+
+    >>> perm, warm = warmup_order(np.array([[0, 0, 1, 2, 1, 0], [2, 2, 2, 2, 0, 2]]))
+    >>> perm.tolist()
+    [[3, 2, 0, 1, 4, 5], [0, 4, 1, 2, 3, 5]]
+    >>> warm.astype(int).tolist()
+    [[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]]
+    """
+    ids = np.asarray(shape_ids, np.int64)
+    if ids.ndim != 2:
+        raise ValueError("shape_ids must be (dp, n)")
+    dp, n = ids.shape
+    if ids.size == 0:
+        return np.zeros((dp, n), np.int64), np.zeros((dp, n), bool)
+    rank, pos, shape = _first_occurrence(ids)
+    # Prefix slot of each representative: its rank among that rank's shapes, largest first.
+    o = np.lexsort((-shape, rank))
+    rank, pos, shape = rank[o], pos[o], shape[o]
+    start = np.searchsorted(rank, np.arange(dp))
+    slot = np.arange(rank.size) - start[rank]
+    count = np.bincount(rank, minlength=dp)
+    key = count[:, None] + np.arange(n, dtype=np.int64)[None, :]  # the rest, in plan order
+    key[rank, pos] = slot
+    perm = np.argsort(key, axis=1, kind="stable")
+    warmup = np.arange(n)[None, :] < count[:, None]
+    return perm, warmup
+
+
+def rank_shapes(shape_ids: np.ndarray, shapes: np.ndarray) -> list[list[list[int]]]:
+    """Each rank's distinct shapes, largest first, as ``[[rows, pad_to], ...]`` (for plan.json).
+
+    ``shape_ids``: ``(dp, n)``; ``shapes``: the table from :func:`encode_shapes`.
+
+    >>> rank_shapes(np.array([[0, 1, 0], [1, 1, 1]]), np.array([[4, 8], [1, 64]]))
+    [[[1, 64], [4, 8]], [[1, 64]]]
+    """
+    ids = np.asarray(shape_ids, np.int64)
+    table = np.asarray(shapes, np.int64)
+    out: list[list[list[int]]] = []
+    for r in range(ids.shape[0]):  # one iteration per rank, not per sample
+        present = np.unique(ids[r])[::-1]
+        out.append(table[present].tolist())
+    return out
+
+
+def step_totals(
+    tokens: np.ndarray, samples: np.ndarray, grad_accum: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Global real tokens and samples of each row's step, after any reordering.
+
+    ``tokens``, ``samples``: ``(dp, n)`` real tokens and sample counts of each micro-batch in
+    (new) execution order. Returns ``(step_tokens, step_samples)``, ``(dp, n)`` ``int64``: the sum
+    over all ranks and the ``grad_accum`` micro-batches of the row's step (the manifest columns).
+
+    >>> st, ss = step_totals(np.array([[1, 2, 3, 4], [10, 20, 30, 40]]), np.ones((2, 4), int), 2)
+    >>> st.tolist(), ss.tolist()
+    ([[33, 33, 77, 77], [33, 33, 77, 77]], [[4, 4, 4, 4], [4, 4, 4, 4]])
+    """
+    t = np.asarray(tokens, np.int64)
+    s = np.asarray(samples, np.int64)
+    dp, n = t.shape
+    if n % grad_accum:
+        raise ValueError(f"{n} micro-batches per rank is not a multiple of grad_accum {grad_accum}")
+    steps = n // grad_accum
+    per_t = t.reshape(dp, steps, grad_accum).sum(axis=(0, 2))
+    per_s = s.reshape(dp, steps, grad_accum).sum(axis=(0, 2))
+    step = np.arange(n) // grad_accum
+    return np.broadcast_to(per_t[step], (dp, n)).copy(), np.broadcast_to(
+        per_s[step], (dp, n)
+    ).copy()
+
+
+def first_new_shape_after_prefix(shape_ids: np.ndarray, warmup_mask: np.ndarray) -> int:
+    """Position of the first micro-batch after the warm-up prefix whose shape the prefix lacks.
+
+    One rank's ``shape_ids`` and ``warmup`` flags in execution order; -1 if there is none, i.e.
+    the rank never meets a new shape after its warm-up.
+
+    >>> first_new_shape_after_prefix(np.array([2, 0, 0, 1]), np.array([1, 1, 0, 0], bool))
+    3
+    >>> first_new_shape_after_prefix(np.array([2, 0, 0, 2]), np.array([1, 1, 0, 0], bool))
+    -1
+    """
+    ids = np.asarray(shape_ids, np.int64)
+    mask = np.asarray(warmup_mask, bool)
+    new = ~mask & ~np.isin(ids, ids[mask])
+    return int(np.argmax(new)) if new.any() else -1
+
+
+def check_warmup_prefix(
+    shape_ids: np.ndarray, warmup_mask: np.ndarray, rank: int | None = None
+) -> list[str]:
+    """Violations of the warm-up rule on one rank (empty if fine).
+
+    The ``warmup`` rows form a prefix, hold one micro-batch per shape, largest first (larger
+    id = larger shape, :func:`encode_shapes`), and no shape first appears after the prefix.
+
+    >>> check_warmup_prefix(np.array([1, 0, 1, 0]), np.array([1, 1, 0, 0], bool))
+    []
+    >>> check_warmup_prefix(np.array([0, 1, 0, 2]), np.array([1, 1, 0, 0], bool), rank=1)
+    ['rank 1: warm-up shapes are not largest first', 'rank 1: micro-batch 3 has a shape not in the warm-up prefix']
+    """
+    where = "" if rank is None else f"rank {rank}: "
+    ids = np.asarray(shape_ids, np.int64)
+    mask = np.asarray(warmup_mask, bool)
+    out: list[str] = []
+    p = int(mask.sum())
+    if not mask[:p].all():
+        out.append(f"{where}warm-up rows are not a prefix of the rank's plan")
+    head = ids[mask]
+    if np.unique(head).size != head.size:
+        out.append(f"{where}the warm-up prefix repeats a shape")
+    if np.any(np.diff(head) > 0):
+        out.append(f"{where}warm-up shapes are not largest first")
+    i = first_new_shape_after_prefix(ids, mask)
+    if i >= 0:
+        out.append(f"{where}micro-batch {i} has a shape not in the warm-up prefix")
+    return out

@@ -1,0 +1,89 @@
+"""The I/O edge of ``varpack plan``: read the input, plan (pure, :mod:`varpack.plan`), write.
+
+Input is either a ``varpack sort`` output (a directory with ``_index.json`` or a ``--single-file``
+binary) taken in its global order, or raw metadata (file, directory or glob), which is read and
+sorted in-process by the same rule (``seq_len``, ties by ``sample_id``). Either way the plan is
+the same: a sorted input, whatever rank count made it, gives byte-identical manifests.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from varpack.atomic import check_output
+from varpack.errors import ConfigError, InputError
+from varpack.manifest import write_plan
+from varpack.plan import PlanArrays, PlanConfig, make_plan
+
+
+def is_sorted_output(path: str | os.PathLike[str]) -> bool:
+    """A ``varpack sort`` output: a directory with ``_index.json`` or a single-file binary."""
+    from varpack.sort.output import INDEX, MAGIC
+
+    p = Path(path)
+    if p.is_dir():
+        return (p / INDEX).is_file()
+    if p.is_file() and p.suffix != ".parquet":
+        with open(p, "rb") as fh:
+            return fh.read(len(MAGIC)) == MAGIC
+    return False
+
+
+def read_input(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(sample_ids, seq_lens)`` int64 in curriculum order (the sort order)."""
+    from varpack.metadata import read_metadata
+    from varpack.sort import read_sorted, sort_table
+
+    if is_sorted_output(path):
+        table, _ = read_sorted(path)
+    else:
+        table = sort_table(read_metadata(str(path)), keys=("seq_len",))
+    if table.num_rows == 0:
+        raise InputError(f"{path}: the input holds no samples; nothing to plan")
+    ids = table.column("sample_id").to_numpy().astype(np.int64, copy=False)
+    lens = table.column("seq_len").to_numpy().astype(np.int64, copy=False)
+    return ids, lens
+
+
+def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Options from a TOML file: top-level keys, or a ``[plan]`` table (keys use - or _)."""
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"--config {p}: cannot read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config {p}: invalid TOML ({exc})") from None
+    if set(doc) == {"plan"} and isinstance(doc["plan"], dict):
+        doc = doc["plan"]
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            raise ConfigError(
+                f"--config {p}: unexpected table [{key}]; options are plain keys (or one [plan] table)"
+            )
+    PlanConfig.from_mapping(doc, where=f"--config {p}")  # unknown keys fail here
+    return {str(k).replace("-", "_"): v for k, v in doc.items()}
+
+
+def plan(
+    input: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    cfg: PlanConfig,
+    overwrite: bool = False,
+) -> tuple[PlanArrays, dict[str, Any]]:
+    """Plan ``input`` with ``cfg`` and write the plan directory ``out`` (atomically).
+
+    Fails before any work when ``out`` exists without ``overwrite``, and writes nothing on error.
+    Returns the plan arrays and plan.json's content (without ranks).
+    """
+    check_output(out, overwrite)
+    cfg = cfg.resolved()
+    ids, lens = read_input(input)
+    arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
+    write_plan(out, meta, arrays.tables(), overwrite=overwrite, rank_extra=extra)
+    return arrays, meta

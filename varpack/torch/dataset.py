@@ -1,0 +1,315 @@
+"""Random access to tokenized samples by sample id.
+
+:class:`ParquetTokenDataset` reads a tokenized Parquet dataset (the one ``varpack lengths`` read:
+a list column of token ids, default ``input_ids``, and an id column, default ``sample_id``)
+without loading it. Opening reads only the id column and builds a sorted index
+``sample_id -> (row group, row)`` with NumPy; row groups are then read on demand, one column, and
+kept in a small LRU cache. :meth:`~ParquetTokenDataset.get_flat` fetches a whole micro-batch with
+one read per row group it touches, never one per sample.
+
+With ``id_column=None`` the ids are the global row positions in the stable file order of
+:func:`varpack.metadata.resolve_files`, the same rule ``varpack lengths`` uses without ``--id-column``.
+
+Any map-style dataset keyed by sample id (a dict, or anything with ``__getitem__``) works too:
+:func:`fetch_flat` falls back to one lookup per sample there.
+
+Objects are pickle-safe for DataLoader workers: open files and the cache are dropped when pickled
+and reopened lazily in each worker.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from varpack.errors import InputError
+from varpack.metadata import first_duplicate, resolve_files
+
+IPC_SUFFIXES = (".arrow", ".feather", ".ipc")
+
+
+def _resolve(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Parquet files as :func:`resolve_files` finds them, or Arrow IPC files (``*.arrow``)."""
+    specs = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    ipc = [Path(p) for p in specs if str(p).endswith(IPC_SUFFIXES) and Path(p).is_file()]
+    dirs = [Path(p) for p in specs if Path(p).is_dir()]
+    found = sorted(
+        {q for d in dirs for q in d.rglob("*") if q.suffix in IPC_SUFFIXES and q.is_file()}
+    )
+    if ipc and len(ipc) == len(specs):
+        return sorted(ipc)
+    if (
+        dirs
+        and len(dirs) == len(specs)
+        and found
+        and not any(next(d.rglob("*.parquet"), None) for d in dirs)
+    ):
+        return found
+    return resolve_files(path)
+
+
+def write_arrow_tokens(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    column: str = "input_ids",
+    id_column: str | None = "sample_id",
+) -> Path:
+    """Copy a tokenized Parquet dataset into one uncompressed Arrow IPC file (row group by row group).
+
+    :class:`ParquetTokenDataset` memory-maps such a file: random access costs a page-cache read,
+    no decoding, so micro-batches whose samples are scattered over the dataset stay cheap.
+    """
+    files = resolve_files(src)
+    columns = [c for c in (id_column, column) if c is not None]
+    dst = Path(dst)
+    tmp = dst.with_name(dst.name + ".tmp")
+    writer = None
+    try:
+        for name in files:
+            pf = pq.ParquetFile(name)
+            for g in range(pf.metadata.num_row_groups):
+                table = pf.read_row_group(g, columns=columns)
+                if writer is None:
+                    writer = pa.ipc.new_file(str(tmp), table.schema)
+                writer.write_table(table)
+        if writer is None:
+            raise InputError(f"{src}: no rows to convert")
+        writer.close()
+        os.replace(tmp, dst)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return dst
+
+
+class ParquetTokenDataset:
+    """Tokenized Parquet, indexed by sample id; ``ds[sample_id]`` is a 1-D int NumPy array."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        column: str = "input_ids",
+        id_column: str | None = "sample_id",
+        cache_row_groups: int = 16,
+    ) -> None:
+        self.files = [str(p) for p in _resolve(path)]
+        self.ipc = all(f.endswith(IPC_SUFFIXES) for f in self.files)
+        self.column = column
+        self.id_column = id_column
+        self.cache_row_groups = max(1, cache_row_groups)
+        # Row-group table: file index and first global row of every row group (plus the end).
+        rg_file, rg_local, rg_start = [], [], [0]
+        id_parts = []
+        for f, name in enumerate(self.files):
+            for g, rows in enumerate(self._group_rows(name)):
+                rg_file.append(f)
+                rg_local.append(g)
+                rg_start.append(rg_start[-1] + rows)
+            if id_column is not None:
+                id_parts.append(self._read_ids(name))
+        self._rg_file = np.asarray(rg_file, dtype=np.int32)
+        self._rg_local = np.asarray(rg_local, dtype=np.int32)
+        self._rg_start = np.asarray(rg_start, dtype=np.int64)
+        total = int(self._rg_start[-1])
+        if total == 0:
+            raise InputError(f"{path}: the tokenized dataset holds no rows")
+        if id_column is None:
+            self._sorted_ids = np.arange(total, dtype=np.int64)
+            self._row_of = self._sorted_ids
+        else:
+            ids = np.concatenate(id_parts)
+            self._row_of = np.argsort(ids, kind="stable")
+            self._sorted_ids = ids[self._row_of]
+            dup = first_duplicate(self._sorted_ids)
+            if dup is not None:
+                raise InputError(
+                    f"{path}: sample id {dup} appears more than once in column {id_column!r}; "
+                    "ids must be unique"
+                )
+        self._files: dict[int, Any] = {}  # open handles, per process (dropped when pickled)
+        self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    # -- opening ---------------------------------------------------------------------------
+    def _check_columns(self, name: str, names: list[str]) -> None:
+        for col in (self.column, self.id_column):
+            if col is not None and col not in names:
+                raise InputError(f"{name}: no column {col!r} (columns: {', '.join(names)})")
+
+    def _group_rows(self, name: str) -> list[int]:
+        """Rows of every row group (Parquet) or record batch (Arrow IPC) of one file."""
+        try:
+            if self.ipc:
+                reader = pa.ipc.open_file(pa.memory_map(name))
+                self._check_columns(name, reader.schema.names)
+                return [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+            meta = pq.ParquetFile(name).metadata
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(
+                f"{name}: not a readable {'Arrow IPC' if self.ipc else 'Parquet'} file ({exc})"
+            ) from None
+        self._check_columns(name, meta.schema.to_arrow_schema().names)
+        return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+
+    def _read_ids(self, name: str) -> np.ndarray:
+        assert self.id_column is not None
+        if self.ipc:
+            col = pa.ipc.open_file(pa.memory_map(name)).read_all().column(self.id_column)
+        else:
+            col = pq.read_table(name, columns=[self.id_column]).column(0)
+        if col.null_count or not pa.types.is_integer(col.type):
+            raise InputError(f"{name}: column {self.id_column!r} must be integer ids without nulls")
+        return col.to_numpy().astype(np.int64, copy=False)
+
+    def _read_group(self, f: int, g: int) -> pa.Array:
+        """One row group's token column: decoded from Parquet, or a zero-copy view of the IPC map."""
+        handle = self._files.get(f)
+        if handle is None:
+            name = self.files[f]
+            handle = self._files[f] = (
+                pa.ipc.open_file(pa.memory_map(name))
+                if self.ipc
+                else pq.ParquetFile(name, memory_map=True)
+            )
+        if self.ipc:
+            return handle.get_batch(g).column(self.column)
+        col = handle.read_row_group(g, columns=[self.column]).column(0)
+        return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_files"], state["_cache"] = {}, OrderedDict()
+        return state
+
+    # -- lookup ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._sorted_ids)
+
+    def __contains__(self, sample_id: object) -> bool:
+        if not isinstance(sample_id, (int, np.integer)):
+            return False
+        pos = np.searchsorted(self._sorted_ids, sample_id)
+        return bool(pos < len(self._sorted_ids) and self._sorted_ids[pos] == sample_id)
+
+    def rows(self, sample_ids: np.ndarray) -> np.ndarray:
+        """Global row of each id (vectorised); :class:`InputError` names the first unknown id."""
+        ids = np.asarray(sample_ids, dtype=np.int64)
+        pos = np.searchsorted(self._sorted_ids, ids)
+        pos_c = np.minimum(pos, len(self._sorted_ids) - 1)
+        bad = self._sorted_ids[pos_c] != ids
+        if bad.any():
+            missing = int(ids[np.argmax(bad)])
+            raise InputError(
+                f"sample id {missing} is not in the tokenized dataset {self.files[0]}"
+                f"{' (and others)' if len(self.files) > 1 else ''}; was the plan made from this data?"
+            )
+        return self._row_of[pos_c]
+
+    def _row_group(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, values) of one row group's token column, through the LRU cache."""
+        hit = self._cache.get(g)
+        if hit is not None:
+            self._cache.move_to_end(g)
+            return hit
+        f = int(self._rg_file[g])
+        arr = self._read_group(f, int(self._rg_local[g]))
+        if isinstance(arr, pa.LargeListArray | pa.ListArray):
+            if arr.null_count:
+                raise InputError(f"{self.files[f]}: column {self.column!r} has null samples")
+            offsets = arr.offsets.to_numpy().astype(np.int64) - arr.offsets[0].as_py()
+            values = arr.flatten().to_numpy(zero_copy_only=False)
+        else:
+            raise InputError(
+                f"{self.files[f]}: column {self.column!r} is {arr.type}, not a list of tokens"
+            )
+        entry = (offsets, values)
+        self._cache[g] = entry
+        if len(self._cache) > self.cache_row_groups:
+            self._cache.popitem(last=False)
+        return entry
+
+    def get_flat(self, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of ``sample_ids`` concatenated in the given order, and each sample's length.
+
+        One read per distinct row group; the copy is a vectorised segment gather.
+        """
+        ids = np.asarray(sample_ids, dtype=np.int64)
+        if len(ids) == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        rows = self.rows(ids)
+        groups = np.searchsorted(self._rg_start, rows, side="right") - 1
+        order = np.argsort(groups, kind="stable")
+        uniq, first = np.unique(groups[order], return_index=True)
+        bounds = np.append(first, len(order))
+        # Lengths first (needed for output offsets), then one gather per row group.
+        src_start = np.empty(len(ids), dtype=np.int64)
+        lens = np.empty(len(ids), dtype=np.int64)
+        tables = []
+        for k, g in enumerate(uniq):
+            sel = order[bounds[k] : bounds[k + 1]]
+            offsets, values = self._row_group(int(g))
+            local = rows[sel] - self._rg_start[g]
+            src_start[sel] = offsets[local]
+            lens[sel] = offsets[local + 1] - offsets[local]
+            tables.append((sel, values))
+        dst = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(lens, out=dst[1:])
+        out = np.empty(int(dst[-1]), dtype=tables[0][1].dtype)
+        for sel, values in tables:
+            idx = segment_gather_index(src_start[sel], lens[sel])
+            out[segment_gather_index(dst[sel], lens[sel])] = values[idx]
+        return out, lens
+
+    def get_many(self, sample_ids: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """One array per id, in order (views into one fetched buffer)."""
+        flat, lens = self.get_flat(np.asarray(sample_ids, dtype=np.int64))
+        return np.split(flat, np.cumsum(lens)[:-1])
+
+    def __getitem__(self, sample_id: int) -> np.ndarray:
+        return self.get_flat(np.asarray([sample_id]))[0]
+
+
+def segment_gather_index(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenated ranges ``[s, s + l)`` for every (start, length), vectorised.
+
+    >>> segment_gather_index(np.array([10, 3]), np.array([2, 3])).tolist()
+    [10, 11, 3, 4, 5]
+    """
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lens)
+    shift = np.repeat(starts - (ends - lens), lens)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+def fetch_flat(dataset: Any, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of ``sample_ids`` concatenated, and their lengths, from any dataset keyed by id.
+
+    Uses ``dataset.get_flat`` when it exists (batched reads); otherwise one ``dataset[id]`` each
+    (a dict, a Hugging Face dataset indexed by id, ...), converting tensors or lists to NumPy.
+    """
+    if hasattr(dataset, "get_flat"):
+        flat, lens = dataset.get_flat(sample_ids)
+        return np.asarray(flat), np.asarray(lens, dtype=np.int64)
+    parts = []
+    for sid in sample_ids.tolist():
+        try:
+            item = dataset[sid]
+        except (KeyError, IndexError):
+            raise InputError(
+                f"sample id {sid} is not in the dataset; was the plan made from this data?"
+            ) from None
+        if hasattr(item, "numpy"):  # a torch tensor
+            item = item.numpy()
+        parts.append(np.asarray(item).reshape(-1))
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lens = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+    return np.concatenate(parts), lens

@@ -1,0 +1,335 @@
+"""``PlanLoader``: replay one rank's manifest through a ``torch.utils.data.DataLoader``.
+
+The manifest already says everything: which samples form each micro-batch, in which order, padded
+to which shape. The loader is a map-style dataset over manifest rows (``batch_size=None``): each
+worker reads and collates one whole micro-batch, and the DataLoader returns them in row order
+whatever ``num_workers`` is. Nothing is decided at run time.
+
+Resume is index arithmetic: the cursor is ``(epoch, step, micro)`` of the next micro-batch plus
+the plan's fingerprint; restoring looks the row up with one ``searchsorted`` and starts the sampler
+there (no replay, no skipped reads). The cursor is the same on every rank (all ranks have the same
+micro-batches per step), so rank 0 may save it for everybody.
+
+``epoch`` counts complete passes over the manifest. A multi-epoch plan (``varpack plan --epochs``)
+holds all its epochs in one pass, so there ``epoch`` stays 0 until the plan is replayed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from varpack.errors import ConfigError, InputError
+from varpack.manifest import Plan, load_plan
+from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
+from varpack.torch.collate import LAYOUTS, RowInfo, collate
+from varpack.torch.dataset import fetch_flat
+
+STATE_FORMAT = "varpack.loader"
+STATE_VERSION = 1
+
+
+def plan_fingerprint(plan: Plan) -> str:
+    """Identity of a plan: sha256 over every rank file's checksum, the layout and the step count."""
+    doc = {
+        "ranks": [(r["file"], r["sha256"], r["rows"]) for r in plan.meta["ranks"]],
+        "layout": plan.meta["layout"],
+        "num_steps": plan.meta["num_steps"],
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def plan_layout(plan: Plan) -> str | None:
+    """The collate layout the plan was made for, if plan.json says (``None`` if it does not)."""
+    config = plan.meta.get("config") or {}
+    if config.get("batching") == "blocks":
+        return "blocks"
+    layout = config.get("layout")
+    return layout if layout in ("packed", "padded") else None
+
+
+def resolve_rank(rank: int | None, world_size: int | None, dp: int) -> tuple[int, int]:
+    """(rank, world size): explicit values, else ``torch.distributed``, else ``RANK``/``WORLD_SIZE``.
+
+    An explicit ``rank`` without ``world_size`` means "read this rank of the plan" (one process
+    may read any rank). Otherwise the world size must equal the plan's dp.
+    """
+    if rank is None:
+        if dist.is_available() and dist.is_initialized():
+            rank, env_world = dist.get_rank(), dist.get_world_size()
+        else:
+            rank, env_world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        world_size = env_world if world_size is None else world_size
+    elif world_size is None:
+        world_size = dp
+    if world_size != dp:
+        raise InputError(
+            f"the plan was made for dp={dp} data-parallel ranks but this job has world size {world_size}; "
+            f"launch {dp} processes, re-plan with --dp {world_size}, or pass rank/world_size "
+            "(the data-parallel rank and size) explicitly"
+        )
+    if not 0 <= rank < dp:
+        raise InputError(f"rank {rank} is outside the plan's dp={dp} ranks")
+    return rank, world_size
+
+
+class ManifestRows:
+    """A rank's manifest as NumPy columns (list columns as flat values + offsets); O(1) row access."""
+
+    def __init__(self, table: pa.Table) -> None:
+        names = set(table.column_names)
+        missing = {
+            "step",
+            "micro",
+            "sample_ids",
+            "seq_lens",
+            "pad_to",
+            "lr_factor",
+            "step_tokens",
+        } - names
+        if missing:
+            raise InputError(f"manifest lacks columns {sorted(missing)}; re-run varpack plan")
+        table = table.combine_chunks()
+        col = table.column
+        self.step = col("step").to_numpy()
+        self.micro = col("micro").to_numpy()
+        self.pad_to = col("pad_to").to_numpy()
+        self.lr_factor = col("lr_factor").to_numpy()
+        self.step_tokens = col("step_tokens").to_numpy()
+        self.step_samples = col("step_samples").to_numpy()
+        self.warmup = col("warmup").to_numpy(zero_copy_only=False)
+        self.pad_rows = col("pad_rows").to_numpy() if "pad_rows" in names else None
+        self.ids, self.ids_off = _flat(col("sample_ids"))
+        self.lens, self.lens_off = _flat(col("seq_lens"))
+        n = len(self.step)
+        self.has_blocks = "block_index" in names
+        self.block, self.block_off = np.zeros(0, np.int32), np.zeros(n + 1, np.int64)
+        if self.has_blocks:
+            self.block, self.block_off = _flat(col("block_index"))
+        if n and np.any(np.diff(self.step) < 0):
+            raise InputError("manifest rows are not in step order; re-run varpack plan")
+        # The last micro-batch of a step is where DDP must synchronise gradients.
+        self.is_last = np.append(self.step[1:] != self.step[:-1], True) if n else np.zeros(0, bool)
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def row(self, i: int, epoch: int = 0) -> RowInfo:
+        a, b = self.ids_off[i], self.ids_off[i + 1]
+        return RowInfo(
+            step=int(self.step[i]),
+            micro=int(self.micro[i]),
+            sample_ids=self.ids[a:b],
+            seq_lens=self.lens[self.lens_off[i] : self.lens_off[i + 1]],
+            pad_to=int(self.pad_to[i]),
+            lr_factor=float(self.lr_factor[i]),
+            step_tokens=int(self.step_tokens[i]),
+            step_samples=int(self.step_samples[i]),
+            warmup=bool(self.warmup[i]),
+            is_last_micro=bool(self.is_last[i]),
+            epoch=epoch,
+            pad_rows=int(self.pad_rows[i]) if self.pad_rows is not None else 0,
+            block_index=self.block[self.block_off[i] : self.block_off[i + 1]]
+            if self.has_blocks
+            else None,
+        )
+
+    def index_of(self, step: int, micro: int) -> int:
+        """Row of (step, micro), by binary search on the step column."""
+        if len(self) and step > int(self.step[-1]):
+            return len(self)
+        i = int(np.searchsorted(self.step, step)) + micro
+        if i >= len(self) or int(self.step[i]) != step or int(self.micro[i]) != micro:
+            raise InputError(f"the plan has no micro-batch step {step} micro {micro} on this rank")
+        return i
+
+
+def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    arr = column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks)
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    return arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+class MicroBatches(Dataset[Any]):
+    """Map-style dataset: index ``(epoch, row)`` -> the collated micro-batch of that row."""
+
+    def __init__(self, rows: ManifestRows, dataset: Any, layout: str, pad_id: int = 0) -> None:
+        self.rows, self.dataset, self.layout, self.pad_id = rows, dataset, layout, pad_id
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def fetch(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return fetch_flat(self.dataset, ids)
+
+    def __getitem__(self, index: tuple[int, int]) -> PackedBatch | PaddedBatch | BlockBatch:
+        epoch, i = index
+        return collate(self.rows.row(i, epoch), self.fetch, self.layout, self.pad_id)
+
+
+class _RowSampler(Sampler[tuple[int, int]]):
+    """Rows ``start .. n-1`` of one epoch, in order."""
+
+    def __init__(self, epoch: int, start: int, n: int) -> None:
+        self.epoch, self.start, self.n = epoch, start, n
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((self.epoch, i) for i in range(self.start, self.n))
+
+    def __len__(self) -> int:
+        return self.n - self.start
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class PlanLoader:
+    """Iterate this rank's micro-batches of a plan, in execution order, as batch dataclasses.
+
+    ``collate`` picks the layout: ``"packed"`` (:class:`~varpack.torch.batch.PackedBatch`),
+    ``"padded"`` (:class:`~varpack.torch.batch.PaddedBatch`) or ``"blocks"``
+    (:class:`~varpack.torch.batch.BlockBatch`); ``None`` takes it from plan.json. ``dataset`` is a
+    :class:`~varpack.torch.dataset.ParquetTokenDataset` or any map-style dataset keyed by sample id.
+    """
+
+    def __init__(
+        self,
+        plan_dir: str | os.PathLike[str],
+        dataset: Any,
+        rank: int | None = None,
+        world_size: int | None = None,
+        collate: str | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        pad_id: int = 0,
+        prefetch_factor: int | None = None,
+        verify: bool = True,
+        multiprocessing_context: Any = None,
+    ) -> None:
+        self.plan = load_plan(plan_dir, verify=verify)
+        self.rank, self.world_size = resolve_rank(rank, world_size, self.plan.dp)
+        planned = plan_layout(self.plan)
+        layout = collate or planned or "packed"
+        if layout not in LAYOUTS:
+            raise ConfigError(f"collate={layout!r} is not one of {', '.join(LAYOUTS)}")
+        if planned is not None and layout != planned:
+            raise ConfigError(
+                f"{plan_dir}: the plan was made for the {planned!r} layout, not collate={layout!r}"
+            )
+        self.layout = layout
+        self.rows = ManifestRows(self.plan.rank_table(self.rank, verify=False))
+        self.fingerprint = plan_fingerprint(self.plan)
+        self.dataset = MicroBatches(self.rows, dataset, layout, pad_id)
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.prefetch_factor, self.multiprocessing_context = (
+            prefetch_factor,
+            multiprocessing_context,
+        )
+        self._epoch, self._next = 0, 0  # cursor: the next row to yield
+
+    @property
+    def path(self) -> Path:
+        return self.plan.path
+
+    @property
+    def num_steps(self) -> int:
+        return self.plan.num_steps
+
+    @property
+    def grad_accum(self) -> int:
+        return self.plan.grad_accum
+
+    def __len__(self) -> int:
+        """Micro-batches of one pass over this rank's manifest."""
+        return len(self.rows)
+
+    def lr_factors(self) -> np.ndarray:
+        """LR factor of every step, indexed by step (what :class:`VariableBatchSizeLR` takes)."""
+        return step_values(self.rows.step, self.rows.lr_factor, self.num_steps)
+
+    def __iter__(self) -> Iterator[PackedBatch | PaddedBatch | BlockBatch]:
+        if self._next >= len(self.rows):  # the previous pass finished: start the next one
+            self._epoch, self._next = self._epoch + 1, 0
+        loader = DataLoader(
+            self.dataset,
+            batch_size=None,
+            sampler=_RowSampler(self._epoch, self._next, len(self.rows)),
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            collate_fn=_identity,
+            prefetch_factor=self.prefetch_factor if self.num_workers else None,
+            multiprocessing_context=self.multiprocessing_context if self.num_workers else None,
+        )
+        for batch in loader:
+            # Advance the cursor only for what the caller received (prefetched rows do not count).
+            self._next += 1
+            yield batch
+
+    # -- resume ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor of the next micro-batch: ``{epoch, step, micro, plan}`` (rank-independent)."""
+        if self._next >= len(self.rows):
+            step, micro = self.num_steps, 0
+        else:
+            step, micro = int(self.rows.step[self._next]), int(self.rows.micro[self._next])
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "plan": self.fingerprint,
+            "epoch": self._epoch,
+            "step": step,
+            "micro": micro,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where ``state`` was taken; refuses a state from another plan."""
+        if state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
+            raise InputError(f"not a varpack loader state (format {state.get('format')!r})")
+        if state.get("plan") != self.fingerprint:
+            raise InputError(
+                f"the loader state belongs to another plan (fingerprint {state.get('plan')}, "
+                f"{self.path} is {self.fingerprint}); resume with the plan the run started with"
+            )
+        self._epoch = int(state["epoch"])
+        self._next = self.rows.index_of(int(state["step"]), int(state["micro"]))
+
+
+def step_values(steps: np.ndarray, values: np.ndarray, num_steps: int) -> np.ndarray:
+    """Per-step value (indexed by step 0..num_steps-1) from per-row columns; checks consistency.
+
+    >>> step_values(np.array([0, 0, 1]), np.array([2.0, 2.0, 0.5]), 2).tolist()
+    [2.0, 0.5]
+    """
+    out = np.full(num_steps, np.nan)
+    if len(steps) and (steps.min() < 0 or steps.max() >= num_steps):
+        raise InputError(
+            f"manifest steps run {steps.min()}..{steps.max()}, plan.json says {num_steps} steps"
+        )
+    out[steps] = values
+    if np.isnan(out).any() or np.any(out[steps] != values):
+        raise InputError(
+            "the manifest's per-step values are missing or differ within a step; re-run varpack plan"
+        )
+    return out
+
+
+def load_lr_factors(plan: Plan | str | os.PathLike[str]) -> np.ndarray:
+    """LR factor of every step of a plan (from rank 0's manifest)."""
+    plan = plan if isinstance(plan, Plan) else load_plan(plan, verify=False)
+    table = plan.rank_table(0).select(["step", "lr_factor"])
+    return step_values(
+        table.column("step").to_numpy(), table.column("lr_factor").to_numpy(), plan.num_steps
+    )
+
+
+__all__ = ["PlanLoader", "ManifestRows", "plan_fingerprint", "resolve_rank", "load_lr_factors"]
