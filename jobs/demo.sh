@@ -13,7 +13,7 @@ varpack synth "$OUT/tokens" --dist long-tail --num-samples 4000 --max-len 2048 -
   --tokenized --vocab-size 512 --seed 7
 
 step "2. derive the length metadata from the tokens"
-varpack lengths "$OUT/tokens" "$OUT/meta"
+varpack lengths "$OUT/tokens" "$OUT/meta" --id-column sample_id
 
 step "3. validate and summarise the metadata"
 varpack check "$OUT/meta"

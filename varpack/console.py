@@ -22,7 +22,7 @@ err = Console(stderr=True, highlight=False)
 def info(message: str, quiet: bool = False) -> None:
     """One status line on stderr (suppressed by ``--quiet``)."""
     if not quiet:
-        err.print(message, markup=False)
+        err.print(message, markup=False, soft_wrap=True)
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from rich.progress import TaskID
 
 from varpack.atomic import atomic_dir
 from varpack.console import progress
-from varpack.errors import InputError
+from varpack.errors import ConfigError, InputError
 from varpack.metadata import (
     ID,
     LEN,
@@ -175,7 +175,7 @@ def derive_lengths(
     memory (8 bytes per sample, the size of the metadata, not of the dataset).
     """
     if rows_per_shard < 1:
-        raise InputError(f"--rows-per-shard {rows_per_shard}: need at least one row per shard")
+        raise ConfigError(f"--rows-per-shard {rows_per_shard}: need at least one row per shard")
     files = resolve_files(input)
     sources = list_sources(files, column, id_column)
     total = sum(s.num_rows for s in sources)

@@ -239,6 +239,7 @@ def read_metadata(
     if not tables or sum(t.num_rows for t in tables) == 0:
         raise InputError(f"{_describe(spec)}: the metadata holds no rows; nothing to do")
     table = pa.concat_tables(tables).combine_chunks()
+    del tables  # free the per-piece copies before the sort below doubles the ids
     ids = table.column(ID).to_numpy()
     dup = first_duplicate(np.sort(ids))
     if dup is not None:

@@ -61,14 +61,16 @@ def rate(items: MicroBatches, rounds: int) -> tuple[float, float]:
     for _ in range(rounds):
         t = time.perf_counter()
         for i in range(len(items)):
-            items[(0, i)]
+            items[(0, i)].to_batch()
         times.append(time.perf_counter() - t)
     best = statistics.median(times)
     return tokens / best, best / len(items)
 
 
 def loader_rate(plan: Path, ds: object, workers: int) -> float:
-    loader = PlanLoader(plan, ds, rank=0, num_workers=workers, prefetch_factor=4 if workers else None)
+    loader = PlanLoader(
+        plan, ds, rank=0, num_workers=workers, prefetch_factor=4 if workers else None
+    )
     tokens, t = 0, time.perf_counter()
     for b in loader:
         tokens += b.num_tokens
@@ -86,7 +88,7 @@ def model_step_time(plan: Path, ds: object, preset: str, reps: int) -> tuple[flo
     collate_t, step_t = [], []
     for i in biggest:
         t = time.perf_counter()
-        batch = loader.dataset[(0, int(i))]
+        batch = loader.dataset.batch(int(i))
         collate_t.append(time.perf_counter() - t)
         t = time.perf_counter()
         loss = normalise(token_loss_sum(model(**model_inputs(batch)), batch.labels), batch, 1)
@@ -103,11 +105,45 @@ def main() -> None:
     rounds = 3 if args.quick else 5
     with tempfile.TemporaryDirectory(prefix="bench-reader-") as tmp:
         root = Path(tmp)
-        vp("synth", root / "tok", "--tokenized", "-n", n, "--shards", 4, "--max-len", 8192, "--row-group-size", 1024)
+        vp(
+            "synth",
+            root / "tok",
+            "--tokenized",
+            "-n",
+            n,
+            "--shards",
+            4,
+            "--max-len",
+            8192,
+            "--row-group-size",
+            1024,
+            "--vocab-size",
+            256,
+        )
         vp("lengths", root / "tok", root / "meta", "--id-column", "sample_id")
         for layout, budget in (("packed", 16384), ("padded", 16384)):
-            vp("plan", root / "meta", root / f"plan-{layout}", "--max-tokens", budget, "--layout", layout, "--pad-multiple", 64)
-        vp("plan", root / "meta", root / "plan-model", "--max-tokens", 2048, "--pad-multiple", 64, "--oversize", "drop")
+            vp(
+                "plan",
+                root / "meta",
+                root / f"plan-{layout}",
+                "--max-tokens",
+                budget,
+                "--layout",
+                layout,
+                "--pad-multiple",
+                64,
+            )
+        vp(
+            "plan",
+            root / "meta",
+            root / "plan-model",
+            "--max-tokens",
+            2048,
+            "--pad-multiple",
+            64,
+            "--oversize",
+            "drop",
+        )
         pq_ds = ParquetTokenDataset(root / "tok", cache_row_groups=16)
         t = time.perf_counter()
         arrow = write_arrow_tokens(root / "tok", root / "tok.arrow")
@@ -115,9 +151,15 @@ def main() -> None:
         ipc_ds = ParquetTokenDataset(arrow)
         mem_ds = InMemoryTokens(ipc_ds)
         total = int(mem_ds.offsets[-1])
-        print(f"data: {n:,} samples, {total:,} tokens (long-tail, max 8192); Arrow IPC copy {convert_s:.1f}s")
+        print(
+            f"data: {n:,} samples, {total:,} tokens (long-tail, max 8192); Arrow IPC copy {convert_s:.1f}s"
+        )
         print(f"{'source':<22}{'layout':<8}{'M tokens/s/worker':>18}{'us/micro-batch':>16}")
-        for name, ds in (("collate only (RAM)", mem_ds), ("Arrow IPC (mmap)", ipc_ds), ("Parquet (LRU 16 rg)", pq_ds)):
+        for name, ds in (
+            ("collate only (RAM)", mem_ds),
+            ("Arrow IPC (mmap)", ipc_ds),
+            ("Parquet (LRU 16 rg)", pq_ds),
+        ):
             for layout in ("packed", "padded"):
                 loader = PlanLoader(root / f"plan-{layout}", ds, rank=0)
                 r = rounds if name != "Parquet (LRU 16 rg)" else 1
@@ -125,13 +167,21 @@ def main() -> None:
                 print(f"{name:<22}{layout:<8}{tps / 1e6:>18.1f}{per * 1e6:>16.0f}")
         for workers in (0, 2):
             tps = loader_rate(root / "plan-packed", ipc_ds, workers)
-            print(f"{f'DataLoader w={workers} IPC':<22}{'packed':<8}{tps / 1e6:>18.1f}{'(total)':>16}")
+            print(
+                f"{f'DataLoader w={workers} IPC':<22}{'packed':<8}{tps / 1e6:>18.1f}{'(total)':>16}"
+            )
         print()
-        print(f"{'model (CPU, fp32)':<22}{'pad_to':>8}{'collate ms':>12}{'step ms':>10}{'overhead':>10}")
+        print(
+            f"{'model (CPU, fp32)':<22}{'pad_to':>8}{'collate ms':>12}{'step ms':>10}{'overhead':>10}"
+        )
         for preset in ("tiny", "small"):
             for name, ds in (("IPC", ipc_ds), ("Parquet", pq_ds)):
-                c, s, t = model_step_time(root / "plan-model", ds, preset, reps=4 if args.quick else 8)
-                print(f"{preset + ' / ' + name:<22}{t:>8}{c * 1e3:>12.2f}{s * 1e3:>10.1f}{c / s:>10.2%}")
+                c, s, t = model_step_time(
+                    root / "plan-model", ds, preset, reps=4 if args.quick else 8
+                )
+                print(
+                    f"{preset + ' / ' + name:<22}{t:>8}{c * 1e3:>12.2f}{s * 1e3:>10.1f}{c / s:>10.2%}"
+                )
 
 
 if __name__ == "__main__":

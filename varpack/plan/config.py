@@ -16,18 +16,20 @@ from varpack.errors import ConfigError
 from varpack.plan.cost import PRESETS
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "batching": ("budget", "fixed"),
+    "batching": ("budget", "fixed", "blocks"),
     "layout": ("packed", "padded"),
     "oversize": ("error", "drop", "alone"),
     "cost": ("tokens", "padded", "flops"),
     "order": ("curriculum", "shuffle"),
     "lr_scaling": ("none", "linear", "sqrt"),
     "base_unit": ("samples", "tokens"),
+    "warmup": ("list", "reorder", "none"),
 }
 
 #: One line of help per option (the CLI and the docs use these).
 HELP: dict[str, str] = {
-    "batching": "budget: as many samples as fit --max-tokens; fixed: --batch-size samples",
+    "batching": "budget: as many samples as fit --max-tokens; fixed: --batch-size samples; "
+    "blocks: whole samples packed into rows of --block-len (BLoad)",
     "max_tokens": "token budget of one micro-batch (padded tokens: B x T padded, or the packed total)",
     "batch_size": "samples per micro-batch with --batching fixed",
     "layout": "packed: one flattened row per micro-batch; padded: B rows padded to the longest",
@@ -47,6 +49,15 @@ HELP: dict[str, str] = {
     "lr_scaling": "LR factor per step from the realised global batch: none, linear (k) or sqrt (sqrt k)",
     "base_batch_size": "reference global batch size for --lr-scaling (in --base-unit)",
     "base_unit": "unit of --base-batch-size and of the realised batch: samples or tokens",
+    "max_shapes": "at most K distinct shapes per rank (lengths chosen to minimise padding); "
+    "padded: B = max-tokens // T, short micro-batches get empty pad_rows",
+    "pack_to": "packed: pad every micro-batch to exactly L tokens (the budget is L)",
+    "warmup": "list: record each rank's shapes; reorder: also move one micro-batch of every shape "
+    "to the front of each rank, largest first (compile warm-up); none: same as list",
+    "pp": "pipeline-parallel stages: one shape per (step, rank); --grad-accum must be a multiple",
+    "block_len": "--batching blocks: length T of a block (default: the longest sample)",
+    "blocks_per_batch": "--batching blocks: blocks per micro-batch (default: max-tokens // block-len)",
+    "block_window": "--batching blocks: samples packed together by best fit (stream window)",
 }
 
 
@@ -74,6 +85,13 @@ class PlanConfig:
     lr_scaling: str = "none"
     base_batch_size: float | None = None
     base_unit: str = "samples"
+    max_shapes: int | None = None
+    pack_to: int | None = None
+    warmup: str = "list"
+    pp: int = 1
+    block_len: int | None = None
+    blocks_per_batch: int | None = None
+    block_window: int = 8192
 
     @property
     def micro_per_step(self) -> int:
@@ -108,14 +126,112 @@ class PlanConfig:
             value = getattr(cfg, name)
             if value not in choices:
                 raise ConfigError(f"--{_flag(name)} {value!r}: choose one of {', '.join(choices)}")
-        for name in ("dp", "grad_accum", "pad_multiple", "epochs", "shuffle_window"):
+        for name in ("dp", "grad_accum", "pad_multiple", "epochs", "shuffle_window", "pp"):
             _positive_int(name, getattr(cfg, name))
         if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
             raise ConfigError(f"--seed {cfg.seed!r}: must be an integer >= 0")
-        cfg = cfg._resolve_batching()._resolve_model()._resolve_lr()
+        cfg = cfg._resolve_shapes()._resolve_batching()._resolve_model()._resolve_lr()
         return cfg
 
+    @property
+    def uses_pad_rows(self) -> bool:
+        """Whether micro-batches carry empty rows (the manifest's ``pad_rows`` column)."""
+        if self.batching == "blocks":
+            return True
+        return self.layout == "padded" and (self.max_shapes is not None or self.pp > 1)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether padded lengths come from a chosen set (``--max-shapes`` or ``--pack-to``)."""
+        return self.batching != "blocks" and (self.max_shapes is not None or self.pack_to is not None)
+
+    def _resolve_shapes(self) -> PlanConfig:
+        cfg = self
+        if cfg.grad_accum % cfg.pp:
+            raise ConfigError(
+                f"--grad-accum {cfg.grad_accum} must be a multiple of --pp {cfg.pp} "
+                "(every step's micro-batches fill the pipeline evenly)"
+            )
+        if cfg.max_shapes is not None:
+            _positive_int("max_shapes", cfg.max_shapes)
+        _positive_int("block_window", cfg.block_window)
+        if cfg.oversize == "alone":
+            what = [
+                f for f, on in (
+                    ("--max-shapes", cfg.max_shapes is not None),
+                    ("--pack-to", cfg.pack_to is not None),
+                    ("--pp", cfg.pp > 1),
+                    ("--batching blocks", cfg.batching == "blocks"),
+                ) if on
+            ]
+            if what:
+                raise ConfigError(
+                    f"--oversize alone conflicts with {what[0]} (a lone oversize sample would need a "
+                    "shape of its own); use --oversize drop or raise the budget"
+                )
+        if cfg.pack_to is not None:
+            _positive_int("pack_to", cfg.pack_to)
+            if cfg.max_shapes is not None:
+                raise ConfigError("--pack-to conflicts with --max-shapes (it fixes one shape); give one")
+            if cfg.layout != "packed" or cfg.batching != "budget":
+                raise ConfigError(
+                    "--pack-to applies to --layout packed with --batching budget; "
+                    "use --max-shapes for the padded layout"
+                )
+            if cfg.max_tokens is None:
+                cfg = dataclasses.replace(cfg, max_tokens=cfg.pack_to)
+            elif cfg.max_tokens != cfg.pack_to:
+                raise ConfigError(
+                    f"--pack-to {cfg.pack_to} conflicts with --max-tokens {cfg.max_tokens}: every "
+                    "micro-batch is padded to L, so L is the budget; give one of them (or equal values)"
+                )
+        if cfg.batching != "blocks":
+            for name in ("block_len", "blocks_per_batch"):
+                if getattr(cfg, name) is not None:
+                    raise ConfigError(f"--{_flag(name)} applies to --batching blocks only")
+            return cfg
+        for name in ("block_len", "blocks_per_batch"):
+            if getattr(cfg, name) is not None:
+                _positive_int(name, getattr(cfg, name))
+        if cfg.batch_size is not None:
+            raise ConfigError("--batch-size conflicts with --batching blocks; use --blocks-per-batch")
+        if cfg.max_tokens is None and cfg.blocks_per_batch is None:
+            raise ConfigError(
+                "--batching blocks needs --max-tokens (blocks per micro-batch = max-tokens // "
+                "block-len) or --blocks-per-batch"
+            )
+        if cfg.max_tokens is not None:
+            _positive_int("max_tokens", cfg.max_tokens)
+        if cfg.block_len is not None and cfg.max_tokens is not None:
+            per = cfg.blocks_per_batch or max(cfg.max_tokens // cfg.block_len, 1)
+            if per * cfg.block_len > cfg.max_tokens:
+                raise ConfigError(
+                    f"--blocks-per-batch {per} x --block-len {cfg.block_len} exceeds --max-tokens "
+                    f"{cfg.max_tokens}; lower one of them"
+                )
+        # A block is a row padded to T: blocks use the padded layout's shapes (B blocks x T).
+        return dataclasses.replace(cfg, layout="padded")
+
+    def with_block_len(self, longest: int) -> PlanConfig:
+        """Fill the data-dependent block defaults (block length = the longest sample, BLoad)."""
+        if self.batching != "blocks":
+            return self
+        t = self.block_len if self.block_len is not None else round_up_int(longest, self.pad_multiple)
+        per = self.blocks_per_batch
+        if per is None:
+            assert self.max_tokens is not None
+            per = self.max_tokens // t
+            if per < 1:
+                raise ConfigError(
+                    f"--block-len {t} (the longest sample unless given) exceeds --max-tokens "
+                    f"{self.max_tokens}; a micro-batch must hold one block: raise --max-tokens or "
+                    "give --block-len"
+                )
+        return dataclasses.replace(self, block_len=t, blocks_per_batch=per).resolved()
+
     def _resolve_batching(self) -> PlanConfig:
+        if self.batching == "blocks":
+            return self
         if self.batching == "budget":
             if self.batch_size is not None:
                 raise ConfigError(
@@ -202,6 +318,10 @@ class PlanConfig:
         ):
             raise ConfigError(f"--base-batch-size {base!r}: must be a number > 0")
         return dataclasses.replace(self, base_batch_size=float(base))
+
+
+def round_up_int(x: int, m: int) -> int:
+    return -(-x // m) * m
 
 
 def _flag(name: str) -> str:

@@ -19,8 +19,16 @@ from numba import njit
 
 from varpack.errors import ConfigError
 from varpack.plan.config import PlanConfig
-from varpack.plan.cost import micro_cost, sample_cost, segment_max, segment_sums
+from varpack.plan.cost import (
+    linear_flops_per_token,
+    micro_cost,
+    model_dims,
+    sample_cost,
+    segment_max,
+    segment_sums,
+)
 from varpack.plan.rules import LAYOUT_CODE, fits, pad_to
+from varpack.plan.shapes import round_up_to
 
 
 def oversize_mask(lens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
@@ -237,19 +245,63 @@ def pack(
 
 
 class Micro(NamedTuple):
-    """Per micro-batch figures (arrays of equal length) that costs, rules and stats need."""
+    """Per micro-batch figures (arrays of equal length) that costs, rules and stats need.
+
+    ``rows``: rows of the shape (padded layout: samples + ``pad_rows``; blocks: blocks per
+    micro-batch; packed: 1), so a micro-batch's shape is ``(rows, pad_to)``.
+    """
 
     samples: np.ndarray
     tokens: np.ndarray
     max_len: np.ndarray
     pad_to: np.ndarray
     cost: np.ndarray
+    rows: np.ndarray
 
 
-def summarize(offsets: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> Micro:
-    """Count, real tokens, longest, ``pad_to`` (the shape rule) and cost of every micro-batch.
+def shape_rule(
+    count: np.ndarray,
+    tokens: np.ndarray,
+    longest: np.ndarray,
+    cfg: PlanConfig,
+    lengths: np.ndarray | None = None,
+) -> np.ndarray:
+    """``pad_to`` of micro-batches by the shape rule (the planner's and validate's one rule).
 
-    Micro-batch ``i`` holds ``lens[offsets[i]:offsets[i+1]]`` (never empty).
+    :func:`varpack.plan.rules.pad_to` (the longest or the total, rounded to ``--pad-multiple``),
+    then up to the smallest of the chosen ``lengths`` (``--max-shapes`` / ``--pack-to``); with
+    ``--batching blocks`` it is the block length.
+
+    >>> from varpack.plan.config import PlanConfig
+    >>> cfg = PlanConfig(max_tokens=64, layout="padded", pad_multiple=4).resolved()
+    >>> shape_rule(np.array([2, 1]), np.array([8, 9]), np.array([5, 9]), cfg, np.array([8, 16])).tolist()
+    [8, 16]
+    """
+    if cfg.batching == "blocks":
+        assert cfg.block_len is not None
+        return np.full(len(count), cfg.block_len, dtype=np.int64)
+    base = np.asarray(
+        pad_to(count, tokens, longest, LAYOUT_CODE[cfg.layout], cfg.pad_multiple), dtype=np.int64
+    )
+    if lengths is None:
+        return base
+    return round_up_to(base, lengths)
+
+
+def summarize(
+    offsets: np.ndarray,
+    lens: np.ndarray,
+    cfg: PlanConfig,
+    *,
+    lengths: np.ndarray | None = None,
+    pad_to: np.ndarray | None = None,
+    pad_rows: np.ndarray | None = None,
+) -> Micro:
+    """Count, real tokens, longest, ``pad_to``, cost and rows of every micro-batch.
+
+    Micro-batch ``i`` holds ``lens[offsets[i]:offsets[i+1]]`` (never empty). ``pad_to`` is the
+    shape rule (:func:`shape_rule`, with the chosen ``lengths``) unless given (a pipeline step's
+    common shape, read from a manifest); ``pad_rows`` adds empty rows to the padded shape.
 
     >>> from varpack.plan.config import PlanConfig
     >>> cfg = PlanConfig(max_tokens=16, pad_multiple=4)
@@ -261,12 +313,27 @@ def summarize(offsets: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> Micro:
     count = np.diff(offsets).astype(np.int64)
     tokens = segment_sums(offsets, lens64)
     longest = segment_max(offsets, lens64)
-    layout = LAYOUT_CODE[cfg.layout]
-    padded = np.asarray(pad_to(count, tokens, longest, layout, cfg.pad_multiple), dtype=np.int64)
+    if pad_to is None:
+        padded = shape_rule(count, tokens, longest, cfg, lengths)
+    else:
+        padded = np.asarray(pad_to, dtype=np.int64)
+    if cfg.batching == "blocks":
+        assert cfg.blocks_per_batch is not None
+        rows = np.full(len(count), cfg.blocks_per_batch, dtype=np.int64)
+    elif cfg.layout == "padded":
+        rows = count if pad_rows is None else count + np.asarray(pad_rows, dtype=np.int64)
+    else:
+        rows = np.ones(len(count), dtype=np.int64)
     flops = None
-    if cfg.cost == "flops" and cfg.layout == "packed":
+    if cfg.cost == "flops" and (cfg.layout == "packed" or cfg.batching == "blocks"):
         flops = segment_sums(offsets, sample_cost(lens64, cfg))
-    return Micro(count, tokens, longest, padded, micro_cost(count, tokens, padded, flops, cfg))
+    if cfg.batching == "blocks" and cfg.cost == "flops":
+        # Samples never attend across a reset: their own FLOPs plus the linear part of the padding.
+        assert flops is not None
+        cost = flops + linear_flops_per_token(model_dims(cfg)) * (rows * padded - tokens)
+    else:
+        cost = micro_cost(rows, tokens, padded, flops, cfg)
+    return Micro(count, tokens, longest, padded, cost, rows)
 
 
 def complete(
@@ -275,10 +342,12 @@ def complete(
     multiple: int,
     cost_of: Callable[[np.ndarray, np.ndarray], np.ndarray],
     where: str = "the data",
+    min_size: int = 1,
 ) -> np.ndarray:
     """Split micro-batches until their number is a multiple of ``multiple`` (ROLL's way).
 
-    The costliest micro-batches with two or more samples are split at their token midpoint, taken
+    The costliest micro-batches with two or more samples (``2 * min_size``: both halves keep
+    ``min_size``) are split at their token midpoint, taken
     from the tail (the last partial step, widened by whole steps only while it holds too few
     samples), so earlier steps stay as packed. Splitting only shrinks micro-batches, so budgets
     still hold. ``cost_of(offsets, lens)`` scores micro-batches. Raises :class:`ConfigError` when
@@ -293,7 +362,7 @@ def complete(
     if need == 0:
         return offsets
     counts = np.diff(offsets)
-    spare = np.cumsum((counts - 1)[::-1])[::-1]  # samples beyond one per micro-batch, from i on
+    spare = np.cumsum((counts // min_size - 1)[::-1])[::-1]  # extra pieces from i on
     if spare[0] < need:
         raise ConfigError(
             f"{where}: {len(lens)} samples form {m} micro-batches, which cannot be split into a multiple of "
@@ -309,12 +378,12 @@ def complete(
     cum = np.concatenate(([0], np.cumsum(tail_lens, dtype=np.int64)))
     while need > 0:
         counts = np.diff(tail)
-        cand = np.flatnonzero(counts >= 2)
+        cand = np.flatnonzero(counts >= 2 * min_size)
         cost = cost_of(tail, tail_lens)[cand]
         take = cand[np.lexsort((cand, -cost))[:need]]
         a, b = tail[take], tail[take + 1]
         mid = np.searchsorted(cum, (cum[a] + cum[b]) / 2.0)
-        cut = np.clip(mid, a + 1, b - 1)
+        cut = np.clip(mid, a + min_size, b - min_size)
         tail = np.sort(np.concatenate((tail, cut)))
         need -= len(take)
     return np.concatenate((head[:-1], tail + offsets[first]))

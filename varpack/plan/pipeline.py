@@ -253,3 +253,128 @@ def check_pipeline_steps(
         for i in np.flatnonzero(r * t > max_tokens)[:10]:
             out.append(f"{where}step {s[i]}: shape {r[i]} x {t[i]} exceeds the budget {max_tokens}")
     return out
+
+
+# ---- the planner's pipeline grouping: K micro-batches of one shape per (step, rank) --------------
+
+
+@numba.njit(cache=True)
+def _group_kernel(elens, bounds, k, fixed, bsize, budget):  # type: ignore[no-untyped-def]
+    """Greedy groups per sorted segment, then each segment's tail topped up to ``k`` samples.
+
+    A group takes consecutive samples while ``count <= k * rows(T)`` with ``T`` its longest
+    effective length and ``rows(T) = budget // T`` (``bsize`` for fixed batching). Groups closed by
+    that rule hold at least ``k`` samples; a segment's last group may hold fewer, so the group
+    boundaries of the segment are shifted left (``start_j = min(start_j, start_{j+1} - k)``): in a
+    sorted segment a group then only loses its longest samples or gains shorter ones, so every
+    group still fits. Returns ``(starts, failed)``: ``failed`` is the first segment too small to
+    give every group ``k`` samples (-1 if none).
+    """
+    n = elens.size
+    starts = np.empty(n + 1, np.int64)
+    g = 0
+    for s in range(bounds.size - 1):
+        a = bounds[s]
+        b = bounds[s + 1]
+        if a == b:
+            continue
+        first = g
+        i = a
+        while i < b:
+            starts[g] = i
+            g += 1
+            cnt = 1
+            t = elens[i]
+            i += 1
+            while i < b:
+                t2 = max(t, elens[i])
+                cap = k * (bsize if fixed else budget // t2)
+                if cnt + 1 > cap:
+                    break
+                cnt += 1
+                t = t2
+                i += 1
+        nxt = b
+        for j in range(g - 1, first - 1, -1):
+            if starts[j] > nxt - k:
+                starts[j] = nxt - k
+            nxt = starts[j]
+        if starts[first] < a:
+            return starts[: g + 1], s
+    starts[g] = n
+    return starts[: g + 1].copy(), -1
+
+
+def step_groups(
+    elens: np.ndarray,
+    bounds: np.ndarray,
+    k: int,
+    budget: int | None,
+    batch_size: int | None = None,
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """(step, rank) groups of a stream for ``--pp``: ``(perm, starts)``.
+
+    ``elens``: each sample's effective length (rounded to the pad multiple or to its chosen
+    shape length), sorted within each segment ``bounds[j]:bounds[j+1]``. Every group fits
+    ``k`` micro-batches of one shape (``ceil(count / k) * T <= budget``) and holds at least ``k``
+    samples, so each of its ``k`` micro-batches gets one. A segment with too few samples joins
+    the next one (the last joins the one before) and is re-sorted; ``perm`` (``None``: the
+    identity) is that re-ordering of stream positions. Raises :class:`ConfigError` when the whole
+    stream cannot give every group ``k`` samples.
+
+    >>> perm, starts = step_groups(np.array([2, 2, 2, 3, 8, 8, 8]), np.array([0, 7]), 2, 8)
+    >>> starts.tolist()  # greedy [2 2 2 3] [8 8] [8]: the short tail shifts the cuts left
+    [0, 3, 5, 7]
+    """
+    e = np.ascontiguousarray(elens, dtype=np.int64)
+    b = np.ascontiguousarray(bounds, dtype=np.int64)
+    perm: np.ndarray | None = None
+    fixed = batch_size is not None
+    while True:
+        starts, failed = _group_kernel(
+            e, b, np.int64(k), fixed, np.int64(batch_size or 0), np.int64(budget or 0)
+        )
+        if failed < 0:
+            return perm, starts
+        if b.size <= 2:
+            raise ConfigError(
+                f"{e.size} samples cannot fill (step, rank) groups of --grad-accum {k} micro-batches "
+                "of one shape each (--pp needs one sample per micro-batch); lower --grad-accum or "
+                "raise --max-tokens"
+            )
+        # Merge the failing segment with its neighbour and sort the merged segment by length.
+        drop = failed + 1 if failed + 1 < b.size - 1 else failed
+        lo, hi = b[drop - 1], b[drop + 1]
+        local = np.argsort(e[lo:hi], kind="stable") + lo
+        step_perm = np.arange(e.size, dtype=np.int64)
+        step_perm[lo:hi] = local
+        e = e[step_perm]
+        perm = step_perm if perm is None else perm[step_perm]
+        b = np.delete(b, drop)
+
+
+def expand_groups(
+    group_offsets: np.ndarray,
+    group_len: np.ndarray,
+    k: int,
+    rows_of: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut each group into ``k`` micro-batches of one shape: ``(offsets, pad_to, pad_rows)``.
+
+    A group of ``n >= k`` samples gives micro-batches of ``n // k`` or ``n // k + 1`` samples (the
+    larger first), all with shape ``(rows, T)``: ``rows = ceil(n / k)`` or, with ``rows_of``
+    (``--max-shapes``: rows fixed by the length), ``rows_of[g]``; the missing rows are ``pad_rows``.
+
+    >>> off, t, pr = expand_groups(np.array([0, 5, 7]), np.array([8, 16]), 2)
+    >>> off.tolist(), t.tolist(), pr.tolist()
+    ([0, 3, 5, 6, 7], [8, 8, 16, 16], [0, 1, 0, 0])
+    """
+    goff = np.asarray(group_offsets, np.int64)
+    n = np.diff(goff)
+    g = np.repeat(np.arange(n.size), k)
+    j = np.tile(np.arange(k, dtype=np.int64), n.size)
+    size = n[g] // k + (j < n[g] % k)
+    offsets = np.zeros(size.size + 1, np.int64)
+    np.cumsum(size, out=offsets[1:])
+    rows = -(-n // k) if rows_of is None else np.asarray(rows_of, np.int64)
+    return offsets, np.asarray(group_len, np.int64)[g], (rows[g] - size).astype(np.int32)

@@ -6,10 +6,14 @@ Pure: arrays and a config in, arrays and dicts out; reading the input and writin
 1. drop / isolate / reject samples over the budget (:func:`pack.oversize_mask`);
 2. per epoch, the stream order (:mod:`order`): curriculum, or shuffled and sorted in windows;
 3. micro-batches (:func:`pack.pack`), completed to a multiple of ``dp x grad_accum`` by splitting
-   the costliest ones (:func:`pack.complete`);
-4. steps (:mod:`assign`): consecutive micro-batches of the stream;
-5. ranks: each step's micro-batches balanced over the ranks, ``grad_accum`` each;
-6. global tokens / samples and the LR factor of every step (:mod:`lr`); stats (:mod:`stats`).
+   the costliest ones (:func:`pack.complete`); or, with ``--pp`` in the padded layout, (step, rank)
+   groups of ``grad_accum`` micro-batches of one shape (:func:`pipeline.step_groups`); or, with
+   ``--batching blocks``, fixed-length blocks of whole samples (:mod:`blocks`);
+4. steps (:mod:`assign`): consecutive micro-batches (groups) of the stream;
+5. ranks: each step's micro-batches (groups) balanced over the ranks, ``grad_accum`` each;
+6. shapes: chosen lengths (``--max-shapes``, :mod:`shapes`), empty rows, one shape per pipeline
+   step; ``--warmup reorder`` puts one micro-batch of every shape first on each rank (:mod:`warmup`);
+7. global tokens / samples and the LR factor of every step (:mod:`lr`); stats (:mod:`stats`).
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ import pyarrow as pa
 
 from varpack.errors import ConfigError, InputError
 from varpack.fingerprint import fingerprint
-from varpack.plan import assign, order, pack
+from varpack.plan import assign, order, pack, pipeline, shapes
+from varpack.plan.blocks import pack_blocks
 from varpack.plan.config import PlanConfig
-from varpack.plan.cost import sample_cost
+from varpack.plan.cost import sample_cost, segment_max, segment_sums
 from varpack.plan.lr import lr_factors
-from varpack.plan.stats import chunked_sum, plan_stats, rank_shapes
+from varpack.plan.stats import chunked_sum, plan_stats, rank_shapes, shape_stats
 from varpack.plan.tables import rank_tables
+from varpack.plan.warmup import reorder_plan
 
 _SHOW_IDS = 5
 
@@ -52,6 +58,10 @@ class PlanArrays:
     epochs: list[dict[str, int]]
     dropped: list[dict[str, Any]] = field(default_factory=list)
     oversize_alone: list[int] = field(default_factory=list)
+    lengths: np.ndarray | None = None  # the chosen shape lengths (--max-shapes / --pack-to)
+    pad_rows: np.ndarray | None = None  # per micro-batch (the manifest column, where it applies)
+    block_index: np.ndarray | None = None  # per stream position (--batching blocks)
+    warmup: np.ndarray | None = None  # per micro-batch (--warmup reorder)
 
     @property
     def num_steps(self) -> int:
@@ -71,7 +81,24 @@ class PlanArrays:
             step_tokens=self.step_tokens,
             step_samples=self.step_samples,
             dp=self.cfg.dp,
+            warmup=self.warmup,
+            pad_rows=self.pad_rows,
+            block_index=self.block_index,
         )
+
+
+@dataclass
+class _Built:
+    """Micro-batches of all epochs before ranks (what each way of batching produces)."""
+
+    stream: np.ndarray
+    offsets: np.ndarray
+    step: np.ndarray
+    epochs: list[dict[str, int]]
+    pad_to: np.ndarray | None = None  # a given shape (pipeline groups) instead of the rule
+    pad_rows: np.ndarray | None = None
+    block_index: np.ndarray | None = None
+    group: int = 0  # > 0: consecutive runs of this many micro-batches go to one rank
 
 
 def _check_input(ids: np.ndarray, lens: np.ndarray) -> None:
@@ -91,7 +118,12 @@ def _check_input(ids: np.ndarray, lens: np.ndarray) -> None:
 
 def _oversize(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> tuple[np.ndarray, np.ndarray]:
     """(keep mask, alone mask over kept samples); raises for ``--oversize error``."""
-    over = pack.oversize_mask(lens, cfg)
+    if cfg.batching == "blocks":
+        over = lens > (cfg.block_len or 0)
+        limit = f"--block-len {cfg.block_len}"
+    else:
+        over = pack.oversize_mask(lens, cfg)
+        limit = f"--max-tokens {cfg.max_tokens}"
     if not over.any():
         return np.ones(len(ids), dtype=bool), np.zeros(len(ids), dtype=bool)
     if cfg.oversize == "error":
@@ -99,12 +131,167 @@ def _oversize(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> tuple[np.nd
         shown = ", ".join(f"{int(ids[i])} ({int(lens[i])} tokens)" for i in where[:_SHOW_IDS])
         more = f" and {len(where) - _SHOW_IDS} more" if len(where) > _SHOW_IDS else ""
         raise ConfigError(
-            f"{len(where)} samples do not fit --max-tokens {cfg.max_tokens} even alone: sample_id {shown}{more}; "
-            "raise --max-tokens, or pass --oversize drop (skip them) or --oversize alone (own micro-batch)"
+            f"{len(where)} samples do not fit {limit} even alone: sample_id {shown}{more}; "
+            f"raise {limit.split()[0]}, or pass --oversize drop (skip them)"
+            + (" or --oversize alone (own micro-batch)" if cfg.batching != "blocks" else "")
         )
     if cfg.oversize == "drop":
         return ~over, np.zeros(int((~over).sum()), dtype=bool)
     return np.ones(len(ids), dtype=bool), over
+
+
+def shape_rows(pad_to: np.ndarray, cfg: PlanConfig) -> np.ndarray:
+    """Rows ``B`` of a padded shape of length ``pad_to`` under ``--max-shapes``.
+
+    The budget fixes them (``max_tokens // T``), or ``--batch-size`` with fixed batching.
+
+    >>> from varpack.plan.config import PlanConfig
+    >>> shape_rows(np.array([512, 1000]), PlanConfig(max_tokens=4096, max_shapes=2)).tolist()
+    [8, 4]
+    """
+    if cfg.batching == "fixed":
+        return np.full(len(pad_to), cfg.batch_size or 0, dtype=np.int64)
+    assert cfg.max_tokens is not None
+    return shapes.shape_batch_rows(np.asarray(pad_to, np.int64), cfg.max_tokens)
+
+
+def _effective(lens: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None) -> np.ndarray:
+    """Each sample's padded length in the padded layout (pad multiple, then chosen lengths)."""
+    e = shapes.round_up(lens, cfg.pad_multiple)
+    return e if lengths is None else shapes.round_up_to(e, lengths)
+
+
+def _per_micro(lens: np.ndarray, alone: np.ndarray, cfg: PlanConfig) -> float | None:
+    """Real tokens per micro-batch of sorted packing (sizes shuffled steps); None if unused."""
+    if cfg.order != "shuffle" or cfg.batching != "budget":
+        return None
+    _, sorted_off = pack.pack(lens, np.array([0, len(lens)]), alone, cfg)
+    return float(lens.sum()) / (len(sorted_off) - 1)
+
+
+def _build_core(
+    lens: np.ndarray, alone: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None
+) -> _Built:
+    per_step = cfg.micro_per_step
+    view = lens if lengths is None or cfg.layout == "packed" else _effective(lens, cfg, lengths)
+    streams, offs, steps, epochs = [], [], [], []
+    n_pos = n_steps = 0
+    per_micro = _per_micro(view, alone, cfg)
+    for epoch in range(cfg.epochs):
+        idx, bounds = order.epoch_stream(lens, cfg, epoch, per_micro)
+        cap = per_step if cfg.order == "shuffle" else 0
+        perm, off = pack.pack(view[idx], bounds, alone[idx], cfg, cap)
+        if perm is not None:
+            idx = idx[perm]
+        off = pack.complete(
+            off,
+            lens[idx],
+            per_step,
+            lambda o, v: pack.summarize(o, v, cfg).cost,
+            f"epoch {epoch}",
+        )
+        m = len(off) - 1
+        streams.append(idx)
+        offs.append(off[:-1] + n_pos)
+        steps.append(assign.steps_in_order(m, per_step) + n_steps)
+        epochs.append({"epoch": epoch, "first_step": n_steps, "num_steps": m // per_step})
+        n_pos += len(idx)
+        n_steps += m // per_step
+    return _Built(*_join(streams, offs, steps, n_pos), epochs)
+
+
+def _join(
+    streams: list[np.ndarray], offs: list[np.ndarray], steps: list[np.ndarray], n_pos: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    stream = streams[0] if len(streams) == 1 else np.concatenate(streams)
+    step = steps[0] if len(steps) == 1 else np.concatenate(steps)
+    return stream, np.append(np.concatenate(offs), n_pos), step
+
+
+def _build_pipeline(lens: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None) -> _Built:
+    """``--pp`` in the padded layout: (step, rank) groups of K micro-batches of one shape."""
+    k, dp = cfg.grad_accum, cfg.dp
+    eff = _effective(lens, cfg, lengths)
+    fixed = cfg.batching == "fixed"
+    streams, offs, steps, epochs = [], [], [], []
+    n_pos = n_steps = 0
+    per_micro = _per_micro(eff, np.zeros(len(lens), bool), cfg)
+    for epoch in range(cfg.epochs):
+        idx, bounds = order.epoch_stream(lens, cfg, epoch, per_micro)
+        perm, starts = pipeline.step_groups(
+            eff[idx], bounds, k, None if fixed else cfg.max_tokens, cfg.batch_size if fixed else None
+        )
+        if perm is not None:
+            idx = idx[perm]
+        starts = pack.complete(
+            starts,
+            lens[idx],
+            dp,
+            lambda o, v: segment_sums(o, v).astype(np.float64),
+            f"epoch {epoch}",
+            min_size=k,
+        )
+        g = len(starts) - 1
+        streams.append(idx)
+        offs.append(starts[:-1] + n_pos)
+        steps.append(assign.steps_in_order(g, dp) + n_steps)
+        epochs.append({"epoch": epoch, "first_step": n_steps, "num_steps": g // dp})
+        n_pos += len(idx)
+        n_steps += g // dp
+    stream, goff, gstep = _join(streams, offs, steps, n_pos)
+    t = segment_max(goff, eff[stream])
+    rows_of = shape_rows(t, cfg) if cfg.max_shapes is not None else None
+    offsets, pad_to, pad_rows = pipeline.expand_groups(goff, t, k, rows_of)
+    return _Built(stream, offsets, np.repeat(gstep, k), epochs, pad_to, pad_rows, None, k)
+
+
+def _build_blocks(lens: np.ndarray, cfg: PlanConfig) -> _Built:
+    """``--batching blocks``: best-fit blocks of whole samples, ``blocks_per_batch`` per row."""
+    t, per = cfg.block_len, cfg.blocks_per_batch
+    assert t is not None and per is not None
+    per_step = cfg.micro_per_step
+    streams, offs, steps, epochs, bidx, prows = [], [], [], [], [], []
+    n_pos = n_steps = 0
+    for epoch in range(cfg.epochs):
+        if cfg.order == "shuffle":
+            idx = order.epoch_rng(cfg.seed, epoch).permutation(len(lens)).astype(np.int64)
+        else:
+            idx = np.arange(len(lens), dtype=np.int64)
+        packing = pack_blocks(lens[idx], t, cfg.block_window)
+        idx = idx[packing.order]
+        blk = packing.block_of_sample[packing.order]
+        nb = len(packing.block_fill)
+        boff = np.append(np.arange(0, nb, per, dtype=np.int64), nb)
+        boff = pack.complete(
+            boff,
+            packing.block_fill,
+            per_step,
+            lambda o, v: segment_sums(o, v).astype(np.float64),
+            f"epoch {epoch} (blocks of {t})",
+        )
+        m = len(boff) - 1
+        soff = np.searchsorted(blk, boff, side="left")
+        first_block = np.repeat(boff[:-1], np.diff(soff))
+        bidx.append((blk - first_block).astype(np.int32))
+        prows.append((per - np.diff(boff)).astype(np.int32))
+        streams.append(idx)
+        offs.append(soff[:-1] + n_pos)
+        steps.append(assign.steps_in_order(m, per_step) + n_steps)
+        epochs.append({"epoch": epoch, "first_step": n_steps, "num_steps": m // per_step})
+        n_pos += len(idx)
+        n_steps += m // per_step
+    stream, offsets, step = _join(streams, offs, steps, n_pos)
+    return _Built(
+        stream, offsets, step, epochs, None, np.concatenate(prows), np.concatenate(bidx), 0
+    )
+
+
+def _group_max(step: np.ndarray, rank: np.ndarray, values: np.ndarray, dp: int) -> np.ndarray:
+    """Each micro-batch's value replaced by the maximum over its (step, rank)."""
+    key = step * dp + rank
+    top = np.zeros(int(key.max()) + 1, dtype=values.dtype)
+    np.maximum.at(top, key, values)
+    return top[key]
 
 
 def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArrays:
@@ -113,11 +300,13 @@ def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArray
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     _check_input(ids, lens)
+    cfg = cfg.with_block_len(int(lens.max()))
     keep, alone = _oversize(ids, lens, cfg)
     dropped: list[dict[str, Any]] = []
     if not keep.all():
         gone = np.flatnonzero(~keep)
-        reason = f"oversize: longer than --max-tokens {cfg.max_tokens}"
+        limit = "--block-len" if cfg.batching == "blocks" else "--max-tokens"
+        reason = f"oversize: longer than {limit} {cfg.block_len or cfg.max_tokens}"
         dropped = [
             {"sample_id": int(ids[i]), "seq_len": int(lens[i]), "reason": reason} for i in gone
         ]
@@ -128,37 +317,48 @@ def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArray
             f"{len(ids)} samples cannot fill one step of dp x grad_accum = {per_step} micro-batches "
             "(every rank needs grad_accum micro-batches per step); lower --dp or --grad-accum"
         )
-    streams, offs, steps, epochs = [], [], [], []
-    n_pos = 0
-    n_steps = 0
-    per_micro = None
-    if cfg.order == "shuffle" and cfg.batching == "budget":  # how full sorted packing gets
-        _, sorted_off = pack.pack(lens, np.array([0, len(lens)]), alone, cfg)
-        per_micro = float(lens.sum()) / (len(sorted_off) - 1)
-    for epoch in range(cfg.epochs):
-        idx, bounds = order.epoch_stream(lens, cfg, epoch, per_micro)
-        cap = per_step if cfg.order == "shuffle" else 0
-        elens = lens[idx]
-        perm, off = pack.pack(elens, bounds, alone[idx], cfg, cap)
-        if perm is not None:
-            idx, elens = idx[perm], elens[perm]
-        off = pack.complete(
-            off, elens, per_step, lambda o, v: pack.summarize(o, v, cfg).cost, f"epoch {epoch}"
+    lengths: np.ndarray | None = None
+    if cfg.pack_to is not None:
+        lengths = np.array([cfg.pack_to], dtype=np.int64)
+    elif cfg.max_shapes is not None and cfg.layout == "padded" and cfg.batching != "blocks":
+        lengths = shapes.choose_lengths(lens, cfg.max_shapes, cfg.pad_multiple)
+    if cfg.batching == "blocks":
+        built = _build_blocks(lens, cfg)
+    elif cfg.pp > 1 and cfg.layout == "padded":
+        built = _build_pipeline(lens, cfg, lengths)
+    else:
+        built = _build_core(lens, alone, cfg, lengths)
+    stream, offsets, step = built.stream, built.offsets, built.step
+    slens = lens[stream]
+    if cfg.max_shapes is not None and cfg.layout == "packed":
+        lengths = shapes.choose_lengths(
+            segment_sums(offsets, slens), cfg.max_shapes, cfg.pad_multiple
         )
-        m = len(off) - 1
-        st = assign.steps_in_order(m, per_step)
-        del elens
-        streams.append(idx)
-        offs.append(off[:-1] + n_pos)
-        steps.append(st + n_steps)
-        epochs.append({"epoch": epoch, "first_step": n_steps, "num_steps": m // per_step})
-        n_pos += len(idx)
-        n_steps += m // per_step
-    stream = streams[0] if len(streams) == 1 else np.concatenate(streams)
-    offsets = np.append(np.concatenate(offs), n_pos)
-    step = steps[0] if len(steps) == 1 else np.concatenate(steps)
-    micro = pack.summarize(offsets, lens[stream], cfg)
-    rank, micro_index = assign.balance_ranks(step, micro.cost, cfg.dp, cfg.grad_accum)
+    micro = pack.summarize(
+        offsets, slens, cfg, lengths=lengths, pad_to=built.pad_to, pad_rows=built.pad_rows
+    )
+    pad_rows = built.pad_rows
+    if pad_rows is None and cfg.uses_pad_rows:  # --max-shapes, padded: B fixed by T
+        pad_rows = (shape_rows(micro.pad_to, cfg) - micro.samples).astype(np.int32)
+        micro = pack.summarize(offsets, slens, cfg, lengths=lengths, pad_rows=pad_rows)
+    if built.group:
+        k = built.group
+        gcost = micro.cost.reshape(-1, k).sum(axis=1)
+        grank, _ = assign.balance_ranks(step[::k], gcost, cfg.dp, 1)
+        rank = np.repeat(grank, k)
+        micro_index = np.tile(np.arange(k, dtype=np.int64), len(gcost))
+    else:
+        rank, micro_index = assign.balance_ranks(step, micro.cost, cfg.dp, cfg.grad_accum)
+    if cfg.pp > 1 and cfg.layout == "packed":  # one shape per (step, rank): its largest pad_to
+        micro = pack.summarize(
+            offsets, slens, cfg, pad_to=_group_max(step, rank, micro.pad_to, cfg.dp)
+        )
+    warm = None
+    if cfg.warmup == "reorder":
+        step, micro_index, warm = reorder_plan(
+            step, rank, micro_index, micro.rows, micro.pad_to, cfg.dp, cfg.grad_accum, cfg.pp > 1
+        )
+    n_steps = built.epochs[-1]["first_step"] + built.epochs[-1]["num_steps"]
     step_samples = np.bincount(step, weights=micro.samples, minlength=n_steps).astype(np.int64)
     step_tokens = np.bincount(step, weights=micro.tokens, minlength=n_steps).astype(np.int64)
     kept_alone = ids[alone].tolist() if alone.any() else []
@@ -175,9 +375,13 @@ def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArray
         step_tokens=step_tokens,
         step_samples=step_samples,
         lr=lr_factors(step_samples, step_tokens, cfg),
-        epochs=epochs,
+        epochs=built.epochs,
         dropped=dropped,
         oversize_alone=[int(i) for i in kept_alone],
+        lengths=lengths,
+        pad_rows=pad_rows,
+        block_index=built.block_index,
+        warmup=warm,
     )
 
 
@@ -186,16 +390,17 @@ def plan_meta(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """plan.json's content (without format/version/ranks) and each rank's extra entry (shapes)."""
     cfg = p.cfg
-    shapes = rank_shapes(p.rank, p.micro.samples, p.micro.pad_to, cfg.layout, cfg.dp)
+    m = p.micro
+    shapes_of = rank_shapes(p.rank, m.rows, m.pad_to, cfg.dp)
     stats = plan_stats(
         step=p.step,
         rank=p.rank,
-        count=p.micro.samples,
-        tokens=p.micro.tokens,
-        padded_len=p.micro.pad_to,
-        cost=p.micro.cost,
+        count=m.rows,
+        tokens=m.tokens,
+        padded_len=m.pad_to,
+        cost=m.cost,
         sample_step=np.repeat(
-            p.step.astype(np.int32 if p.num_steps < 2**31 else np.int64), p.micro.samples
+            p.step.astype(np.int32 if p.num_steps < 2**31 else np.int64), m.samples
         ),
         sample_len=p.lens[p.stream],
         ideal_cost=chunked_sum(p.lens, lambda x: sample_cost(x, cfg)) * cfg.epochs,
@@ -205,21 +410,55 @@ def plan_meta(
         num_steps=p.num_steps,
         dp=cfg.dp,
         layout=cfg.layout,
-        shapes=shapes,
+        shapes=shapes_of,
     )
+    stats.update(plan_shape_stats(p.micro, p.pad_rows, p.lengths, cfg))
+    stats["warmup_rows"] = warmup_rows(p.rank, p.warmup, cfg.dp)
     stats["cost"] = cfg.cost
     stats["dropped"] = len(p.dropped)
     stats["oversize_alone"] = p.oversize_alone
     meta = {
         "config": cfg.to_dict(),
         "input": input_info,
-        "layout": {"dp": cfg.dp, "pp": 1, "cp": 1, "grad_accum": cfg.grad_accum},
+        "layout": {"dp": cfg.dp, "pp": cfg.pp, "cp": 1, "grad_accum": cfg.grad_accum},
         "num_steps": p.num_steps,
         "epochs": p.epochs,
+        "shape_lengths": None if p.lengths is None else p.lengths.tolist(),
         "stats": stats,
         "dropped": p.dropped,
     }
-    return meta, [{"shapes": s} for s in shapes]
+    return meta, [{"shapes": s} for s in shapes_of]
+
+
+def plan_shape_stats(
+    m: pack.Micro, pad_rows: np.ndarray | None, lengths: np.ndarray | None, cfg: PlanConfig
+) -> dict[str, Any]:
+    """:func:`stats.shape_stats` of a plan's micro-batches (the planner and validate share it)."""
+    own = pack.shape_rule(m.samples, m.tokens, m.max_len, cfg, lengths)
+    return shape_stats(
+        rows=m.rows,
+        pad_to=m.pad_to,
+        samples=m.samples,
+        tokens=m.tokens,
+        pad_rows=np.zeros(len(m.rows), np.int64) if pad_rows is None else pad_rows,
+        own_pad_to=own,
+        layout=cfg.layout,
+        pp=cfg.pp,
+        blocks=(cfg.block_len, cfg.blocks_per_batch)  # type: ignore[arg-type]
+        if cfg.batching == "blocks"
+        else None,
+    )
+
+
+def warmup_rows(rank: np.ndarray, warm: np.ndarray | None, dp: int) -> list[int]:
+    """Warm-up rows (the compile prefix) of each rank.
+
+    >>> warmup_rows(np.array([0, 0, 1]), np.array([True, False, True]), 2)
+    [1, 1]
+    """
+    if warm is None:
+        return [0] * dp
+    return np.bincount(rank[warm], minlength=dp).astype(int).tolist()
 
 
 def input_info(ids: np.ndarray, lens: np.ndarray, source: str) -> dict[str, Any]:

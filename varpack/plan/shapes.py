@@ -22,6 +22,7 @@ import numba
 import numpy as np
 
 from varpack.errors import ConfigError
+from varpack.plan import rules
 
 #: Above this many distinct rounded lengths the DP runs on log-spaced candidate boundaries
 #: (consecutive candidates differ by a factor < (max/min) ** (1 / max_candidates): with the
@@ -42,7 +43,7 @@ def round_up(lengths: np.ndarray, multiple: int) -> np.ndarray:
     a = np.asarray(lengths, dtype=np.int64)
     if multiple == 1:
         return a
-    return (a + (multiple - 1)) // multiple * multiple
+    return np.asarray(rules.round_up(a, multiple), dtype=np.int64)  # the one rounding rule
 
 
 def length_histogram(lengths: np.ndarray, pad_multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:

@@ -94,23 +94,99 @@ def step_loads(
     return flat.reshape(num_steps, dp)
 
 
-def rank_shapes(
-    rank: np.ndarray, count: np.ndarray, padded_len: np.ndarray, layout: str, dp: int
-) -> list[list[Any]]:
-    """Distinct shapes each rank sees, sorted: ``[B, T]`` (padded) or ``T`` (packed total).
+def rank_shapes(rank: np.ndarray, rows: np.ndarray, pad_to: np.ndarray, dp: int) -> list[list[Any]]:
+    """Distinct shapes each rank sees, LARGEST FIRST, as ``[rows, pad_to]`` (plan.json's format).
 
-    >>> rank_shapes(np.array([0, 0, 1]), np.array([2, 3, 2]), np.array([8, 8, 8]), "packed", 2)
-    [[8], [8]]
+    ``rows``: 1 in the packed layout, samples + ``pad_rows`` padded, blocks per micro-batch with
+    blocks. Shapes are ordered as :func:`varpack.plan.warmup.encode_shapes` orders them.
+
+    >>> rank_shapes(np.array([0, 0, 1]), np.array([1, 1, 1]), np.array([8, 16, 8]), 2)
+    [[[1, 16], [1, 8]], [[1, 8]]]
     """
-    out: list[list[Any]] = []
-    packed = LAYOUT_CODE[layout] == PACKED
-    for r in range(dp):
-        sel = rank == r
-        if packed:
-            out.append(np.unique(padded_len[sel]).tolist())
-        else:
-            pairs = np.unique(np.stack([count[sel], padded_len[sel]], axis=1), axis=0)
-            out.append(pairs.tolist())
+    from varpack.plan.warmup import encode_shapes
+
+    ids, table = encode_shapes(rows, pad_to)
+    s = len(table)
+    present = np.zeros(dp * s, dtype=bool)
+    present[np.asarray(rank, np.int64) * s + ids] = True
+    present2 = present.reshape(dp, s)
+    return [table[np.flatnonzero(present2[r])[::-1]].tolist() for r in range(dp)]
+
+
+_SHAPES_SHOWN = 64
+
+
+def shape_stats(
+    *,
+    rows: np.ndarray,
+    pad_to: np.ndarray,
+    samples: np.ndarray,
+    tokens: np.ndarray,
+    pad_rows: np.ndarray,
+    own_pad_to: np.ndarray,
+    layout: str,
+    pp: int,
+    blocks: tuple[int, int] | None,
+) -> dict[str, Any]:
+    """Shape figures of plan.json's stats: the padding each shape costs, pp and block padding.
+
+    ``shapes``: the distinct shapes of the plan, largest first (at most 64, then the rest summed in
+    ``shapes_not_shown``), each with its micro-batches, real and padded tokens and padding;
+    ``pad_rows`` / ``pad_row_tokens``: empty rows (empty blocks) and what they cost. With ``pp > 1``:
+    ``pp_extra_padding``, the tokens beyond each micro-batch's own shape rule (its own longest
+    or total, no empty rows), i.e. what one shape per (step, rank) costs. With blocks
+    ``(block_len, blocks_per_batch)``: used and empty blocks and the padding inside used blocks.
+    """
+    from varpack.plan.warmup import encode_shapes
+
+    code = LAYOUT_CODE[layout]
+    vol = np.asarray(volume(rows, pad_to, code), dtype=np.int64)
+    ids, table = encode_shapes(rows, pad_to)
+    s = len(table)
+    count = np.bincount(ids, minlength=s)
+    real = np.bincount(ids, weights=tokens, minlength=s).astype(np.int64)
+    padded = np.bincount(ids, weights=vol, minlength=s).astype(np.int64)
+    order = np.arange(s)[::-1]
+    shown = [
+        {
+            "shape": table[i].tolist(),
+            "micro_batches": int(count[i]),
+            "real_tokens": int(real[i]),
+            "padded_tokens": int(padded[i]),
+            "padding": int(padded[i] - real[i]),
+        }
+        for i in order[:_SHAPES_SHOWN]
+    ]
+    rest = order[_SHAPES_SHOWN:]
+    empty = np.asarray(pad_rows, dtype=np.int64)
+    out: dict[str, Any] = {
+        "num_shapes": int(s),
+        "shapes": shown,
+        "shapes_not_shown": {
+            "shapes": int(len(rest)),
+            "micro_batches": int(count[rest].sum()),
+            "padding": int((padded[rest] - real[rest]).sum()),
+        },
+        "pad_rows": int(empty.sum()),
+        "pad_row_tokens": int((empty * pad_to).sum()),
+    }
+    if pp > 1:
+        own = np.asarray(volume(samples, own_pad_to, code), dtype=np.int64)
+        extra = int(vol.sum() - own.sum())
+        out["pp_extra_padding"] = extra
+        out["pp_extra_padding_ratio"] = extra / int(vol.sum()) if vol.sum() else 0.0
+    if blocks is not None:
+        t, per = blocks
+        used = rows - empty
+        inside = int(used.sum()) * t - int(tokens.sum())
+        out["blocks"] = {
+            "block_len": t,
+            "blocks_per_batch": per,
+            "blocks": int(used.sum()),
+            "empty_blocks": int(empty.sum()),
+            "block_padding": inside,
+            "block_padding_ratio": inside / (int(used.sum()) * t) if used.sum() else 0.0,
+        }
     return out
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from varpack.manifest import BASE_SCHEMA
+from varpack.manifest import BASE_SCHEMA, manifest_schema
 
 
 def gather_positions(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -37,11 +37,15 @@ def rank_tables(
     step_tokens: np.ndarray,
     step_samples: np.ndarray,
     dp: int,
+    warmup: np.ndarray | None = None,
+    pad_rows: np.ndarray | None = None,
+    block_index: np.ndarray | None = None,
 ) -> Iterator[pa.Table]:
     """Yield rank 0..dp-1's manifest: one row per micro-batch, in (step, micro) order.
 
     ``stream`` maps stream positions to rows of ``ids``/``lens``; micro-batch ``i`` is stream
-    positions ``offsets[i]:offsets[i+1]``.
+    positions ``offsets[i]:offsets[i+1]``. Optional: ``warmup`` flags and ``pad_rows`` per
+    micro-batch, ``block_index`` per stream position (the manifest's optional columns).
     """
     order = np.lexsort((micro, step, rank))  # every rank holds the same number of micro-batches
     per_rank = len(order) // dp
@@ -52,17 +56,24 @@ def rank_tables(
         rows = stream[pos]
         off32 = pa.array(list_off.astype(np.int32))
         s = step[mb]
-        yield pa.Table.from_arrays(
-            [
-                pa.array(s, pa.int64()),
-                pa.array(micro[mb].astype(np.int32)),
-                pa.ListArray.from_arrays(off32, pa.array(ids[rows], pa.int64())),
-                pa.ListArray.from_arrays(off32, pa.array(lens[rows].astype(np.int32))),
-                pa.array(pad_to[mb].astype(np.int32)),
-                pa.array(lr[s], pa.float64()),
-                pa.array(step_tokens[s], pa.int64()),
-                pa.array(step_samples[s], pa.int64()),
-                pa.array(np.zeros(len(mb), dtype=bool)),
-            ],
-            schema=BASE_SCHEMA,
-        )
+        columns = [
+            pa.array(s, pa.int64()),
+            pa.array(micro[mb].astype(np.int32)),
+            pa.ListArray.from_arrays(off32, pa.array(ids[rows], pa.int64())),
+            pa.ListArray.from_arrays(off32, pa.array(lens[rows].astype(np.int32))),
+            pa.array(pad_to[mb].astype(np.int32)),
+            pa.array(lr[s], pa.float64()),
+            pa.array(step_tokens[s], pa.int64()),
+            pa.array(step_samples[s], pa.int64()),
+            pa.array(np.zeros(len(mb), dtype=bool) if warmup is None else warmup[mb]),
+        ]
+        names = list(BASE_SCHEMA.names)
+        if pad_rows is not None:
+            columns.append(pa.array(pad_rows[mb].astype(np.int32)))
+            names.append("pad_rows")
+        if block_index is not None:
+            columns.append(
+                pa.ListArray.from_arrays(off32, pa.array(block_index[pos].astype(np.int32)))
+            )
+            names.append("block_index")
+        yield pa.Table.from_arrays(columns, schema=manifest_schema(names))

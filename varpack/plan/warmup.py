@@ -20,6 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 
+_SHIFT = 31  # a shape (rows, pad_to) as one int64 key: rows << 31 | pad_to (both < 2**31)
+
+
 def encode_shapes(rows: np.ndarray, pad_to: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Shape ids of micro-batches and the table of distinct shapes, smallest first.
 
@@ -35,8 +38,8 @@ def encode_shapes(rows: np.ndarray, pad_to: np.ndarray) -> tuple[np.ndarray, np.
     """
     r = np.asarray(rows, np.int64)
     t = np.asarray(pad_to, np.int64)
-    pairs = np.stack([r.ravel(), t.ravel()], axis=1)
-    table, inv = np.unique(pairs, axis=0, return_inverse=True)
+    keys, inv = np.unique((r.ravel() << _SHIFT) | t.ravel(), return_inverse=True)
+    table = np.stack([keys >> _SHIFT, keys & ((1 << _SHIFT) - 1)], axis=1)
     order = np.lexsort((table[:, 0], table[:, 1], table[:, 0] * table[:, 1]))
     rank_of = np.empty(order.size, np.int64)
     rank_of[order] = np.arange(order.size)
@@ -178,3 +181,48 @@ def check_warmup_prefix(
     if i >= 0:
         out.append(f"{where}micro-batch {i} has a shape not in the warm-up prefix")
     return out
+
+
+def reorder_plan(
+    step: np.ndarray,
+    rank: np.ndarray,
+    micro: np.ndarray,
+    rows: np.ndarray,
+    pad_to: np.ndarray,
+    dp: int,
+    grad_accum: int,
+    whole_steps: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``--warmup reorder`` on a whole plan: new ``(step, micro, warmup)`` of every micro-batch.
+
+    Micro-batches are given by their ``step``, ``rank`` and ``micro`` (every rank holds
+    ``num_steps * grad_accum`` of them) and shape ``(rows, pad_to)``. Each rank's micro-batches are
+    permuted by :func:`warmup_order`; with ``whole_steps`` (pipeline parallel: a step's
+    micro-batches on a rank share one shape) whole (step, rank) groups move instead, so each step
+    keeps one shape. Ranks never exchange micro-batches.
+
+    >>> st, mi, w = reorder_plan(np.array([0, 1, 2]), np.zeros(3, int), np.zeros(3, int),
+    ...                          np.ones(3, int), np.array([8, 8, 16]), 1, 1)
+    >>> st.tolist(), mi.tolist(), w.tolist()
+    ([1, 2, 0], [0, 0, 0], [False, True, True])
+    """
+    m = len(step)
+    n = m // dp
+    order = np.lexsort((micro, step, rank)).reshape(dp, n)  # micro-batch at each position
+    ids, _ = encode_shapes(rows[order], pad_to[order])
+    if whole_steps:
+        k = grad_accum
+        perm_g, warm_g = warmup_order(ids.reshape(dp, n // k, k)[:, :, 0])
+        perm = (perm_g[:, :, None] * k + np.arange(k)).reshape(dp, n)
+        warm = np.repeat(warm_g, k, axis=1)
+    else:
+        perm, warm = warmup_order(ids)
+    moved = np.take_along_axis(order, perm, axis=1).ravel()  # micro-batch run at each position
+    pos = np.tile(np.arange(n, dtype=np.int64), dp)
+    new_step = np.empty(m, np.int64)
+    new_micro = np.empty(m, np.int64)
+    flag = np.empty(m, bool)
+    new_step[moved] = pos // grad_accum
+    new_micro[moved] = pos % grad_accum
+    flag[moved] = warm.ravel()
+    return new_step, new_micro, flag

@@ -30,7 +30,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -253,8 +253,8 @@ def _run(
     return result
 
 
-def _fingerprint(ids: np.ndarray, lens: np.ndarray, block: int = 1 << 20) -> Fingerprint:
-    """The additive fingerprint, block by block (bounded temporary memory)."""
+def _fingerprint(ids: np.ndarray, lens: np.ndarray, block: int = 1 << 16) -> Fingerprint:
+    """The additive fingerprint, block by block: cache-sized temporaries, ~5x faster."""
     fp = Fingerprint()
     for i in range(0, len(ids), block):
         fp = fp + fingerprint(ids[i : i + block], lens[i : i + block])
@@ -270,7 +270,7 @@ def _first_duplicate(job: Job, ids: np.ndarray) -> int:
     mine = np.sort(ids)
     if job.size > 1:
         mine = _exchange_sorted(job, mine, {}, 1024)[0]
-        mine.sort()
+        mine.sort(kind="stable")  # P sorted runs: timsort merges them in O(n log P)
     dup = first_duplicate(mine)
     return int(job.comm.allreduce(NO_DUP if dup is None else dup, op=job.MPI.MIN))
 
@@ -297,19 +297,25 @@ def _sample_sort(
         job.report("partition", total, f"(local sort, {job.size} ranks)")
         key, payload = _exchange_sorted(job, key, payload, oversample, seed=1)
         job.report("exchange", total, f"({key.dtype.itemsize + 8 * len(payload)} B/row)")
-        key, payload = _local_sort(key, payload)  # P sorted runs
+        key, payload = _local_sort(key, payload, runs=True)
     sizes = job.comm.allgather(len(key))
     mean = sum(sizes) / job.size
     return key, payload, (max(sizes) / mean if mean else 1.0)
 
 
 def _local_sort(
-    key: np.ndarray, payload: dict[str, np.ndarray]
+    key: np.ndarray, payload: dict[str, np.ndarray], runs: bool = False
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Sort keys (and their payload) in place of the old arrays.
+
+    ``runs``: the input is a concatenation of P sorted runs (after the exchange), which timsort
+    (``kind="stable"``) merges in O(n log P); a random input is faster with the default sort.
+    """
+    kind: Literal["stable"] | None = "stable" if runs else None
     if not payload:
-        key.sort()  # in place; NumPy's SIMD sort for uint64 keys
+        key.sort(kind=kind)
         return key, payload
-    order = np.argsort(key)  # keys are unique, so stability does not matter
+    order = np.argsort(key, kind=kind)  # keys are unique, so stability does not matter
     return key[order], {c: v[order] for c, v in payload.items()}
 
 

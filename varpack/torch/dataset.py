@@ -60,25 +60,39 @@ def write_arrow_tokens(
     dst: str | os.PathLike[str],
     column: str = "input_ids",
     id_column: str | None = "sample_id",
+    rows_per_batch: int = 1 << 20,
 ) -> Path:
-    """Copy a tokenized Parquet dataset into one uncompressed Arrow IPC file (row group by row group).
+    """Copy a tokenized Parquet dataset into one uncompressed Arrow IPC file.
 
     :class:`ParquetTokenDataset` memory-maps such a file: random access costs a page-cache read,
-    no decoding, so micro-batches whose samples are scattered over the dataset stay cheap.
+    no decoding, so micro-batches whose samples are scattered over the dataset stay cheap. Rows
+    are written in record batches of ``rows_per_batch`` (one contiguous token buffer each, so a
+    micro-batch is usually one gather); writing holds one such batch in memory.
     """
     files = resolve_files(src)
     columns = [c for c in (id_column, column) if c is not None]
     dst = Path(dst)
     tmp = dst.with_name(dst.name + ".tmp")
     writer = None
+    pending: list[pa.Table] = []
+
+    def flush() -> None:
+        nonlocal writer
+        table = pa.concat_tables(pending).combine_chunks()
+        pending.clear()
+        if writer is None:
+            writer = pa.ipc.new_file(str(tmp), table.schema)
+        writer.write_table(table, max_chunksize=max(table.num_rows, 1))
+
     try:
         for name in files:
             pf = pq.ParquetFile(name)
             for g in range(pf.metadata.num_row_groups):
-                table = pf.read_row_group(g, columns=columns)
-                if writer is None:
-                    writer = pa.ipc.new_file(str(tmp), table.schema)
-                writer.write_table(table)
+                pending.append(pf.read_row_group(g, columns=columns))
+                if sum(t.num_rows for t in pending) >= rows_per_batch:
+                    flush()
+        if pending:
+            flush()
         if writer is None:
             raise InputError(f"{src}: no rows to convert")
         writer.close()
@@ -258,6 +272,8 @@ class ParquetTokenDataset:
             src_start[sel] = offsets[local]
             lens[sel] = offsets[local + 1] - offsets[local]
             tables.append((sel, values))
+        if len(tables) == 1:  # one row group (the usual case with Arrow IPC): one gather
+            return tables[0][1][segment_gather_index(src_start, lens)], lens
         dst = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(lens, out=dst[1:])
         out = np.empty(int(dst[-1]), dtype=tables[0][1].dtype)

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from varpack.errors import ConfigError, InputError
 from varpack.manifest import Plan, load_plan
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
-from varpack.torch.collate import LAYOUTS, RowInfo, collate
+from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
 from varpack.torch.dataset import fetch_flat
 
 STATE_FORMAT = "varpack.loader"
@@ -171,9 +171,13 @@ class MicroBatches(Dataset[Any]):
     def fetch(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return fetch_flat(self.dataset, ids)
 
-    def __getitem__(self, index: tuple[int, int]) -> PackedBatch | PaddedBatch | BlockBatch:
+    def __getitem__(self, index: tuple[int, int]) -> RawBatch:
         epoch, i = index
-        return collate(self.rows.row(i, epoch), self.fetch, self.layout, self.pad_id)
+        return collate_numpy(self.rows.row(i, epoch), self.fetch, self.layout, self.pad_id)
+
+    def batch(self, i: int, epoch: int = 0) -> PackedBatch | PaddedBatch | BlockBatch:
+        """The collated batch of row ``i`` (in this process)."""
+        return self[(epoch, i)].to_batch()
 
 
 class _RowSampler(Sampler[tuple[int, int]]):
@@ -265,12 +269,15 @@ class PlanLoader:
             batch_size=None,
             sampler=_RowSampler(self._epoch, self._next, len(self.rows)),
             num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
+            pin_memory=False,  # workers send NumPy; pinning happens below, on the tensors
             collate_fn=_identity,
             prefetch_factor=self.prefetch_factor if self.num_workers else None,
             multiprocessing_context=self.multiprocessing_context if self.num_workers else None,
         )
-        for batch in loader:
+        for raw in loader:
+            batch = raw.to_batch()
+            if self.pin_memory:
+                batch = batch.pin_memory()
             # Advance the cursor only for what the caller received (prefetched rows do not count).
             self._next += 1
             yield batch
