@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: the whole varpack flow end to end on built-in synthetic data.
 #   synth (tokenized) -> lengths -> check -> mpiexec -n 2 sort -> plan -> inspect (+plot) -> validate
-#   -> torchrun 2-process training replay of the plan.
+#   -> torchrun: a tiny GPT trained for a few steps on 2 processes, replaying the plan.
 set -euo pipefail
 OUT=${1:-demo-out}
 rm -rf "$OUT"
@@ -21,10 +21,10 @@ varpack check "$OUT/meta"
 step "4. distributed sample sort on 2 MPI ranks"
 mpiexec -n 2 python -m mpi4py -m varpack sort "$OUT/meta" "$OUT/sorted"
 
-step "5. plan: 2 data-parallel ranks, grad-accum 2, packed, 4K-token budget, shuffled window, sqrt LR"
+step "5. plan: 2 data-parallel ranks, grad-accum 2, packed, 4K-token budget, shuffled window, sqrt LR, 8 shapes + compile warm-up"
 varpack plan "$OUT/sorted" "$OUT/plan" --dp 2 --grad-accum 2 --max-tokens 4096 --layout packed \
   --pad-multiple 64 --order shuffle --seed 1 --shuffle-window 8 --cost flops --model-preset qwen2.5-0.5b \
-  --lr-scaling sqrt --base-batch-size 64
+  --lr-scaling sqrt --base-batch-size 64 --max-shapes 8 --warmup reorder
 
 step "6. inspect (figures + plot)"
 varpack inspect "$OUT/plan" --plot "$OUT/plan.png"
@@ -32,5 +32,9 @@ varpack inspect "$OUT/plan" --plot "$OUT/plan.png"
 step "7. validate the plan against its metadata"
 varpack validate "$OUT/plan" --metadata "$OUT/meta"
 
+step "8. train: replay the plan on 2 processes (torchrun, DDP over gloo)"
+OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 jobs/train.py --plan "$OUT/plan" \
+  --data "$OUT/tokens" --out "$OUT/run" --preset tiny --vocab-size 512 --max-steps 6 --log-every 2
+
 echo
-echo "demo outputs in $OUT/ (plan.png is the plot)"
+echo "demo outputs in $OUT/ (plan.png is the plot, run/ the training checkpoint)"

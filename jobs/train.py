@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = PRESETS[args.preset]
     if args.vocab_size:
         cfg = type(cfg)(**{**cfg.__dict__, "vocab_size": args.vocab_size})
-    model: torch.nn.Module = TinyGPT(cfg).to(device)
-    raw = model
+    raw = TinyGPT(cfg).to(device)
+    model: torch.nn.Module = raw
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, foreach=False)
     base = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(args.warmup_steps, loader.num_steps)

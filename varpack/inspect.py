@@ -31,22 +31,95 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "config": meta["config"],
         "stats": meta["stats"],
         "dropped": len(meta.get("dropped") or []),
+        "shape_lengths": meta.get("shape_lengths"),
         "ranks": [
-            {"rank": r["rank"], "rows": r["rows"], "shapes": len(r.get("shapes", []))}
+            {
+                "rank": r["rank"],
+                "rows": r["rows"],
+                "shapes": len(r.get("shapes", [])),
+                "shape_list": r.get("shapes", []),
+            }
             for r in meta["ranks"]
         ],
     }
 
 
+_SHAPE_LINES = 8
+
+
+def _shape_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """Lines about shapes: the largest shapes and the padding each costs, pp, blocks, warm-up."""
+    s, cfg = info["stats"], info["config"]
+    rows: list[tuple[str, str]] = []
+    bound = f" (--max-shapes {cfg['max_shapes']})" if cfg.get("max_shapes") else ""
+    per_rank = s["shapes_per_rank"]
+    rows.append(
+        (
+            "shapes / rank",
+            f"{min(per_rank)} .. {max(per_rank)}{bound}; {s.get('num_shapes', '?')} in all",
+        )
+    )
+    if info.get("shape_lengths"):
+        rows.append(("shape lengths", ", ".join(str(x) for x in info["shape_lengths"])))
+    total_pad = max(s["padded_tokens"] - s["real_tokens"], 1)
+    for i, sh in enumerate(s.get("shapes", [])[:_SHAPE_LINES]):
+        b, t = sh["shape"]
+        rows.append(
+            (
+                "largest shapes" if i == 0 else "",
+                f"[{b}, {t}]: {sh['micro_batches']} micro-batches, padding {sh['padding']} tokens "
+                f"({100 * sh['padding'] / max(sh['padded_tokens'], 1):.1f}% of the shape, "
+                f"{100 * sh['padding'] / total_pad:.1f}% of all padding)",
+            )
+        )
+    by_pad = sorted(s.get("shapes", []), key=lambda x: -x["padding"])[:3]
+    if by_pad and len(s.get("shapes", [])) > _SHAPE_LINES:
+        rows.append(
+            (
+                "costliest shapes",
+                "; ".join(
+                    f"[{x['shape'][0]}, {x['shape'][1]}] {x['padding']} tokens" for x in by_pad
+                ),
+            )
+        )
+    if s.get("pad_rows"):
+        rows.append(("empty rows", f"{s['pad_rows']} (pad_rows), {s['pad_row_tokens']} tokens"))
+    if "pp_extra_padding" in s:
+        rows.append(
+            (
+                "pipeline",
+                f"pp {cfg['pp']}: one shape per (step, rank) costs {s['pp_extra_padding']} tokens "
+                f"({100 * s['pp_extra_padding_ratio']:.2f}% of processed tokens)",
+            )
+        )
+    if "blocks" in s:
+        b = s["blocks"]
+        rows.append(
+            (
+                "blocks",
+                f"{b['blocks']} blocks of {b['block_len']}, {b['blocks_per_batch']} per micro-batch; "
+                f"padding inside blocks {b['block_padding']} ({100 * b['block_padding_ratio']:.2f}%), "
+                f"{b['empty_blocks']} empty blocks",
+            )
+        )
+    warm = s.get("warmup_rows", [])
+    if cfg.get("warmup") == "reorder" and warm:
+        rows.append(
+            ("warm-up", f"reorder: first {min(warm)} .. {max(warm)} micro-batches per rank")
+        )
+    else:
+        rows.append(("warm-up", f"{cfg.get('warmup', 'list')}: shapes listed in plan.json"))
+    return rows
+
+
 def render(info: dict[str, Any]) -> str:
     """Human-readable summary (plain text, one figure per line)."""
     s, lay, cfg = info["stats"], info["layout"], info["config"]
-    budget = (
-        f"max-tokens {cfg['max_tokens']}"
-        if cfg["batching"] == "budget"
-        else f"batch-size {cfg['batch_size']}"
-    )
-    shapes = s["shapes_per_rank"]
+    budget = {
+        "budget": f"max-tokens {cfg['max_tokens']}",
+        "fixed": f"batch-size {cfg['batch_size']}",
+        "blocks": f"block-len {cfg.get('block_len')} x {cfg.get('blocks_per_batch')} blocks",
+    }[cfg["batching"]]
     rows = [
         ("plan", info["plan"]),
         (
@@ -76,7 +149,7 @@ def render(info: dict[str, Any]) -> str:
             "LR factor",
             f"{s['lr_factor_min']:.4g} .. {s['lr_factor_max']:.4g} ({cfg['lr_scaling']})",
         ),
-        ("shapes / rank", f"{min(shapes)} .. {max(shapes)}"),
+        *_shape_rows(info),
         ("dropped", f"{info['dropped']}; oversize alone {len(s.get('oversize_alone', []))}"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -7,7 +7,13 @@ micro-batches with matching id and length lists; ``pad_to`` by the shape rule an
 rule (:mod:`varpack.plan.rules`, the planner's own functions); every sample exactly once per
 epoch or listed as dropped, with the input fingerprint (or ``--metadata``) as the reference;
 each step's global tokens and samples and its LR factor on every row; the stats and shapes in
-plan.json.
+plan.json. Shapes (issue 5): ``pad_to`` by the shape rule with the chosen lengths
+(``--max-shapes`` / ``--pack-to``, recomputed with :func:`varpack.plan.shapes.choose_lengths`), at
+most K shapes per rank, rows fixed by the length; ``--pp``: one shape per (step, rank), the
+largest of its micro-batches' own shapes, and a count that is a multiple of P; ``--warmup
+reorder``: the warm-up rows are a prefix with one micro-batch per shape, largest first, and no
+rank meets a new shape after it; blocks: ``pad_to`` is the block length, ``block_index`` runs
+0, 1, .. in order, no block over its length, ``blocks_per_batch`` rows per micro-batch.
 """
 
 from __future__ import annotations
@@ -23,12 +29,17 @@ import pyarrow as pa
 from varpack.errors import VarpackError
 from varpack.fingerprint import fingerprint
 from varpack.manifest import BASE_SCHEMA, Plan, load_plan, manifest_schema
+from varpack.plan.blocks import check_blocks
 from varpack.plan.config import PlanConfig
-from varpack.plan.cost import sample_cost
+from varpack.plan.cost import sample_cost, segment_sums
 from varpack.plan.lr import lr_factors
-from varpack.plan.pack import summarize
-from varpack.plan.rules import LAYOUT_CODE, fits
+from varpack.plan.pack import Micro, summarize
+from varpack.plan.pipeline import check_pipeline_steps
+from varpack.plan.planner import plan_shape_stats, shape_rows, warmup_rows
+from varpack.plan.rules import LAYOUT_CODE, volume
+from varpack.plan.shapes import check_shape_bound, choose_lengths
 from varpack.plan.stats import plan_stats, rank_shapes
+from varpack.plan.warmup import check_warmup_prefix, encode_shapes
 
 _SHOW = 5
 
@@ -60,17 +71,28 @@ class _Rank:
     ids: np.ndarray
     lens: np.ndarray
     table: pa.Table
+    pad_rows: np.ndarray
+    block_index: np.ndarray | None
+    warmup: np.ndarray
 
 
-def _read_rank(plan: Plan, rank: int, report: Report) -> _Rank | None:
+def _expected_columns(cfg: PlanConfig) -> list[str]:
+    names = list(BASE_SCHEMA.names)
+    if cfg.uses_pad_rows:
+        names.append("pad_rows")
+    if cfg.batching == "blocks":
+        names.append("block_index")
+    return names
+
+
+def _read_rank(plan: Plan, rank: int, cfg: PlanConfig, report: Report) -> _Rank | None:
     try:
         table = plan.rank_table(rank, verify=False)
     except (OSError, pa.ArrowException, VarpackError) as exc:
         report.add(f"rank {rank}: cannot read its manifest ({exc})")
         return None
-    expected = manifest_schema(table.column_names)
-    missing = [f.name for f in BASE_SCHEMA if f.name not in table.column_names]
-    if missing or table.schema != expected:
+    expected = manifest_schema(_expected_columns(cfg))
+    if table.schema != expected:
         report.add(
             f"rank {rank}: manifest schema {table.schema.to_string()!r} is not {expected.to_string()!r}"
         )
@@ -83,6 +105,19 @@ def _read_rank(plan: Plan, rank: int, report: Report) -> _Rank | None:
         bad = np.flatnonzero(np.diff(off_ids) != np.diff(off_lens))
         report.examples(f"rank {rank}: sample_ids and seq_lens differ in length at rows", bad)
         return None
+    block_index = None
+    if "block_index" in table.column_names:
+        bcol = table.column("block_index").combine_chunks()
+        off_b = bcol.offsets.to_numpy().astype(np.int64)
+        if not np.array_equal(off_b, off_ids):
+            report.add(f"rank {rank}: block_index lists are not parallel to sample_ids")
+            return None
+        block_index = bcol.flatten().to_numpy().astype(np.int64)
+    pad_rows = (
+        table.column("pad_rows").to_numpy().astype(np.int64)
+        if "pad_rows" in table.column_names
+        else np.zeros(table.num_rows, np.int64)
+    )
     return _Rank(
         step=table.column("step").to_numpy(),
         micro=table.column("micro").to_numpy().astype(np.int64),
@@ -90,6 +125,9 @@ def _read_rank(plan: Plan, rank: int, report: Report) -> _Rank | None:
         ids=ids_col.flatten().to_numpy(),
         lens=lens_col.flatten().to_numpy().astype(np.int64),
         table=table,
+        pad_rows=pad_rows,
+        block_index=block_index,
+        warmup=table.column("warmup").to_numpy(zero_copy_only=False).astype(bool),
     )
 
 
@@ -117,32 +155,45 @@ def _check_numbering(r: int, rk: _Rank, num_steps: int, k: int, report: Report) 
     return True
 
 
-def _check_micro(r: int, rk: _Rank, cfg: PlanConfig, alone_ok: set[int], report: Report) -> Any:
+def _check_micro(
+    r: int,
+    rk: _Rank,
+    cfg: PlanConfig,
+    lengths: np.ndarray | None,
+    alone_ok: set[int],
+    report: Report,
+) -> Micro | None:
     counts = np.diff(rk.offsets)
     if (counts == 0).any():
         report.examples(f"rank {r}: empty micro-batches at rows", np.flatnonzero(counts == 0))
         return None
     if (rk.lens <= 0).any():
         report.examples(f"rank {r}: non-positive seq_lens for sample ids", rk.ids[rk.lens <= 0])
-    micro = summarize(rk.offsets, rk.lens, cfg)
+    own = summarize(rk.offsets, rk.lens, cfg, lengths=lengths)  # the shape rule, no pipeline
+    want = own.pad_to
+    if cfg.pp > 1:  # one shape per (step, rank): the largest own shape of the step
+        start = np.flatnonzero(np.r_[True, rk.step[1:] != rk.step[:-1]])
+        want = np.repeat(np.maximum.reduceat(own.pad_to, start), np.diff(np.r_[start, len(want)]))
     pad_to = rk.table.column("pad_to").to_numpy().astype(np.int64)
-    bad = np.flatnonzero(pad_to != micro.pad_to)
+    bad = np.flatnonzero(pad_to != want)
     if len(bad):
+        rule = f"{cfg.layout}, pad multiple {cfg.pad_multiple}"
+        if lengths is not None:
+            rule += f", lengths {lengths.tolist()[:8]}{'...' if len(lengths) > 8 else ''}"
+        if cfg.pp > 1:
+            rule += f", one shape per step (--pp {cfg.pp})"
         report.examples(
-            f"rank {r}: pad_to differs from the shape rule ({cfg.layout}, pad multiple {cfg.pad_multiple}) at rows",
-            [f"{i} (has {pad_to[i]}, rule {micro.pad_to[i]})" for i in bad[:_SHOW]],
+            f"rank {r}: pad_to differs from the shape rule ({rule}) at rows",
+            [f"{i} (has {pad_to[i]}, rule {want[i]})" for i in bad[:_SHOW]],
             len(bad),
         )
-    if cfg.batching == "budget":
-        ok = fits(
-            micro.samples,
-            micro.tokens,
-            micro.max_len,
-            LAYOUT_CODE[cfg.layout],
-            cfg.pad_multiple,
-            cfg.max_tokens,
-        )
-        over = np.flatnonzero(~ok)
+    if (rk.pad_rows < 0).any():
+        report.examples(f"rank {r}: negative pad_rows at rows", np.flatnonzero(rk.pad_rows < 0))
+    micro = summarize(rk.offsets, rk.lens, cfg, pad_to=pad_to, pad_rows=rk.pad_rows)
+    _check_rows(r, rk, cfg, micro, report)
+    if cfg.max_tokens is not None and cfg.batching != "fixed":
+        vol = volume(micro.rows, micro.pad_to, LAYOUT_CODE[cfg.layout])
+        over = np.flatnonzero(vol > cfg.max_tokens)
         if len(over) and cfg.oversize == "alone":
             first = rk.ids[rk.offsets[over]]
             lone = (micro.samples[over] == 1) & np.isin(
@@ -155,12 +206,66 @@ def _check_micro(r: int, rk: _Rank, cfg: PlanConfig, alone_ok: set[int], report:
                 [f"{i} (step {rk.step[i]}, {micro.samples[i]} samples)" for i in over[:_SHOW]],
                 len(over),
             )
-    elif (micro.samples > (cfg.batch_size or 0)).any():
+    elif cfg.batching == "fixed" and (micro.samples > (cfg.batch_size or 0)).any():
         report.examples(
             f"rank {r}: micro-batches with more than --batch-size {cfg.batch_size} samples at rows",
             np.flatnonzero(micro.samples > (cfg.batch_size or 0)),
         )
     return micro
+
+
+def _check_rows(r: int, rk: _Rank, cfg: PlanConfig, micro: Micro, report: Report) -> None:
+    """Shape rules of issue 5 on one rank: rows, shape bound, pipeline steps, blocks, warm-up."""
+    problems: list[str] = []
+    if cfg.batching == "blocks":
+        assert cfg.block_len is not None and cfg.blocks_per_batch is not None
+        assert rk.block_index is not None
+        problems += check_blocks(
+            rk.offsets,
+            rk.lens,
+            rk.block_index,
+            micro.pad_to,
+            cfg.block_len,
+            cfg.blocks_per_batch,
+            rank=r,
+        )
+        used = np.maximum.reduceat(rk.block_index, rk.offsets[:-1]) + 1
+        bad = np.flatnonzero(used + rk.pad_rows != cfg.blocks_per_batch)
+        for i in bad[:_SHOW]:
+            problems.append(
+                f"rank {r} micro-batch {i}: {used[i]} blocks + {rk.pad_rows[i]} pad_rows, not "
+                f"--blocks-per-batch {cfg.blocks_per_batch}"
+            )
+    elif cfg.layout == "padded" and cfg.max_shapes is not None:
+        want = shape_rows(micro.pad_to, cfg)
+        bad = np.flatnonzero(micro.rows != want)
+        for i in bad[:_SHOW]:
+            problems.append(
+                f"rank {r} micro-batch {i}: {micro.rows[i]} rows (samples + pad_rows), the shape "
+                f"of length {micro.pad_to[i]} has {want[i]}"
+            )
+    if cfg.max_shapes is not None:
+        problems += check_shape_bound(micro.rows, micro.pad_to, cfg.max_shapes, rank=r)
+    if cfg.pp > 1:
+        budget = cfg.max_tokens if cfg.layout == "padded" and cfg.batching != "fixed" else None
+        problems += check_pipeline_steps(
+            rk.step, micro.rows, micro.pad_to, cfg.pp, max_tokens=budget, rank=r
+        )
+    ids, _ = encode_shapes(micro.rows, micro.pad_to)
+    if cfg.warmup == "reorder":
+        warm = rk.warmup
+        if cfg.pp > 1:
+            k = cfg.grad_accum
+            mixed = np.flatnonzero(
+                warm.reshape(-1, k).any(axis=1) != warm.reshape(-1, k).all(axis=1)
+            )
+            for s in mixed[:_SHOW]:
+                problems.append(f"rank {r} step {s}: warm-up covers part of a pipeline step")
+            ids, warm = ids[::k], warm[::k]
+        problems += check_warmup_prefix(ids, warm, rank=r)
+    elif rk.warmup.any():
+        problems.append(f"rank {r}: warmup rows without --warmup reorder")
+    report.problems.extend(problems)
 
 
 def _check_coverage(
@@ -170,7 +275,10 @@ def _check_coverage(
     steps: np.ndarray,
     metadata: tuple[np.ndarray, np.ndarray] | None,
     report: Report,
+    whole: bool = False,
 ) -> None:
+    """Every sample exactly once per epoch (or dropped). ``whole``: ``--warmup reorder`` may move a
+    few micro-batches of a later epoch into the prefix, so count over the whole plan instead."""
     dropped = meta.get("dropped") or []
     d_ids = np.array([int(d["sample_id"]) for d in dropped], dtype=np.int64)
     d_lens = np.array([int(d["seq_len"]) for d in dropped], dtype=np.int64)
@@ -187,7 +295,17 @@ def _check_coverage(
     if bounds[-1] != int(meta["num_steps"]):
         report.add(f"plan.json epochs cover {bounds[-1]} steps, num_steps is {meta['num_steps']}")
     info = meta.get("input", {})
-    for e, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+    ranges = list(zip(bounds[:-1], bounds[1:], strict=True))
+    if whole and len(epochs) > 1:
+        uniq, first, times = np.unique(ids, return_index=True, return_counts=True)
+        off = np.flatnonzero(times != len(epochs))
+        if len(off):
+            report.examples(
+                f"samples not planned exactly {len(epochs)} times (once per epoch)", uniq[off]
+            )
+        ids, lens, steps = uniq, lens[first], np.zeros(len(uniq), np.int64)
+        ranges = [(0, 1)]
+    for e, (lo, hi) in enumerate(ranges):
         sel = (steps >= lo) & (steps < hi)
         e_ids, e_lens = ids[sel], lens[sel]
         order = np.argsort(e_ids, kind="stable")
@@ -234,6 +352,71 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
 
 
+def _same_tree(a: Any, b: Any) -> bool:
+    """Equal JSON values, floats compared with :func:`_close`."""
+    if isinstance(b, float):
+        return isinstance(a, int | float) and _close(a, b)
+    if isinstance(b, dict):
+        return (
+            isinstance(a, dict) and a.keys() == b.keys() and all(_same_tree(a[x], b[x]) for x in b)
+        )
+    return bool(a == b)
+
+
+def _shape_lengths(meta: dict[str, Any], cfg: PlanConfig, report: Report) -> np.ndarray | None:
+    """plan.json ``shape_lengths``, checked against the options that choose them."""
+    raw = meta.get("shape_lengths")
+    lengths = None if raw is None else np.asarray(raw, dtype=np.int64)
+    if cfg.pack_to is not None:
+        if lengths is None or lengths.tolist() != [cfg.pack_to]:
+            report.add(
+                f"plan.json shape_lengths {raw!r}: --pack-to {cfg.pack_to} needs [{cfg.pack_to}]"
+            )
+        return np.array([cfg.pack_to], dtype=np.int64)
+    if cfg.max_shapes is None or cfg.batching == "blocks":
+        if lengths is not None:
+            report.add(f"plan.json shape_lengths {raw!r} without --max-shapes or --pack-to")
+        return None
+    if lengths is None or len(lengths) == 0:
+        report.add("plan.json has no shape_lengths although --max-shapes is set")
+        return None
+    if len(lengths) > cfg.max_shapes or np.any(np.diff(lengths) <= 0):
+        report.add(
+            f"plan.json shape_lengths {raw!r}: not at most --max-shapes {cfg.max_shapes} "
+            "increasing lengths"
+        )
+    return lengths
+
+
+def _recompute_lengths(
+    cfg: PlanConfig,
+    lengths: np.ndarray,
+    ranks: list[_Rank],
+    micros: list[Micro],
+    sample_step: np.ndarray,
+    meta: dict[str, Any],
+    report: Report,
+) -> None:
+    """The chosen lengths are the padding-minimal ones (the planner's DP on the same data)."""
+    assert cfg.max_shapes is not None
+    if cfg.layout == "padded":  # over the kept samples, once each: epoch 0's
+        lens = np.concatenate([rk.lens for rk in ranks])
+        epochs = meta.get("epochs") or [{"first_step": 0, "num_steps": int(meta["num_steps"])}]
+        if len(epochs) > 1 and cfg.warmup != "reorder":
+            lens = lens[sample_step < int(epochs[0]["num_steps"])]
+        elif len(epochs) > 1:  # reordered across epochs: one of each sample
+            ids = np.concatenate([rk.ids for rk in ranks])
+            lens = lens[np.unique(ids, return_index=True)[1]]
+    else:  # over the micro-batch totals
+        lens = np.concatenate([segment_sums(rk.offsets, rk.lens) for rk in ranks])
+    want = choose_lengths(lens, cfg.max_shapes, cfg.pad_multiple)
+    if not np.array_equal(want, lengths):
+        report.add(
+            f"plan.json shape_lengths {lengths.tolist()} are not the padding-minimal "
+            f"{want.tolist()} for --max-shapes {cfg.max_shapes}"
+        )
+
+
 def validate_plan(
     path: str | os.PathLike[str], metadata: tuple[np.ndarray, np.ndarray] | None = None
 ) -> Report:
@@ -249,21 +432,23 @@ def validate_plan(
         report.add(f"plan.json config is invalid: {exc}")
         return report
     layout = meta.get("layout", {})
-    if layout != {"dp": cfg.dp, "pp": 1, "cp": 1, "grad_accum": cfg.grad_accum}:
+    if layout != {"dp": cfg.dp, "pp": cfg.pp, "cp": 1, "grad_accum": cfg.grad_accum}:
         report.add(
-            f"plan.json layout {layout} does not match the config (dp {cfg.dp}, grad_accum {cfg.grad_accum})"
+            f"plan.json layout {layout} does not match the config (dp {cfg.dp}, pp {cfg.pp}, "
+            f"grad_accum {cfg.grad_accum})"
         )
+    lengths = _shape_lengths(meta, cfg, report)
     num_steps, k, dp = int(meta["num_steps"]), cfg.grad_accum, cfg.dp
     for rank in range(dp):
         report.problems.extend(plan.verify_rank(rank))
     ranks: list[_Rank] = []
-    micros: list[Any] = []
+    micros: list[Micro] = []
     alone_ok = set(int(i) for i in meta.get("stats", {}).get("oversize_alone", []))
     for rank in range(dp):
-        rk = _read_rank(plan, rank, report)
+        rk = _read_rank(plan, rank, cfg, report)
         if rk is None or not _check_numbering(rank, rk, num_steps, k, report):
             return report
-        micro = _check_micro(rank, rk, cfg, alone_ok, report)
+        micro = _check_micro(rank, rk, cfg, lengths, alone_ok, report)
         if micro is None:
             return report
         ranks.append(rk)
@@ -271,10 +456,9 @@ def validate_plan(
     # Global per-step totals, LR factors, coverage.
     step = np.concatenate([rk.step for rk in ranks])
     rank_of = np.repeat(np.arange(dp), [len(rk.step) for rk in ranks])
-    count = np.concatenate([m.samples for m in micros])
-    tokens = np.concatenate([m.tokens for m in micros])
-    step_samples = np.bincount(step, weights=count, minlength=num_steps).astype(np.int64)
-    step_tokens = np.bincount(step, weights=tokens, minlength=num_steps).astype(np.int64)
+    allm = Micro(*(np.concatenate([getattr(m, f) for m in micros]) for f in Micro._fields))
+    step_samples = np.bincount(step, weights=allm.samples, minlength=num_steps).astype(np.int64)
+    step_tokens = np.bincount(step, weights=allm.tokens, minlength=num_steps).astype(np.int64)
     lr = lr_factors(step_samples, step_tokens, cfg)
     for r, rk in enumerate(ranks):
         for col, want in (
@@ -296,22 +480,24 @@ def validate_plan(
     ids = np.concatenate([rk.ids for rk in ranks])
     lens = np.concatenate([rk.lens for rk in ranks])
     sample_step = np.concatenate([np.repeat(rk.step, np.diff(rk.offsets)) for rk in ranks])
-    _check_coverage(meta, ids, lens, sample_step, metadata, report)
+    _check_coverage(meta, ids, lens, sample_step, metadata, report, whole=cfg.warmup == "reorder")
+    if cfg.max_shapes is not None and lengths is not None:
+        _recompute_lengths(cfg, lengths, ranks, micros, sample_step, meta, report)
     # Stats and shapes recomputed with the planner's functions.
-    pad_to = np.concatenate([m.pad_to for m in micros])
-    shapes = rank_shapes(rank_of, count, pad_to, cfg.layout, dp)
+    shapes = rank_shapes(rank_of, allm.rows, allm.pad_to, dp)
     for r in range(dp):
         if plan.meta["ranks"][r].get("shapes") != shapes[r]:
             report.add(
-                f"rank {r}: plan.json shapes do not match the manifest's {len(shapes[r])} distinct shapes"
+                f"rank {r}: plan.json shapes are not the manifest's {len(shapes[r])} distinct "
+                "shapes [rows, pad_to], largest first"
             )
     stats = plan_stats(
         step=step,
         rank=rank_of,
-        count=count,
-        tokens=tokens,
-        padded_len=pad_to,
-        cost=np.concatenate([m.cost for m in micros]),
+        count=allm.rows,
+        tokens=allm.tokens,
+        padded_len=allm.pad_to,
+        cost=allm.cost,
         sample_step=sample_step,
         sample_len=lens,
         ideal_cost=float(sample_cost(lens, cfg).sum()),
@@ -323,6 +509,10 @@ def validate_plan(
         layout=cfg.layout,
         shapes=shapes,
     )
+    pad_rows = np.concatenate([rk.pad_rows for rk in ranks]) if cfg.uses_pad_rows else None
+    stats.update(plan_shape_stats(allm, pad_rows, lengths, cfg))
+    warm = np.concatenate([rk.warmup for rk in ranks])
+    stats["warmup_rows"] = warmup_rows(rank_of, warm if warm.any() else None, dp)
     saved = meta.get("stats", {})
     for key, value in stats.items():
         have = saved.get(key)
@@ -331,6 +521,8 @@ def validate_plan(
             if not isinstance(value, float)
             else isinstance(have, int | float) and _close(have, value)
         )
+        if isinstance(value, dict) and isinstance(have, dict):
+            same = _same_tree(have, value)
         if not same:
             report.add(f"plan.json stats {key} = {have!r}, recomputed {value!r}")
     report.facts = {

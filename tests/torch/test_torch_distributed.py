@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("torch.nn")
 
 import torch  # noqa: E402
-from plan_helpers import make_plan, random_lengths, write_tokens  # noqa: E402
+from conftest import cli, write_metadata  # noqa: E402
+from plan_helpers import random_lengths, write_tokens  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +40,11 @@ def test_two_ranks_replay_the_plan_and_resume(tmp_path) -> None:
     rng = np.random.default_rng(7)
     lens = random_lengths(rng, 80, 2, 40)
     write_tokens(tmp_path / "tok.parquet", list(lens), list(lens.values()), row_group_size=16)
-    plan = make_plan(tmp_path / "plan", lens, dp=2, grad_accum=2, budget=96, pad_multiple=16)
+    write_metadata(tmp_path / "meta" / "m.parquet", list(lens), list(lens.values()))
+    plan = tmp_path / "plan"  # the real planner: shuffled, balanced, linear LR scaling
+    cli("plan", tmp_path / "meta", plan, "--dp", 2, "--grad-accum", 2, "--max-tokens", 96,
+        "--pad-multiple", 16, "--order", "shuffle", "--seed", 3, "--lr-scaling", "linear",
+        "--base-batch-size", 8, "-q")  # fmt: skip
     num_steps = json.loads((plan / "plan.json").read_text())["num_steps"]
     assert num_steps >= 4
     common = ["--plan", plan, "--data", tmp_path / "tok.parquet", "--record", "--warmup-steps", "2"]

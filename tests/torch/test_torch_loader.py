@@ -13,7 +13,7 @@ import torch  # noqa: E402
 from plan_helpers import make_plan, random_lengths, write_tokens  # noqa: E402
 
 from varpack.errors import ConfigError, InputError  # noqa: E402
-from varpack.torch import PackedBatch, PaddedBatch, ParquetTokenDataset, PlanLoader  # noqa: E402
+from varpack.torch import PackedBatch, PaddedBatch, ParquetTokenDataset, PlanLoader, rank_shapes  # noqa: E402
 
 
 @pytest.fixture
@@ -79,10 +79,11 @@ def test_world_size_and_checksum_errors(setup, monkeypatch) -> None:
         PlanLoader(plan, ds, rank=2)
     with pytest.raises(ConfigError, match="made for the 'packed' layout"):
         PlanLoader(plan, ds, rank=0, collate="padded")
-    # A changed manifest or a future version is refused.
+    # A changed manifest or a future version is refused (each rank checks its own file).
     (plan / "rank-00001.parquet").write_bytes((plan / "rank-00000.parquet").read_bytes())
-    with pytest.raises(InputError, match="sha256 does not match"):
-        PlanLoader(plan, ds, rank=0)
+    with pytest.raises(InputError, match="rank-00001.parquet: sha256 does not match"):
+        PlanLoader(plan, ds, rank=1)
+    assert len(PlanLoader(plan, ds, rank=1, verify=False)) > 0
     doc = json.loads((plan / "plan.json").read_text())
     doc["version"] = 99
     (plan / "plan.json").write_text(json.dumps(doc))
@@ -142,3 +143,45 @@ def test_padded_plan_with_pad_rows(tmp_path) -> None:
     assert all(isinstance(b, PaddedBatch) for b in batches)
     assert [b.shape for b in batches] == [(3, 5), (3, 4)]
     assert batches[1].attention_mask.sum(1).tolist() == [4, 0, 0]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--layout", "padded", "--max-shapes", "2", "--warmup", "reorder"),
+        ("--batching", "blocks", "--block-len", "48", "--blocks-per-batch", "2"),
+        ("--layout", "packed", "--pack-to", "96"),
+    ],
+    ids=["padded-shapes", "blocks", "pack-to"],
+)
+def test_real_planner_plans_replay(tmp_path, rng, flags) -> None:
+    """Plans from `varpack plan` (pad_rows, block_index, warm-up): shapes as recorded, ids once."""
+    from conftest import cli, write_metadata
+
+    lens = random_lengths(rng, 60, 2, 40)
+    data = {i: np.arange(n) + 1 for i, n in lens.items()}
+    write_metadata(tmp_path / "meta" / "m.parquet", list(lens), list(lens.values()))
+    plan = tmp_path / "plan"
+    cli(
+        "plan",
+        tmp_path / "meta",
+        plan,
+        "--dp",
+        "2",
+        "--grad-accum",
+        "2",
+        "--max-tokens",
+        "96",
+        *flags,
+        "-q",
+    )
+    seen = []
+    for rank in range(2):
+        loader = PlanLoader(plan, data, rank=rank)
+        shapes = [b.shape for b in loader]
+        assert set(shapes) == set(rank_shapes(loader, rank))
+        seen += [int(i) for b in loader for i in b.sample_ids]
+        if loader.layout == "blocks":
+            b = next(iter(loader))
+            assert b.resets.sum() == len(b.sample_ids) and b.shape[1] == 48
+    assert sorted(seen) == sorted(lens)

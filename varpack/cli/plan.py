@@ -29,8 +29,7 @@ def _option_decorators() -> list[Callable[[Any], Any]]:
         else:
             typ = int
         default = getattr(defaults, f.name)
-        shown = "required" if f.name in {"max_tokens", "batch_size"} else default
-        help_text = f"{HELP[f.name]} [default: {shown}]"
+        help_text = HELP[f.name] + ("" if default is None else f" [default: {default}]")
         out.append(
             click.option(
                 f"--{f.name.replace('_', '-')}", f.name, type=typ, default=None, help=help_text
@@ -68,6 +67,9 @@ def plan(
     the step's global token and sample counts. Example:
 
         varpack plan sorted/ plan/ --max-tokens 16384 --dp 8 --grad-accum 4 --cost flops --model-preset qwen2.5-0.5b
+
+    Shapes: --max-shapes K (at most K shapes per rank), --pack-to L, --warmup reorder (compile
+    every shape first), --pp P (one shape per pipeline step), --batching blocks (BLoad).
     """
     from varpack.atomic import check_output
     from varpack.planning import load_toml

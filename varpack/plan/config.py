@@ -30,8 +30,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
 HELP: dict[str, str] = {
     "batching": "budget: as many samples as fit --max-tokens; fixed: --batch-size samples; "
     "blocks: whole samples packed into rows of --block-len (BLoad)",
-    "max_tokens": "token budget of one micro-batch (padded tokens: B x T padded, or the packed total)",
-    "batch_size": "samples per micro-batch with --batching fixed",
+    "max_tokens": "token budget of one micro-batch (padded tokens: B x T padded, or the packed "
+    "total); required with --batching budget",
+    "batch_size": "samples per micro-batch; required with --batching fixed",
     "layout": "packed: one flattened row per micro-batch; padded: B rows padded to the longest",
     "pad_multiple": "round the padded length (padded) or the packed total (packed) up to this multiple",
     "oversize": "a sample longer than the budget: error, drop it (listed in plan.json), or alone",
@@ -140,11 +141,6 @@ class PlanConfig:
             return True
         return self.layout == "padded" and (self.max_shapes is not None or self.pp > 1)
 
-    @property
-    def bounded(self) -> bool:
-        """Whether padded lengths come from a chosen set (``--max-shapes`` or ``--pack-to``)."""
-        return self.batching != "blocks" and (self.max_shapes is not None or self.pack_to is not None)
-
     def _resolve_shapes(self) -> PlanConfig:
         cfg = self
         if cfg.grad_accum % cfg.pp:
@@ -157,12 +153,14 @@ class PlanConfig:
         _positive_int("block_window", cfg.block_window)
         if cfg.oversize == "alone":
             what = [
-                f for f, on in (
+                f
+                for f, on in (
                     ("--max-shapes", cfg.max_shapes is not None),
                     ("--pack-to", cfg.pack_to is not None),
                     ("--pp", cfg.pp > 1),
                     ("--batching blocks", cfg.batching == "blocks"),
-                ) if on
+                )
+                if on
             ]
             if what:
                 raise ConfigError(
@@ -172,7 +170,9 @@ class PlanConfig:
         if cfg.pack_to is not None:
             _positive_int("pack_to", cfg.pack_to)
             if cfg.max_shapes is not None:
-                raise ConfigError("--pack-to conflicts with --max-shapes (it fixes one shape); give one")
+                raise ConfigError(
+                    "--pack-to conflicts with --max-shapes (it fixes one shape); give one"
+                )
             if cfg.layout != "packed" or cfg.batching != "budget":
                 raise ConfigError(
                     "--pack-to applies to --layout packed with --batching budget; "
@@ -194,7 +194,9 @@ class PlanConfig:
             if getattr(cfg, name) is not None:
                 _positive_int(name, getattr(cfg, name))
         if cfg.batch_size is not None:
-            raise ConfigError("--batch-size conflicts with --batching blocks; use --blocks-per-batch")
+            raise ConfigError(
+                "--batch-size conflicts with --batching blocks; use --blocks-per-batch"
+            )
         if cfg.max_tokens is None and cfg.blocks_per_batch is None:
             raise ConfigError(
                 "--batching blocks needs --max-tokens (blocks per micro-batch = max-tokens // "
@@ -216,7 +218,11 @@ class PlanConfig:
         """Fill the data-dependent block defaults (block length = the longest sample, BLoad)."""
         if self.batching != "blocks":
             return self
-        t = self.block_len if self.block_len is not None else round_up_int(longest, self.pad_multiple)
+        t = (
+            self.block_len
+            if self.block_len is not None
+            else round_up_int(longest, self.pad_multiple)
+        )
         per = self.blocks_per_batch
         if per is None:
             assert self.max_tokens is not None

@@ -68,12 +68,8 @@ def epoch_stream(
     n = len(lens)
     if cfg.order == "curriculum" or n == 0:
         return np.arange(n, dtype=np.int64), np.array([0, n], dtype=np.int64)
-    perm = epoch_rng(cfg.seed, epoch).permutation(n).astype(np.int64)
-    plens = lens[perm]
-    step = step_size(cfg, tokens_per_micro)
-    size = cfg.shuffle_window * step
+    perm, plens, window, step = _windows(lens, cfg, epoch, tokens_per_micro)
     weight = np.ones(n, dtype=np.int64) if cfg.batching == "fixed" else plens
-    window = (np.cumsum(weight, dtype=np.int64) - weight) // size  # tokens (samples) ahead
     # Steps per window: W for full windows (rounded: a window overshoots by < 1 sample).
     total = np.bincount(window, weights=weight).astype(np.int64)
     steps = np.maximum(1, (total + step // 2) // step)
@@ -90,6 +86,43 @@ def epoch_stream(
 
 
 CHUNK = 1 << 22
+
+
+def _windows(
+    lens: np.ndarray, cfg: PlanConfig, epoch: int, tokens_per_micro: float | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The epoch's permutation, its lengths, each position's window and the step size."""
+    n = len(lens)
+    perm = epoch_rng(cfg.seed, epoch).permutation(n).astype(np.int64)
+    plens = lens[perm]
+    step = step_size(cfg, tokens_per_micro)
+    weight = np.ones(n, dtype=np.int64) if cfg.batching == "fixed" else plens
+    window = (np.cumsum(weight, dtype=np.int64) - weight) // (cfg.shuffle_window * step)
+    return perm, plens, window, step
+
+
+def epoch_windows(
+    lens: np.ndarray, cfg: PlanConfig, epoch: int, tokens_per_micro: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(index, bounds)`` like :func:`epoch_stream`, but one segment per window, sorted by length.
+
+    For ``--pp``: (step, rank) groups are cut from a whole sorted window (narrow length ranges,
+    little padding) and then dealt to the window's steps (:func:`snake`), so each step still mixes
+    lengths from the whole window. Curriculum: the input order, one segment.
+
+    >>> from varpack.plan.config import PlanConfig
+    >>> cfg = PlanConfig(max_tokens=8, order="shuffle", shuffle_window=1)
+    >>> idx, bounds = epoch_windows(np.array([5, 1, 4, 2, 3]), cfg, 0)
+    >>> sorted(idx.tolist()), int(bounds[0]), int(bounds[-1])
+    ([0, 1, 2, 3, 4], 0, 5)
+    """
+    n = len(lens)
+    if cfg.order == "curriculum" or n == 0:
+        return np.arange(n, dtype=np.int64), np.array([0, n], dtype=np.int64)
+    perm, plens, window, _ = _windows(lens, cfg, epoch, tokens_per_micro)
+    order = np.lexsort((plens, window))  # windows are consecutive; each sorted by length
+    win = window[order]
+    return perm[order], np.append(np.flatnonzero(np.r_[True, win[1:] != win[:-1]]), n)
 
 
 def _regroup(

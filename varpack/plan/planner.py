@@ -33,7 +33,7 @@ from varpack.plan.config import PlanConfig
 from varpack.plan.cost import sample_cost, segment_max, segment_sums
 from varpack.plan.lr import lr_factors
 from varpack.plan.stats import chunked_sum, plan_stats, rank_shapes, shape_stats
-from varpack.plan.tables import rank_tables
+from varpack.plan.tables import gather_positions, rank_tables
 from varpack.plan.warmup import reorder_plan
 
 _SHOW_IDS = 5
@@ -217,12 +217,18 @@ def _build_pipeline(lens: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | Non
     n_pos = n_steps = 0
     per_micro = _per_micro(eff, np.zeros(len(lens), bool), cfg)
     for epoch in range(cfg.epochs):
-        idx, bounds = order.epoch_stream(lens, cfg, epoch, per_micro)
-        perm, starts = pipeline.step_groups(
-            eff[idx], bounds, k, None if fixed else cfg.max_tokens, cfg.batch_size if fixed else None
+        idx, bounds = order.epoch_windows(lens, cfg, epoch, per_micro)
+        perm, starts, bounds = pipeline.step_groups(
+            eff[idx],
+            bounds,
+            k,
+            None if fixed else cfg.max_tokens,
+            cfg.batch_size if fixed else None,
         )
         if perm is not None:
             idx = idx[perm]
+        if cfg.order == "shuffle":
+            idx, starts = _deal_groups(idx, starts, bounds, dp)
         starts = pack.complete(
             starts,
             lens[idx],
@@ -245,6 +251,24 @@ def _build_pipeline(lens: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | Non
     return _Built(stream, offsets, np.repeat(gstep, k), epochs, pad_to, pad_rows, None, k)
 
 
+def _deal_groups(
+    idx: np.ndarray, starts: np.ndarray, bounds: np.ndarray, dp: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deal each window's groups (cut in length order) to its steps in a snake, ``dp`` per step.
+
+    Groups keep their samples; only their order changes, so consecutive ``dp`` groups (a step)
+    come from across the window's lengths.
+    """
+    g = len(starts) - 1
+    win = np.searchsorted(bounds, starts[:-1], side="right") - 1
+    j = np.arange(g) - np.searchsorted(win, win, side="left")
+    per_win = np.bincount(win)[win]
+    slot = order.snake(j, np.maximum(1, (per_win + dp // 2) // dp))
+    go = np.lexsort((j, slot, win))
+    pos, new_starts = gather_positions(starts[go], np.diff(starts)[go])
+    return idx[pos], new_starts
+
+
 def _build_blocks(lens: np.ndarray, cfg: PlanConfig) -> _Built:
     """``--batching blocks``: best-fit blocks of whole samples, ``blocks_per_batch`` per row."""
     t, per = cfg.block_len, cfg.blocks_per_batch
@@ -258,22 +282,19 @@ def _build_blocks(lens: np.ndarray, cfg: PlanConfig) -> _Built:
         else:
             idx = np.arange(len(lens), dtype=np.int64)
         packing = pack_blocks(lens[idx], t, cfg.block_window)
-        idx = idx[packing.order]
         blk = packing.block_of_sample[packing.order]
-        nb = len(packing.block_fill)
-        boff = np.append(np.arange(0, nb, per, dtype=np.int64), nb)
-        boff = pack.complete(
-            boff,
-            packing.block_fill,
-            per_step,
-            lambda o, v: segment_sums(o, v).astype(np.float64),
-            f"epoch {epoch} (blocks of {t})",
+        fill = packing.block_fill
+        if cfg.order == "shuffle":  # a window's blocks in random order (best fit sorts them)
+            blk, fill, moved = _shuffle_blocks(blk, fill, packing.order, cfg, epoch)
+            idx = idx[packing.order[moved]]
+        else:
+            idx = idx[packing.order]
+        soff, b_index, b_rows = _block_micro_batches(
+            lens[idx], blk, fill, per, per_step, f"epoch {epoch}"
         )
-        m = len(boff) - 1
-        soff = np.searchsorted(blk, boff, side="left")
-        first_block = np.repeat(boff[:-1], np.diff(soff))
-        bidx.append((blk - first_block).astype(np.int32))
-        prows.append((per - np.diff(boff)).astype(np.int32))
+        m = len(soff) - 1
+        bidx.append(b_index)
+        prows.append(b_rows)
         streams.append(idx)
         offs.append(soff[:-1] + n_pos)
         steps.append(assign.steps_in_order(m, per_step) + n_steps)
@@ -284,6 +305,50 @@ def _build_blocks(lens: np.ndarray, cfg: PlanConfig) -> _Built:
     return _Built(
         stream, offsets, step, epochs, None, np.concatenate(prows), np.concatenate(bidx), 0
     )
+
+
+def _shuffle_blocks(
+    blk: np.ndarray, fill: np.ndarray, pos: np.ndarray, cfg: PlanConfig, epoch: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Renumber blocks in a random order within each window of the stream (seeded per epoch).
+
+    ``blk``: block of each packed sample in block order, ``pos`` its stream position. Returns the
+    new block ids (non-decreasing after re-ordering), block fills, and the re-ordering of samples.
+    """
+    nb = len(fill)
+    first = np.flatnonzero(np.r_[True, blk[1:] != blk[:-1]])
+    window = pos[first] // cfg.block_window
+    key = np.random.default_rng([cfg.seed, epoch, 1]).random(nb)
+    new_order = np.lexsort((key, window))
+    new_id = np.empty(nb, np.int64)
+    new_id[new_order] = np.arange(nb)
+    moved = np.lexsort((np.arange(len(blk)), new_id[blk]))
+    return new_id[blk][moved], fill[new_order], moved
+
+
+def _block_micro_batches(
+    lens: np.ndarray, blk: np.ndarray, fill: np.ndarray, per: int, per_step: int, where: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks (samples in block order) to micro-batches of ``per`` blocks, a multiple of
+    ``per_step`` of them: ``(sample offsets, block_index, pad_rows)``.
+
+    The count is completed by splitting the fullest micro-batches at a block boundary (two
+    micro-batches with fewer blocks, the rest empty blocks: ``pad_rows``). If that is not enough
+    (one block per micro-batch), blocks themselves are split at a token midpoint, one block each.
+    """
+    nb = len(fill)
+    boff = np.append(np.arange(0, nb, per, dtype=np.int64), nb)
+    sums = lambda o, v: segment_sums(o, v).astype(np.float64)  # noqa: E731
+    try:
+        boff = pack.complete(boff, fill, per_step, sums, where)
+    except ConfigError:
+        # One block per micro-batch, and split blocks (two lighter blocks, both within T).
+        starts = np.searchsorted(blk, np.arange(nb + 1), side="left")
+        soff = pack.complete(starts, lens, per_step, sums, where)
+        return soff, np.zeros(len(lens), np.int32), np.full(len(soff) - 1, per - 1, np.int32)
+    soff = np.searchsorted(blk, boff, side="left")
+    first_block = np.repeat(boff[:-1], np.diff(soff))
+    return soff, (blk - first_block).astype(np.int32), (per - np.diff(boff)).astype(np.int32)
 
 
 def _group_max(step: np.ndarray, rank: np.ndarray, values: np.ndarray, dp: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from varpack.plan.rules import LAYOUT_CODE, PACKED, volume
+from varpack.plan.rules import LAYOUT_CODE, volume
 
 _BINS = 128
 _CELLS = 1 << 24  # histogram cells per pass of the mixing computation

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 _SHIFT = 31  # a shape (rows, pad_to) as one int64 key: rows << 31 | pad_to (both < 2**31)
 
 
@@ -204,7 +203,7 @@ def reorder_plan(
     >>> st, mi, w = reorder_plan(np.array([0, 1, 2]), np.zeros(3, int), np.zeros(3, int),
     ...                          np.ones(3, int), np.array([8, 8, 16]), 1, 1)
     >>> st.tolist(), mi.tolist(), w.tolist()
-    ([1, 2, 0], [0, 0, 0], [False, True, True])
+    ([1, 2, 0], [0, 0, 0], [True, False, True])
     """
     m = len(step)
     n = m // dp

@@ -220,7 +220,9 @@ class PlanLoader:
         verify: bool = True,
         multiprocessing_context: Any = None,
     ) -> None:
-        self.plan = load_plan(plan_dir, verify=verify)
+        # Each rank checks its own manifest's sha256 (not all dp files: that would read every
+        # rank's file in every process).
+        self.plan = load_plan(plan_dir, verify=False)
         self.rank, self.world_size = resolve_rank(rank, world_size, self.plan.dp)
         planned = plan_layout(self.plan)
         layout = collate or planned or "packed"
@@ -231,7 +233,7 @@ class PlanLoader:
                 f"{plan_dir}: the plan was made for the {planned!r} layout, not collate={layout!r}"
             )
         self.layout = layout
-        self.rows = ManifestRows(self.plan.rank_table(self.rank, verify=False))
+        self.rows = ManifestRows(self.plan.rank_table(self.rank, verify=verify))
         self.fingerprint = plan_fingerprint(self.plan)
         self.dataset = MicroBatches(self.rows, dataset, layout, pad_id)
         self.num_workers, self.pin_memory = num_workers, pin_memory
