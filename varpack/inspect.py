@@ -171,6 +171,7 @@ def plot(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     plan = load_plan(path, verify=True)
     cfg = PlanConfig.from_mapping(plan.meta["config"]).resolved()
@@ -199,7 +200,7 @@ def plot(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
     ax[0, 0].set(title="sample lengths", xlabel="tokens", ylabel="samples")
     tok = np.concatenate(tokens)[order]
     keep = _thin(len(tok))
-    ax[0, 1].plot(keep, tok[keep], ",", color="tab:green")
+    ax[0, 1].plot(keep, tok[keep], ".", ms=2, color="tab:green")
     ax[0, 1].axhline(cfg.max_tokens or 0, color="gray", lw=0.5) if cfg.max_tokens else None
     ax[0, 1].set(
         title="real tokens per micro-batch",
@@ -222,6 +223,7 @@ def plot(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
     )
     fig.colorbar(im, ax=ax[1, 1], label="rank load / step mean")
     ax[1, 1].set(title=f"per-rank load per step ({cfg.cost})", xlabel="step", ylabel="rank")
+    ax[1, 1].yaxis.set_major_locator(MaxNLocator(integer=True))  # ranks are whole numbers
     fig.suptitle(
         f"{path}: {plan.num_steps} steps, dp {plan.dp}, time {plan.meta['stats']['time_vs_ideal']:.3f}x ideal"
     )

@@ -56,7 +56,7 @@ def _per_sample_loss(model, batch) -> tuple[dict[int, float], torch.Tensor]:
         sid: float(d[r, s : s + n - 1].sum())
         for sid, (r, s, n) in zip(batch.sample_ids.tolist(), spans, strict=True)
     }
-    assert abs(sum(out.values()) - float(tl.sum())) < 1e-4  # nothing outside the samples counts
+    assert abs(sum(out.values()) - float(d.sum())) < 1e-4  # nothing outside the samples counts
     return out, tl.sum()
 
 
