@@ -80,6 +80,33 @@ def segment_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.add.reduceat(values, offsets[:-1]) if len(offsets) > 1 else values[:0]
 
 
+_PIECE = 1 << 18  # samples per piece of the chunked cost sums (small temporaries, reused)
+
+
+def segment_cost_sums(offsets: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
+    """``segment_sums(offsets, sample_cost(lens, cfg))``, in pieces of whole segments.
+
+    The same numbers (each segment is summed on its own), without full-size float temporaries.
+
+    >>> from varpack.plan.config import PlanConfig
+    >>> segment_cost_sums(np.array([0, 2, 3]), np.array([1, 2, 3]), PlanConfig(max_tokens=8)).tolist()
+    [3.0, 3.0]
+    """
+    m = len(offsets) - 1
+    if m <= 0:
+        return np.zeros(0, dtype=np.float64)
+    out = np.empty(m, dtype=np.float64)
+    i = 0
+    while i < m:
+        j = int(np.searchsorted(offsets, offsets[i] + _PIECE, side="right")) - 1
+        j = min(max(j, i + 1), m)
+        a = int(offsets[i])
+        b = int(offsets[j]) if j < m else len(lens)  # the last segment runs to the end
+        out[i:j] = np.add.reduceat(sample_cost(lens[a:b], cfg), offsets[i:j] - a)
+        i = j
+    return out
+
+
 def segment_max(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.maximum.reduceat(values, offsets[:-1]) if len(offsets) > 1 else values[:0]
 

@@ -18,6 +18,7 @@ then makes each shuffle segment exactly one step of micro-batches).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from varpack.plan.config import PlanConfig
 
@@ -68,24 +69,16 @@ def epoch_stream(
     n = len(lens)
     if cfg.order == "curriculum" or n == 0:
         return np.arange(n, dtype=np.int64), np.array([0, n], dtype=np.int64)
-    perm, plens, window, step = _windows(lens, cfg, epoch, tokens_per_micro)
-    weight = np.ones(n, dtype=np.int64) if cfg.batching == "fixed" else plens
-    # Steps per window: W for full windows (rounded: a window overshoots by < 1 sample).
-    total = np.bincount(window, weights=weight).astype(np.int64)
-    steps = np.maximum(1, (total + step // 2) // step)
-    del weight
-    idx = np.empty(n, dtype=np.int64)
-    new_seg = np.zeros(n, dtype=bool)
-    # Windows are independent: regroup them in chunks of about CHUNK samples (bounded memory).
-    snap = np.searchsorted(window, window[np.arange(CHUNK, n, CHUNK)], side="left")  # window starts
-    cuts = np.unique(np.concatenate(([0], snap, [n])))
-    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-        idx[a:b], new_seg[a:b] = _regroup(perm[a:b], plens[a:b], window[a:b], steps)
-    new_seg[0] = True
+    perm = epoch_rng(cfg.seed, epoch).permutation(n)
+    step = step_size(cfg, tokens_per_micro)
+    idx, new_seg = _regroup(
+        perm,
+        np.ascontiguousarray(lens, dtype=np.int64),
+        np.int64(step),
+        np.int64(cfg.shuffle_window * step),
+        cfg.batching == "fixed",
+    )
     return idx, np.append(np.flatnonzero(new_seg), n)
-
-
-CHUNK = 1 << 22
 
 
 def _windows(
@@ -125,19 +118,90 @@ def epoch_windows(
     return perm[order], np.append(np.flatnonzero(np.r_[True, win[1:] != win[:-1]]), n)
 
 
-def _regroup(
-    perm: np.ndarray, plens: np.ndarray, window: np.ndarray, steps: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Sort whole windows by length and deal each window's samples to its steps (snake)."""
+@njit(cache=True)
+def _sort_by_length(keys, pos, tmp_k, tmp_p, m):  # type: ignore[no-untyped-def]
+    """Stable LSD radix sort (8-bit digits) of ``keys[:m]`` > 0, carrying ``pos`` along."""
+    top = np.int64(0)
+    for i in range(m):
+        top = max(top, keys[i])
+    count = np.empty(257, dtype=np.int64)
+    shift = 0
+    while (top >> shift) > 0:
+        count[:] = 0
+        for i in range(m):
+            count[((keys[i] >> shift) & 255) + 1] += 1
+        for d in range(256):
+            count[d + 1] += count[d]
+        for i in range(m):
+            d = (keys[i] >> shift) & 255
+            tmp_k[count[d]] = keys[i]
+            tmp_p[count[d]] = pos[i]
+            count[d] += 1
+        for i in range(m):
+            keys[i] = tmp_k[i]
+            pos[i] = tmp_p[i]
+        shift += 8
+
+
+@njit(cache=True)
+def _regroup(perm, lens, step, window_size, fixed):  # type: ignore[no-untyped-def]
+    """Cut the permutation into windows, sort each by length, deal it to its steps (snake).
+
+    A window holds the samples whose preceding weight (tokens, or samples with ``fixed``) in the
+    permuted stream falls in ``[w*window_size, (w+1)*window_size)``; it has
+    ``P = max(1, round(weight / step))`` steps. Its samples, sorted by length (ties by stream
+    position), go to steps 0, 1, .., P-1, P-1, .., 0, 0, .. (:func:`snake`), each step's samples
+    in length order. Returns the new stream (input rows) and where each step's segment starts.
+    """
     n = len(perm)
-    order = np.lexsort((plens, window))  # each window sorted by length
-    win = window[order]
-    first = np.searchsorted(win, win, side="left")
-    slot = snake(np.arange(n, dtype=np.int64) - first, steps[win])
-    del first
-    regroup = np.lexsort((np.arange(n), slot, win))  # by window, step slot, then length
-    key_w, key_s = win[regroup], slot[regroup]
-    new_seg = np.zeros(n, dtype=bool)
-    new_seg[0] = True
-    new_seg[1:] = (key_w[1:] != key_w[:-1]) | (key_s[1:] != key_s[:-1])
-    return perm[order[regroup]], new_seg
+    idx = np.empty(n, dtype=np.int64)
+    new_seg = np.zeros(n, dtype=np.bool_)
+    keys = np.empty(0, dtype=np.int64)
+    pos = np.empty(0, dtype=np.int64)
+    tmp_k = np.empty(0, dtype=np.int64)
+    tmp_p = np.empty(0, dtype=np.int64)
+    start = np.empty(0, dtype=np.int64)
+    a = 0
+    cum = np.int64(0)  # weight before position a
+    while a < n:
+        w = cum // window_size
+        b = a
+        total = np.int64(0)
+        while b < n and (cum + total) // window_size == w:
+            total += 1 if fixed else lens[perm[b]]
+            b += 1
+        cum += total
+        m = b - a
+        if m > len(keys):  # scratch grows to the largest window
+            size = max(m, 2 * len(keys))
+            keys = np.empty(size, dtype=np.int64)
+            pos = np.empty(size, dtype=np.int64)
+            tmp_k = np.empty(size, dtype=np.int64)
+            tmp_p = np.empty(size, dtype=np.int64)
+            start = np.empty(size + 1, dtype=np.int64)
+        for i in range(m):
+            keys[i] = lens[perm[a + i]]
+            pos[i] = i
+        _sort_by_length(keys, pos, tmp_k, tmp_p, m)
+        p = max(np.int64(1), (total + step // 2) // step)
+        # Slot s gets one sample per lap of the snake (in length order): its size is the number
+        # of full laps plus one if the last, partial lap reaches it.
+        full, rest = m // p, m % p
+        slots = p if full > 0 else rest
+        start[0] = 0
+        for s in range(slots):
+            if full % 2 == 0:
+                extra = 1 if s < rest else 0
+            else:
+                extra = 1 if s >= p - rest else 0
+            start[s + 1] = start[s] + full + extra
+            if start[s + 1] > start[s]:
+                new_seg[a + start[s]] = True
+        for j in range(m):
+            lap = j // p
+            s = j % p
+            if lap % 2 == 1:
+                s = p - 1 - s
+            idx[a + start[s] + lap] = perm[a + pos[j]]
+        a = b
+    return idx, new_seg

@@ -23,7 +23,7 @@ from varpack.plan.cost import (
     linear_flops_per_token,
     micro_cost,
     model_dims,
-    sample_cost,
+    segment_cost_sums,
     segment_max,
     segment_sums,
 )
@@ -36,8 +36,12 @@ def oversize_mask(lens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
     if cfg.batching != "budget":
         return np.zeros(len(lens), dtype=bool)
     assert cfg.max_tokens is not None
+    code = LAYOUT_CODE[cfg.layout]
+    top = int(lens.max()) if len(lens) else 0
+    if fits(1, top, top, code, cfg.pad_multiple, cfg.max_tokens):  # the rule grows with the length
+        return np.zeros(len(lens), dtype=bool)
     one = np.ones(len(lens), dtype=np.int64)
-    return ~fits(one, lens, lens, LAYOUT_CODE[cfg.layout], cfg.pad_multiple, cfg.max_tokens)
+    return ~fits(one, lens, lens, code, cfg.pad_multiple, cfg.max_tokens)
 
 
 @njit(cache=True)
@@ -326,7 +330,7 @@ def summarize(
         rows = np.ones(len(count), dtype=np.int64)
     flops = None
     if cfg.cost == "flops" and (cfg.layout == "packed" or cfg.batching == "blocks"):
-        flops = segment_sums(offsets, sample_cost(lens64, cfg))
+        flops = segment_cost_sums(offsets, lens64, cfg)
     if cfg.batching == "blocks" and cfg.cost == "flops":
         # Samples never attend across a reset: their own FLOPs plus the linear part of the padding.
         assert flops is not None

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from varpack.errors import ConfigError, InputError
-from varpack.fingerprint import fingerprint
+from varpack.fingerprint import Fingerprint, fingerprint
 from varpack.plan import assign, order, pack, pipeline, shapes
 from varpack.plan.blocks import pack_blocks
 from varpack.plan.config import PlanConfig
@@ -37,6 +37,7 @@ from varpack.plan.tables import gather_positions, rank_tables
 from varpack.plan.warmup import reorder_plan
 
 _SHOW_IDS = 5
+_PIECE = 1 << 20  # samples per piece of the input fingerprint
 
 
 @dataclass
@@ -62,6 +63,7 @@ class PlanArrays:
     pad_rows: np.ndarray | None = None  # per micro-batch (the manifest column, where it applies)
     block_index: np.ndarray | None = None  # per stream position (--batching blocks)
     warmup: np.ndarray | None = None  # per micro-batch (--warmup reorder)
+    stream_lens: np.ndarray | None = None  # lens[stream] (kept: gathering it again is costly)
 
     @property
     def num_steps(self) -> int:
@@ -84,6 +86,7 @@ class PlanArrays:
             warmup=self.warmup,
             pad_rows=self.pad_rows,
             block_index=self.block_index,
+            stream_lens=self.stream_lens,
         )
 
 
@@ -99,6 +102,7 @@ class _Built:
     pad_rows: np.ndarray | None = None
     block_index: np.ndarray | None = None
     group: int = 0  # > 0: consecutive runs of this many micro-batches go to one rank
+    stream_lens: np.ndarray | None = None  # lens[stream] where the builder has it at hand
 
 
 def _check_input(ids: np.ndarray, lens: np.ndarray) -> None:
@@ -174,30 +178,42 @@ def _build_core(
 ) -> _Built:
     per_step = cfg.micro_per_step
     view = lens if lengths is None or cfg.layout == "packed" else _effective(lens, cfg, lengths)
-    streams, offs, steps, epochs = [], [], [], []
+    streams, offs, steps, epochs, slens = [], [], [], [], []
     n_pos = n_steps = 0
     per_micro = _per_micro(view, alone, cfg)
+    shuffled = cfg.order == "shuffle"
+    any_alone = bool(alone.any())
     for epoch in range(cfg.epochs):
         idx, bounds = order.epoch_stream(lens, cfg, epoch, per_micro)
-        cap = per_step if cfg.order == "shuffle" else 0
-        perm, off = pack.pack(view[idx], bounds, alone[idx], cfg, cap)
-        if perm is not None:
-            idx = idx[perm]
+        # Each random gather over the stream costs about a second at 100 M samples: do it once
+        # (curriculum: the stream is the input order, no gather at all).
+        sview = view[idx] if shuffled else view
+        salone = alone if not shuffled else alone[idx] if any_alone else np.zeros(len(idx), bool)
+        perm, off = pack.pack(sview, bounds, salone, cfg, per_step if shuffled else 0)
+        del salone
+        if perm is not None:  # close to the identity: cheap gathers
+            idx, sview = idx[perm], sview[perm]
+        del perm
+        epoch_lens = sview if view is lens else lens[idx]
+        del sview
         off = pack.complete(
             off,
-            lens[idx],
+            epoch_lens,
             per_step,
             lambda o, v: pack.summarize(o, v, cfg).cost,
             f"epoch {epoch}",
         )
         m = len(off) - 1
         streams.append(idx)
+        slens.append(epoch_lens)
         offs.append(off[:-1] + n_pos)
         steps.append(assign.steps_in_order(m, per_step) + n_steps)
         epochs.append({"epoch": epoch, "first_step": n_steps, "num_steps": m // per_step})
         n_pos += len(idx)
         n_steps += m // per_step
-    return _Built(*_join(streams, offs, steps, n_pos), epochs)
+    built = _Built(*_join(streams, offs, steps, n_pos), epochs)
+    built.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
+    return built
 
 
 def _join(
@@ -394,7 +410,7 @@ def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArray
     else:
         built = _build_core(lens, alone, cfg, lengths)
     stream, offsets, step = built.stream, built.offsets, built.step
-    slens = lens[stream]
+    slens = lens[stream] if built.stream_lens is None else built.stream_lens
     if cfg.max_shapes is not None and cfg.layout == "packed":
         lengths = shapes.choose_lengths(
             segment_sums(offsets, slens), cfg.max_shapes, cfg.pad_multiple
@@ -447,6 +463,7 @@ def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArray
         pad_rows=pad_rows,
         block_index=built.block_index,
         warmup=warm,
+        stream_lens=slens,
     )
 
 
@@ -467,7 +484,7 @@ def plan_meta(
         sample_step=np.repeat(
             p.step.astype(np.int32 if p.num_steps < 2**31 else np.int64), m.samples
         ),
-        sample_len=p.lens[p.stream],
+        sample_len=p.lens[p.stream] if p.stream_lens is None else p.stream_lens,
         ideal_cost=chunked_sum(p.lens, lambda x: sample_cost(x, cfg)) * cfg.epochs,
         lr=p.lr,
         step_samples=p.step_samples,
@@ -528,10 +545,18 @@ def warmup_rows(rank: np.ndarray, warm: np.ndarray | None, dp: int) -> list[int]
 
 def input_info(ids: np.ndarray, lens: np.ndarray, source: str) -> dict[str, Any]:
     """plan.json ``input``: count, tokens and fingerprint of ALL input samples (dropped included)."""
+    # The fingerprint is additive: computed in pieces, it needs no full-size temporaries.
+    fp = sum(
+        (
+            fingerprint(ids[a : a + _PIECE], lens[a : a + _PIECE])
+            for a in range(0, len(ids), _PIECE)
+        ),
+        Fingerprint(),
+    )
     return {
         "num_samples": int(len(ids)),
         "total_tokens": int(np.asarray(lens, dtype=np.int64).sum()),
-        "fingerprint": fingerprint(ids, lens).hex,
+        "fingerprint": fp.hex,
         "source": source,
     }
 

@@ -40,12 +40,14 @@ def rank_tables(
     warmup: np.ndarray | None = None,
     pad_rows: np.ndarray | None = None,
     block_index: np.ndarray | None = None,
+    stream_lens: np.ndarray | None = None,
 ) -> Iterator[pa.Table]:
     """Yield rank 0..dp-1's manifest: one row per micro-batch, in (step, micro) order.
 
     ``stream`` maps stream positions to rows of ``ids``/``lens``; micro-batch ``i`` is stream
     positions ``offsets[i]:offsets[i+1]``. Optional: ``warmup`` flags and ``pad_rows`` per
-    micro-batch, ``block_index`` per stream position (the manifest's optional columns).
+    micro-batch, ``block_index`` per stream position (the manifest's optional columns);
+    ``stream_lens`` = ``lens[stream]`` if already at hand (saves a random gather).
     """
     order = np.lexsort((micro, step, rank))  # every rank holds the same number of micro-batches
     per_rank = len(order) // dp
@@ -54,13 +56,14 @@ def rank_tables(
         counts = offsets[mb + 1] - offsets[mb]
         pos, list_off = gather_positions(offsets[mb], counts)
         rows = stream[pos]
+        seq_lens = (lens[rows] if stream_lens is None else stream_lens[pos]).astype(np.int32)
         off32 = pa.array(list_off.astype(np.int32))
         s = step[mb]
         columns = [
             pa.array(s, pa.int64()),
             pa.array(micro[mb].astype(np.int32)),
             pa.ListArray.from_arrays(off32, pa.array(ids[rows], pa.int64())),
-            pa.ListArray.from_arrays(off32, pa.array(lens[rows].astype(np.int32))),
+            pa.ListArray.from_arrays(off32, pa.array(seq_lens)),
             pa.array(pad_to[mb].astype(np.int32)),
             pa.array(lr[s], pa.float64()),
             pa.array(step_tokens[s], pa.int64()),
