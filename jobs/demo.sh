@@ -12,8 +12,8 @@ step "1. synthetic tokenized dataset (long-tail chat lengths, 4 unequal shards)"
 varpack synth "$OUT/tokens" --dist long-tail --num-samples 4000 --max-len 2048 --shards 4 \
   --tokenized --vocab-size 512 --seed 7
 
-step "2. derive the length metadata from the tokens"
-varpack lengths "$OUT/tokens" "$OUT/meta" --id-column sample_id
+step "2. derive the length metadata from the tokens (+ the memory-mappable token copy, same pass)"
+varpack lengths "$OUT/tokens" "$OUT/meta" --id-column sample_id --arrow-copy "$OUT/tokens.arrow"
 
 step "3. validate and summarise the metadata"
 varpack check "$OUT/meta"
@@ -34,7 +34,7 @@ varpack validate "$OUT/plan" --metadata "$OUT/meta"
 
 step "8. train: replay the plan on 2 processes (torchrun, DDP over gloo)"
 OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 jobs/train.py --plan "$OUT/plan" \
-  --data "$OUT/tokens" --out "$OUT/run" --preset tiny --vocab-size 512 --max-steps 6 --log-every 2
+  --data "$OUT/tokens.arrow" --out "$OUT/run" --preset tiny --vocab-size 512 --max-steps 6 --log-every 2
 
 echo
 echo "demo outputs in $OUT/ (plan.png is the plot, run/ the training checkpoint)"

@@ -51,7 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--plan", required=True, help="plan directory (varpack plan)")
-    p.add_argument("--data", required=True, help="tokenized Parquet (sample_id + input_ids)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="token copy (varpack lengths --arrow-copy: *.arrow, memory-mapped; fast) or "
+        "tokenized Parquet (sample_id + input_ids; slow random access)",
+    )
     p.add_argument("--out", required=True, help="run directory: checkpoint, logs, records")
     p.add_argument("--column", default="input_ids")
     p.add_argument("--id-column", default="sample_id")

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow as pa
+
 # Run in a fresh interpreter in which `import torch` fails, as on a machine without torch.
 SCRIPT = textwrap.dedent(
     """
@@ -45,7 +47,7 @@ SCRIPT = textwrap.dedent(
             failures[name] = f"{type(exc).__name__}: {exc}"
     run("synth", f"{out}/meta", "-n", "2000", "--shards", "3", "-q")
     run("synth", f"{out}/tok", "-n", "200", "--tokenized", "-q")
-    run("lengths", f"{out}/tok", f"{out}/lens", "-q")
+    run("lengths", f"{out}/tok", f"{out}/lens", "-q", "--arrow-copy", f"{out}/tok.arrow")
     summary = json.loads(run("check", f"{out}/meta", "--json"))
     print(json.dumps({"helped": helped, "failures": failures, "count": summary["count"], "imported": imported,
                       "torch": repr(sys.modules["torch"])}))
@@ -68,6 +70,8 @@ def test_everything_but_the_reader_runs_without_torch(tmp_path: Path) -> None:
     assert {"varpack.metadata", "varpack.synth", "varpack.cli.check"} <= set(report["imported"])
     assert report["torch"] == "None"  # nothing managed to import torch
     assert (tmp_path / "lens").is_dir()
+    copy = pa.ipc.open_file(tmp_path / "tok.arrow").read_all()  # the torch-free token copy
+    assert copy.column("sample_id").to_pylist() == list(range(200))
     # every command in the group answers --help (a command module not written yet fails here)
     assert report["failures"] == {}
     assert report["helped"] == ["", *COMMANDS]

@@ -87,6 +87,30 @@ def atomic_dir(path: str | os.PathLike[str], overwrite: bool = False) -> Iterato
         raise
 
 
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str], overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary file name next to ``path``; publish it as ``path`` on success.
+
+    On failure the temporary file (if the block created it) is removed and ``path`` is untouched.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> with atomic_file(root / "a.bin") as tmp:
+    ...     _ = tmp.write_bytes(b"x")
+    >>> sorted(p.name for p in root.iterdir())
+    ['a.bin']
+    """
+    check_output(path, overwrite)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(out)
+    try:
+        yield tmp
+        publish(tmp, out, overwrite)
+    finally:
+        remove(tmp)
+
+
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write one file atomically (temporary name in the same directory, then rename)."""
     out = Path(path)

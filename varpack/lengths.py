@@ -5,10 +5,15 @@ the length of each sample is the length of its token list (``pc.list_value_lengt
 come from an id column, or else from the global row position in the sorted file order; the
 per-file row offsets come from the footers before any data is read, so the ids do not depend on
 how the work is chunked. The output is metadata shards as :mod:`varpack.metadata` reads them.
+
+The same pass can also write the memory-mappable token copy of :mod:`varpack.tokens`
+(``--arrow-copy``), keyed by exactly these ids; :func:`write_arrow_tokens` writes the copy alone.
+Outputs are atomic: on any error neither the metadata nor the copy exists.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -21,7 +26,7 @@ import pyarrow.parquet as pq
 import pyarrow.types as pat
 from rich.progress import TaskID
 
-from varpack.atomic import atomic_dir
+from varpack.atomic import atomic_dir, atomic_file, check_output, remove
 from varpack.console import progress
 from varpack.errors import ConfigError, InputError
 from varpack.metadata import (
@@ -36,6 +41,7 @@ from varpack.metadata import (
     validate_table,
 )
 from varpack.shards import ShardedWriter, even_sizes
+from varpack.tokens import TokenCopyWriter
 
 TASK = TaskID(0)  # the one task of varpack.console.progress
 DEFAULT_COLUMN = "input_ids"
@@ -45,12 +51,14 @@ ROWS_PER_SHARD = 10_000_000
 
 @dataclass(frozen=True)
 class Source:
-    """One input file: its row count, row groups and the global position of its first row."""
+    """One input file: its row count, row groups, the global position of its first row and the
+    type of one token (the value type of the token lists)."""
 
     path: str
     num_rows: int
     num_row_groups: int
     row_offset: int
+    token_type: pa.DataType
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,8 @@ def list_sources(files: Sequence[Path | str], column: str, id_column: str | None
                 f"{path}: cannot read as Parquet ({first_line(exc)}); replace or remove the file"
             ) from None
         check_token_schema(schema, str(path), column, id_column)
-        sources.append(Source(str(path), meta.num_rows, meta.num_row_groups, offset))
+        token_type = schema.field(column).type.value_type
+        sources.append(Source(str(path), meta.num_rows, meta.num_row_groups, offset, token_type))
         offset += meta.num_rows
     return sources
 
@@ -128,10 +137,11 @@ def row_lengths(tokens: pa.ChunkedArray | pa.Array, where: str, first_row: int) 
     return out
 
 
-def iter_lengths(
+def iter_row_groups(
     sources: Sequence[Source], column: str, id_column: str | None
-) -> Iterator[tuple[Source, pa.Table]]:
-    """Yield, per row group, a validated metadata table (``sample_id``, ``seq_len``)."""
+) -> Iterator[tuple[Source, pa.Table, pa.ChunkedArray]]:
+    """Yield, per row group, its validated metadata table (``sample_id``, ``seq_len``) and its
+    token column. The one place that reads the tokens and numbers the samples."""
     columns = [column] if id_column is None or id_column == column else [column, id_column]
     for src in sources:
         try:
@@ -147,7 +157,8 @@ def iter_lengths(
                     f"{src.path}: cannot read row group {group} ({first_line(exc)}); "
                     "replace or remove the file"
                 ) from None
-            lens = row_lengths(table.column(column), src.path, row)
+            tokens = table.column(column)
+            lens = row_lengths(tokens, src.path, row)
             if id_column is None:
                 start = src.row_offset + row
                 ids = pa.array(np.arange(start, start + len(lens), dtype=np.int64))
@@ -156,8 +167,17 @@ def iter_lengths(
                 if ids.null_count:
                     bad = row + int(pc.index(pc.is_null(ids), True).as_py())
                     raise InputError(f"{src.path}: row {bad}: null in id column '{id_column}'")
-            yield src, validate_table(pa.table({ID: ids, LEN: lens}), src.path, row)
+            meta = validate_table(pa.table({ID: ids, LEN: lens}), src.path, row)
+            yield src, meta, tokens
             row += len(lens)
+
+
+def iter_lengths(
+    sources: Sequence[Source], column: str, id_column: str | None
+) -> Iterator[tuple[Source, pa.Table]]:
+    """Yield, per row group, a validated metadata table (``sample_id``, ``seq_len``)."""
+    for src, meta, _ in iter_row_groups(sources, column, id_column):
+        yield src, meta
 
 
 def derive_lengths(
@@ -168,35 +188,121 @@ def derive_lengths(
     rows_per_shard: int = ROWS_PER_SHARD,
     overwrite: bool = False,
     quiet: bool = True,
+    arrow_copy: str | os.PathLike[str] | None = None,
 ) -> LengthsResult:
     """Write metadata shards for the tokenized dataset ``input`` into ``output`` (atomically).
 
+    With ``arrow_copy``, the same pass also writes the memory-mappable token copy there
+    (:mod:`varpack.tokens`); either both outputs are published or neither is.
     With ``id_column`` the ids are checked for uniqueness at the end, which keeps all ids in
     memory (8 bytes per sample, the size of the metadata, not of the dataset).
     """
     if rows_per_shard < 1:
         raise ConfigError(f"--rows-per-shard {rows_per_shard}: need at least one row per shard")
-    files = resolve_files(input)
-    sources = list_sources(files, column, id_column)
+    check_output(output, overwrite)
+    if arrow_copy is not None:
+        _check_apart(output, arrow_copy)
+        check_output(arrow_copy, overwrite)
+    sources = _sources(input, column, id_column)
     total = sum(s.num_rows for s in sources)
-    if total == 0:
+    published = False
+    try:
+        with _maybe_copy(arrow_copy, overwrite, sources) as copy:
+            with (
+                atomic_dir(output, overwrite) as tmp,
+                ShardedWriter(tmp, even_sizes(total, rows_per_shard), WRITE_SCHEMA) as writer,
+            ):
+                tokens = _stream(sources, column, id_column, writer, copy, quiet)
+            published = True  # the copy is published last, when this block ends
+    except BaseException:
+        if published:  # publishing the copy failed: take the metadata back too
+            remove(Path(output))
+        raise
+    return LengthsResult([Path(output) / f.name for f in writer.files], total, tokens)
+
+
+def write_arrow_tokens(
+    src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    dst: str | os.PathLike[str],
+    column: str = DEFAULT_COLUMN,
+    id_column: str | None = "sample_id",
+    overwrite: bool = False,
+    quiet: bool = True,
+) -> Path:
+    """Write only the memory-mappable token copy (:mod:`varpack.tokens`) of ``src`` to ``dst``.
+
+    The same streaming pass and checks as ``varpack lengths --arrow-copy`` (ids from
+    ``id_column``, or the global row position when it is ``None``), without the metadata.
+    """
+    check_output(dst, overwrite)
+    sources = _sources(src, column, id_column)
+    with _maybe_copy(dst, overwrite, sources) as copy:
+        _stream(sources, column, id_column, None, copy, quiet)
+    return Path(dst)
+
+
+def _sources(
+    input: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    column: str,
+    id_column: str | None,
+) -> list[Source]:
+    sources = list_sources(resolve_files(input), column, id_column)
+    if sum(s.num_rows for s in sources) == 0:
         raise InputError(f"{input}: the dataset holds no rows; nothing to do")
+    return sources
+
+
+def _check_apart(output: str | os.PathLike[str], arrow_copy: str | os.PathLike[str]) -> None:
+    out, copy = Path(output).absolute(), Path(arrow_copy).absolute()
+    if copy == out or out in copy.parents:
+        raise ConfigError(
+            f"--arrow-copy {arrow_copy}: must not be OUTPUT or lie inside it; "
+            "choose a path next to it, e.g. tokens.arrow"
+        )
+
+
+@contextlib.contextmanager
+def _maybe_copy(
+    path: str | os.PathLike[str] | None, overwrite: bool, sources: Sequence[Source]
+) -> Iterator[TokenCopyWriter | None]:
+    """A token copy writer on a temporary name, published as ``path`` on success (or None)."""
+    if path is None:
+        yield None
+        return
+    with atomic_file(path, overwrite) as tmp, TokenCopyWriter(tmp, sources[0].token_type) as copy:
+        yield copy
+
+
+def _stream(
+    sources: Sequence[Source],
+    column: str,
+    id_column: str | None,
+    writer: ShardedWriter | None,
+    copy: TokenCopyWriter | None,
+    quiet: bool,
+) -> int:
+    """One pass over the row groups into the metadata and/or copy writers; returns the tokens."""
     tokens = 0
     seen: list[np.ndarray] = []
-    with (
-        atomic_dir(output, overwrite) as tmp,
-        progress("lengths", total, quiet) as bar,
-        ShardedWriter(tmp, even_sizes(total, rows_per_shard), WRITE_SCHEMA) as writer,
-    ):
-        for _, table in iter_lengths(sources, column, id_column):
-            writer.write(table)
+    with progress("lengths", sum(s.num_rows for s in sources), quiet) as bar:
+        for src, table, token_lists in iter_row_groups(sources, column, id_column):
+            if writer is not None:
+                writer.write(table)
+            if copy is not None:
+                try:
+                    copy.write(table.column(ID), token_lists)
+                except pa.ArrowInvalid as exc:  # e.g. int64 tokens after int32 ones that overflow
+                    raise InputError(
+                        f"{src.path}: cannot store its tokens as {copy.schema.field(1).type} "
+                        f"like the first file ({first_line(exc)})"
+                    ) from None
             tokens += int(pc.sum(table.column(LEN)).as_py() or 0)
             if id_column is not None:
                 seen.append(table.column(ID).to_numpy())
             bar.advance(TASK, table.num_rows)
-        if id_column is not None:
-            _check_unique(np.concatenate(seen), sources)
-    return LengthsResult([Path(output) / f.name for f in writer.files], total, tokens)
+    if id_column is not None:
+        _check_unique(np.concatenate(seen), sources)
+    return tokens
 
 
 def _check_unique(ids: np.ndarray, sources: Sequence[Source]) -> None:

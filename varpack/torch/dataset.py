@@ -10,6 +10,11 @@ one read per row group it touches, never one per sample.
 With ``id_column=None`` the ids are the global row positions in the stable file order of
 :func:`varpack.metadata.resolve_files`, the same rule ``varpack lengths`` uses without ``--id-column``.
 
+An uncompressed Arrow IPC copy (``*.arrow``: :mod:`varpack.tokens`, written by
+``varpack lengths --arrow-copy``) is memory-mapped instead: opening records where every sample's
+tokens lie in the mapping, and a micro-batch is one vectorised gather, however many record
+batches its samples come from. :func:`write_arrow_tokens` is re-exported here for compatibility.
+
 Any map-style dataset keyed by sample id (a dict, or anything with ``__getitem__``) works too:
 :func:`fetch_flat` falls back to one lookup per sample there.
 
@@ -30,9 +35,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from varpack.errors import InputError
+from varpack.lengths import write_arrow_tokens
 from varpack.metadata import first_duplicate, resolve_files
+from varpack.tokens import SUFFIXES as IPC_SUFFIXES
 
-IPC_SUFFIXES = (".arrow", ".feather", ".ipc")
+__all__ = ["ParquetTokenDataset", "fetch_flat", "segment_gather_index", "write_arrow_tokens"]
 
 
 def _resolve(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -55,54 +62,6 @@ def _resolve(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) ->
     return resolve_files(path)
 
 
-def write_arrow_tokens(
-    src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
-    column: str = "input_ids",
-    id_column: str | None = "sample_id",
-    rows_per_batch: int = 1 << 20,
-) -> Path:
-    """Copy a tokenized Parquet dataset into one uncompressed Arrow IPC file.
-
-    :class:`ParquetTokenDataset` memory-maps such a file: random access costs a page-cache read,
-    no decoding, so micro-batches whose samples are scattered over the dataset stay cheap. Rows
-    are written in record batches of ``rows_per_batch`` (one contiguous token buffer each, so a
-    micro-batch is usually one gather); writing holds one such batch in memory.
-    """
-    files = resolve_files(src)
-    columns = [c for c in (id_column, column) if c is not None]
-    dst = Path(dst)
-    tmp = dst.with_name(dst.name + ".tmp")
-    writer = None
-    pending: list[pa.Table] = []
-
-    def flush() -> None:
-        nonlocal writer
-        table = pa.concat_tables(pending).combine_chunks()
-        pending.clear()
-        if writer is None:
-            writer = pa.ipc.new_file(str(tmp), table.schema)
-        writer.write_table(table, max_chunksize=max(table.num_rows, 1))
-
-    try:
-        for name in files:
-            pf = pq.ParquetFile(name)
-            for g in range(pf.metadata.num_row_groups):
-                pending.append(pf.read_row_group(g, columns=columns))
-                if sum(t.num_rows for t in pending) >= rows_per_batch:
-                    flush()
-        if pending:
-            flush()
-        if writer is None:
-            raise InputError(f"{src}: no rows to convert")
-        writer.close()
-        os.replace(tmp, dst)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return dst
-
-
 class ParquetTokenDataset:
     """Tokenized Parquet, indexed by sample id; ``ds[sample_id]`` is a 1-D int NumPy array."""
 
@@ -120,14 +79,25 @@ class ParquetTokenDataset:
         self.cache_row_groups = max(1, cache_row_groups)
         # Row-group table: file index and first global row of every row group (plus the end).
         rg_file, rg_local, rg_start = [], [], [0]
-        id_parts = []
+        id_parts, file_start = [], []
+        # Arrow IPC: where each row's tokens start in its file's mapping (in tokens), and how many.
+        starts: list[np.ndarray] = []
+        lens: list[np.ndarray] = []
+        self._dtype: np.dtype | None = None
         for f, name in enumerate(self.files):
+            file_start.append(rg_start[-1])
             for g, rows in enumerate(self._group_rows(name)):
                 rg_file.append(f)
                 rg_local.append(g)
                 rg_start.append(rg_start[-1] + rows)
             if id_column is not None:
                 id_parts.append(self._read_ids(name))
+            if self.ipc:
+                self._token_positions(name, starts, lens)
+        if self.ipc and starts:
+            self._tok_start = np.concatenate(starts)
+            self._tok_len = np.concatenate(lens)
+        self._file_start = np.asarray([*file_start, rg_start[-1]], dtype=np.int64)
         self._rg_file = np.asarray(rg_file, dtype=np.int32)
         self._rg_local = np.asarray(rg_local, dtype=np.int32)
         self._rg_start = np.asarray(rg_start, dtype=np.int64)
@@ -148,6 +118,7 @@ class ParquetTokenDataset:
                     "ids must be unique"
                 )
         self._files: dict[int, Any] = {}  # open handles, per process (dropped when pickled)
+        self._views: dict[int, np.ndarray] = {}  # IPC: each file's mapping as tokens (ditto)
         self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     # -- opening ---------------------------------------------------------------------------
@@ -170,6 +141,56 @@ class ParquetTokenDataset:
             ) from None
         self._check_columns(name, meta.schema.to_arrow_schema().names)
         return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+
+    def _token_positions(self, name: str, starts: list[np.ndarray], lens: list[np.ndarray]) -> None:
+        """Append the start (in tokens, from the start of the mapping) and length of the tokens
+        of every row of one IPC file.
+
+        The record batches of an uncompressed IPC file are views into the mapping, so a sample's
+        tokens lie at a fixed place in the file and a micro-batch needs one gather, whatever
+        batches its samples come from.
+        """
+        mapped = pa.memory_map(name)
+        base = _whole(mapped).address
+        reader = pa.ipc.open_file(mapped)
+        for i in range(reader.num_record_batches):
+            arr = reader.get_batch(i).column(self.column)
+            if not isinstance(arr, pa.LargeListArray | pa.ListArray):
+                raise InputError(
+                    f"{name}: column {self.column!r} is {arr.type}, not a list of tokens"
+                )
+            values = arr.values
+            dtype = np.dtype(values.type.to_pandas_dtype())
+            if arr.null_count or values.null_count or self._dtype not in (None, dtype):
+                raise InputError(
+                    f"{name}: column {self.column!r} holds null samples or tokens, or its token "
+                    "type differs between batches or files; rewrite it with "
+                    "`varpack lengths ... --arrow-copy PATH`"
+                )
+            self._dtype = dtype
+            buf = values.buffers()[1]
+            first = 0
+            if buf is not None and buf.size:
+                at = buf.address - base
+                if not 0 <= at <= mapped.size() - buf.size or at % dtype.itemsize:
+                    raise InputError(
+                        f"{name}: the tokens are not stored uncompressed in the file; write the "
+                        "copy with `varpack lengths ... --arrow-copy PATH`"
+                    )
+                first = at // dtype.itemsize + values.offset
+            offsets = arr.offsets.to_numpy()
+            starts.append(offsets[:-1].astype(np.int64) + first)
+            lens.append(np.diff(offsets).astype(np.int32))
+
+    def _view(self, f: int) -> np.ndarray:
+        """File ``f``'s whole mapping as an array of tokens (per process, zero-copy)."""
+        view = self._views.get(f)
+        if view is None:
+            assert self._dtype is not None
+            buf = _whole(pa.memory_map(self.files[f]))
+            count = buf.size // self._dtype.itemsize
+            view = self._views[f] = np.frombuffer(buf, dtype=self._dtype, count=count)
+        return view
 
     def _read_ids(self, name: str) -> np.ndarray:
         assert self.id_column is not None
@@ -198,7 +219,7 @@ class ParquetTokenDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_files"], state["_cache"] = {}, OrderedDict()
+        state["_files"], state["_cache"], state["_views"] = {}, OrderedDict(), {}
         return state
 
     # -- lookup ----------------------------------------------------------------------------
@@ -257,6 +278,8 @@ class ParquetTokenDataset:
         if len(ids) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         rows = self.rows(ids)
+        if self.ipc:
+            return self._gather_ipc(rows)
         groups = np.searchsorted(self._rg_start, rows, side="right") - 1
         order = np.argsort(groups, kind="stable")
         uniq, first = np.unique(groups[order], return_index=True)
@@ -282,6 +305,21 @@ class ParquetTokenDataset:
             out[segment_gather_index(dst[sel], lens[sel])] = values[idx]
         return out, lens
 
+    def _gather_ipc(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One gather per file (usually one file) straight from the mapping."""
+        starts, lens = self._tok_start[rows], self._tok_len[rows].astype(np.int64)
+        if len(self.files) == 1:
+            return self._view(0)[segment_gather_index(starts, lens)], lens
+        files = np.searchsorted(self._file_start, rows, side="right") - 1
+        dst = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lens, out=dst[1:])
+        out = np.empty(int(dst[-1]), dtype=self._view(0).dtype)
+        for f in np.unique(files):
+            sel = np.flatnonzero(files == f)
+            src = self._view(int(f))[segment_gather_index(starts[sel], lens[sel])]
+            out[segment_gather_index(dst[sel], lens[sel])] = src
+        return out, lens
+
     def get_many(self, sample_ids: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """One array per id, in order (views into one fetched buffer)."""
         flat, lens = self.get_flat(np.asarray(sample_ids, dtype=np.int64))
@@ -289,6 +327,14 @@ class ParquetTokenDataset:
 
     def __getitem__(self, sample_id: int) -> np.ndarray:
         return self.get_flat(np.asarray([sample_id]))[0]
+
+
+def _whole(mapped: pa.MemoryMappedFile) -> pa.Buffer:
+    """The whole mapping as one buffer, without copying."""
+    mapped.seek(0)
+    buf = mapped.read_buffer(mapped.size())
+    mapped.seek(0)
+    return buf
 
 
 def segment_gather_index(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
