@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
+
+from varpack.errors import VarpackError
 
 
 @click.command()
@@ -70,4 +73,26 @@ def sort(
     except SortFailed as exc:
         if str(exc):
             click.echo(f"varpack: error: {exc}", err=True)
-        sys.exit(exc.code)
+        _agreed_exit(exc.code)
+    except VarpackError as exc:
+        if not getattr(exc, "agreed", False):
+            raise  # not agreed by all ranks: the group's handler exits (mpi4py aborts the rest)
+        click.echo(f"varpack: error: {exc}", err=True)
+        _agreed_exit(2)
+
+
+def _agreed_exit(code: int) -> None:
+    """Exit after a failure every rank agreed on, without ``MPI_Abort``'s extra noise.
+
+    Under ``python -m mpi4py`` a plain ``sys.exit`` turns into ``MPI_Abort``, which prints a second,
+    confusing line after the real message. All ranks reach this point together, so they can
+    finalize MPI cleanly and leave with the code. In-process (tests, size 1) it is ``sys.exit``.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    launched = "mpi4py.run" in sys.modules or (mpi is not None and mpi.COMM_WORLD.Get_size() > 1)
+    if mpi is None or not launched or mpi.Is_finalized():
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi.Finalize()
+    os._exit(code)

@@ -89,7 +89,9 @@ class Job:
         if code:
             text = f"rank {self.rank}: {message}" if self.size > 1 else message
             if code == 2:
-                raise VarpackError(text)
+                err = VarpackError(text)
+                err.agreed = True  # type: ignore[attr-defined]  # every rank knows: exit cleanly
+                raise err
             print(text, file=sys.stderr, flush=True)
             raise SortFailed(code)
         bad = [r for r, c in enumerate(codes) if c]
