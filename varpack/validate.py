@@ -417,54 +417,136 @@ def _recompute_lengths(
         )
 
 
+@dataclass
+class _Whole:
+    """The plan's micro-batches of all ranks, concatenated, with the recomputed step totals."""
+
+    step: np.ndarray  # per micro-batch
+    rank_of: np.ndarray
+    micro: Micro
+    ids: np.ndarray  # per planned sample
+    lens: np.ndarray
+    sample_step: np.ndarray
+    step_samples: np.ndarray  # per step
+    step_tokens: np.ndarray
+    lr: np.ndarray
+    num_steps: int
+
+
 def validate_plan(
     path: str | os.PathLike[str], metadata: tuple[np.ndarray, np.ndarray] | None = None
 ) -> Report:
     """Every check of the module doc; ``metadata`` = (ids, lens) of the input when given."""
     report = Report()
-    plan = load_plan(
-        path
-    )  # format, version, dp vs rank entries (an unreadable plan is an InputError)
+    # format, version, dp vs rank entries (an unreadable plan is an InputError)
+    plan = load_plan(path)
     meta = plan.meta
+    cfg = _read_config(meta, report)
+    if cfg is None:
+        return report
+    _check_layout(meta, cfg, report)
+    lengths = _shape_lengths(meta, cfg, report)
+    _check_files(plan, cfg.dp, report)
+    read = _read_ranks(plan, cfg, lengths, report)
+    if read is None:  # the later checks need every rank's rows, well numbered
+        return report
+    ranks, micros = read
+    whole = _combine(ranks, micros, int(meta["num_steps"]), cfg)
+    _check_step_columns(ranks, whole, report)
+    reordered = cfg.warmup == "reorder"
+    _check_coverage(
+        meta, whole.ids, whole.lens, whole.sample_step, metadata, report, whole=reordered
+    )
+    if cfg.max_shapes is not None and lengths is not None:
+        _recompute_lengths(cfg, lengths, ranks, micros, whole.sample_step, meta, report)
+    shapes = rank_shapes(whole.rank_of, whole.micro.rows, whole.micro.pad_to, cfg.dp)
+    _check_rank_shapes(meta, shapes, report)
+    stats = _recompute_stats(ranks, whole, shapes, lengths, cfg)
+    _compare_stats(meta.get("stats", {}), stats, report)
+    report.facts = {
+        "samples": int(len(whole.ids)),
+        "steps": whole.num_steps,
+        "dp": cfg.dp,
+        "grad_accum": cfg.grad_accum,
+        "dropped": len(meta.get("dropped") or []),
+        "padding_ratio": stats["padding_ratio"],
+        "time_vs_ideal": stats["time_vs_ideal"],
+    }
+    return report
+
+
+def _read_config(meta: dict[str, Any], report: Report) -> PlanConfig | None:
+    """plan.json's config, resolved; ``None`` (one violation) if it is invalid."""
     try:
-        cfg = PlanConfig.from_mapping(meta.get("config", {}), where="plan.json config").resolved()
+        return PlanConfig.from_mapping(meta.get("config", {}), where="plan.json config").resolved()
     except VarpackError as exc:
         report.add(f"plan.json config is invalid: {exc}")
-        return report
+        return None
+
+
+def _check_layout(meta: dict[str, Any], cfg: PlanConfig, report: Report) -> None:
     layout = meta.get("layout", {})
     if layout != {"dp": cfg.dp, "pp": cfg.pp, "cp": 1, "grad_accum": cfg.grad_accum}:
         report.add(
             f"plan.json layout {layout} does not match the config (dp {cfg.dp}, pp {cfg.pp}, "
             f"grad_accum {cfg.grad_accum})"
         )
-    lengths = _shape_lengths(meta, cfg, report)
-    num_steps, k, dp = int(meta["num_steps"]), cfg.grad_accum, cfg.dp
+
+
+def _check_files(plan: Plan, dp: int, report: Report) -> None:
+    """Checksums and row counts of every rank file against plan.json."""
     for rank in range(dp):
         report.problems.extend(plan.verify_rank(rank))
+
+
+def _read_ranks(
+    plan: Plan, cfg: PlanConfig, lengths: np.ndarray | None, report: Report
+) -> tuple[list[_Rank], list[Micro]] | None:
+    """Each rank's manifest, its numbering and its micro-batches checked; ``None`` at the first
+    rank that cannot be read or is misnumbered (nothing later could be recomputed from it)."""
+    num_steps, k = int(plan.meta["num_steps"]), cfg.grad_accum
+    alone_ok = set(int(i) for i in plan.meta.get("stats", {}).get("oversize_alone", []))
     ranks: list[_Rank] = []
     micros: list[Micro] = []
-    alone_ok = set(int(i) for i in meta.get("stats", {}).get("oversize_alone", []))
-    for rank in range(dp):
+    for rank in range(cfg.dp):
         rk = _read_rank(plan, rank, cfg, report)
         if rk is None or not _check_numbering(rank, rk, num_steps, k, report):
-            return report
+            return None
         micro = _check_micro(rank, rk, cfg, lengths, alone_ok, report)
         if micro is None:
-            return report
+            return None
         ranks.append(rk)
         micros.append(micro)
-    # Global per-step totals, LR factors, coverage.
+    return ranks, micros
+
+
+def _combine(ranks: list[_Rank], micros: list[Micro], num_steps: int, cfg: PlanConfig) -> _Whole:
+    """All ranks together, and each step's global samples, tokens and LR factor recomputed."""
     step = np.concatenate([rk.step for rk in ranks])
-    rank_of = np.repeat(np.arange(dp), [len(rk.step) for rk in ranks])
     allm = Micro(*(np.concatenate([getattr(m, f) for m in micros]) for f in Micro._fields))
     step_samples = np.bincount(step, weights=allm.samples, minlength=num_steps).astype(np.int64)
     step_tokens = np.bincount(step, weights=allm.tokens, minlength=num_steps).astype(np.int64)
-    lr = lr_factors(step_samples, step_tokens, cfg)
+    return _Whole(
+        step=step,
+        rank_of=np.repeat(np.arange(cfg.dp), [len(rk.step) for rk in ranks]),
+        micro=allm,
+        ids=np.concatenate([rk.ids for rk in ranks]),
+        lens=np.concatenate([rk.lens for rk in ranks]),
+        sample_step=np.concatenate([np.repeat(rk.step, np.diff(rk.offsets)) for rk in ranks]),
+        step_samples=step_samples,
+        step_tokens=step_tokens,
+        lr=lr_factors(step_samples, step_tokens, cfg),
+        num_steps=num_steps,
+    )
+
+
+def _check_step_columns(ranks: list[_Rank], whole: _Whole, report: Report) -> None:
+    """Every row carries its step's global tokens, samples and LR factor."""
     for r, rk in enumerate(ranks):
         for col, want in (
-            ("step_tokens", step_tokens),
-            ("step_samples", step_samples),
-            ("lr_factor", lr),
+            ("step_tokens", whole.step_tokens),
+            ("step_samples", whole.step_samples),
+            ("lr_factor", whole.lr),
         ):
             have = rk.table.column(col).to_numpy()
             bad = np.flatnonzero(have != want[rk.step])
@@ -477,43 +559,54 @@ def validate_plan(
                     ],
                     len(bad),
                 )
-    ids = np.concatenate([rk.ids for rk in ranks])
-    lens = np.concatenate([rk.lens for rk in ranks])
-    sample_step = np.concatenate([np.repeat(rk.step, np.diff(rk.offsets)) for rk in ranks])
-    _check_coverage(meta, ids, lens, sample_step, metadata, report, whole=cfg.warmup == "reorder")
-    if cfg.max_shapes is not None and lengths is not None:
-        _recompute_lengths(cfg, lengths, ranks, micros, sample_step, meta, report)
-    # Stats and shapes recomputed with the planner's functions.
-    shapes = rank_shapes(rank_of, allm.rows, allm.pad_to, dp)
-    for r in range(dp):
-        if plan.meta["ranks"][r].get("shapes") != shapes[r]:
+
+
+def _check_rank_shapes(meta: dict[str, Any], shapes: list[Any], report: Report) -> None:
+    """plan.json's per-rank shapes are the manifests' distinct shapes."""
+    for r, want in enumerate(shapes):
+        if meta["ranks"][r].get("shapes") != want:
             report.add(
-                f"rank {r}: plan.json shapes are not the manifest's {len(shapes[r])} distinct "
+                f"rank {r}: plan.json shapes are not the manifest's {len(want)} distinct "
                 "shapes [rows, pad_to], largest first"
             )
+
+
+def _recompute_stats(
+    ranks: list[_Rank],
+    whole: _Whole,
+    shapes: list[Any],
+    lengths: np.ndarray | None,
+    cfg: PlanConfig,
+) -> dict[str, Any]:
+    """plan.json's stats, recomputed with the planner's own functions."""
+    allm = whole.micro
     stats = plan_stats(
-        step=step,
-        rank=rank_of,
+        step=whole.step,
+        rank=whole.rank_of,
         count=allm.rows,
         tokens=allm.tokens,
         padded_len=allm.pad_to,
         cost=allm.cost,
-        sample_step=sample_step,
-        sample_len=lens,
-        ideal_cost=float(sample_cost(lens, cfg).sum()),
-        lr=lr,
-        step_samples=step_samples,
-        step_tokens=step_tokens,
-        num_steps=num_steps,
-        dp=dp,
+        sample_step=whole.sample_step,
+        sample_len=whole.lens,
+        ideal_cost=float(sample_cost(whole.lens, cfg).sum()),
+        lr=whole.lr,
+        step_samples=whole.step_samples,
+        step_tokens=whole.step_tokens,
+        num_steps=whole.num_steps,
+        dp=cfg.dp,
         layout=cfg.layout,
         shapes=shapes,
     )
     pad_rows = np.concatenate([rk.pad_rows for rk in ranks]) if cfg.uses_pad_rows else None
     stats.update(plan_shape_stats(allm, pad_rows, lengths, cfg))
     warm = np.concatenate([rk.warmup for rk in ranks])
-    stats["warmup_rows"] = warmup_rows(rank_of, warm if warm.any() else None, dp)
-    saved = meta.get("stats", {})
+    stats["warmup_rows"] = warmup_rows(whole.rank_of, warm if warm.any() else None, cfg.dp)
+    return stats
+
+
+def _compare_stats(saved: dict[str, Any], stats: dict[str, Any], report: Report) -> None:
+    """One violation per recomputed stat that plan.json does not hold (floats within 1e-6)."""
     for key, value in stats.items():
         have = saved.get(key)
         same = (
@@ -525,13 +618,3 @@ def validate_plan(
             same = _same_tree(have, value)
         if not same:
             report.add(f"plan.json stats {key} = {have!r}, recomputed {value!r}")
-    report.facts = {
-        "samples": int(len(ids)),
-        "steps": num_steps,
-        "dp": dp,
-        "grad_accum": k,
-        "dropped": len(meta.get("dropped") or []),
-        "padding_ratio": stats["padding_ratio"],
-        "time_vs_ideal": stats["time_vs_ideal"],
-    }
-    return report

@@ -383,72 +383,34 @@ def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArray
     _check_input(ids, lens)
     cfg = cfg.with_block_len(int(lens.max()))
     keep, alone = _oversize(ids, lens, cfg)
-    dropped: list[dict[str, Any]] = []
-    if not keep.all():
-        gone = np.flatnonzero(~keep)
-        limit = "--block-len" if cfg.batching == "blocks" else "--max-tokens"
-        reason = f"oversize: longer than {limit} {cfg.block_len or cfg.max_tokens}"
-        dropped = [
-            {"sample_id": int(ids[i]), "seq_len": int(lens[i]), "reason": reason} for i in gone
-        ]
-        ids, lens = ids[keep], lens[keep]
-    per_step = cfg.micro_per_step
-    if len(ids) < per_step:
-        raise ConfigError(
-            f"{len(ids)} samples cannot fill one step of dp x grad_accum = {per_step} micro-batches "
-            "(every rank needs grad_accum micro-batches per step); lower --dp or --grad-accum"
-        )
-    lengths: np.ndarray | None = None
-    if cfg.pack_to is not None:
-        lengths = np.array([cfg.pack_to], dtype=np.int64)
-    elif cfg.max_shapes is not None and cfg.layout == "padded" and cfg.batching != "blocks":
-        lengths = shapes.choose_lengths(lens, cfg.max_shapes, cfg.pad_multiple)
-    if cfg.batching == "blocks":
-        built = _build_blocks(lens, cfg)
-    elif cfg.pp > 1 and cfg.layout == "padded":
-        built = _build_pipeline(lens, cfg, lengths)
-    else:
-        built = _build_core(lens, alone, cfg, lengths)
-    stream, offsets, step = built.stream, built.offsets, built.step
-    slens = lens[stream] if built.stream_lens is None else built.stream_lens
-    if cfg.max_shapes is not None and cfg.layout == "packed":
+    ids, lens, dropped = _drop(ids, lens, keep, cfg)
+    _check_fills_step(len(ids), cfg)
+    lengths = _input_lengths(lens, cfg)
+    built = _build(lens, alone, cfg, lengths)
+    slens = lens[built.stream] if built.stream_lens is None else built.stream_lens
+    if cfg.max_shapes is not None and cfg.layout == "packed":  # chosen over micro-batch totals
         lengths = shapes.choose_lengths(
-            segment_sums(offsets, slens), cfg.max_shapes, cfg.pad_multiple
+            segment_sums(built.offsets, slens), cfg.max_shapes, cfg.pad_multiple
         )
-    micro = pack.summarize(
-        offsets, slens, cfg, lengths=lengths, pad_to=built.pad_to, pad_rows=built.pad_rows
-    )
-    pad_rows = built.pad_rows
-    if pad_rows is None and cfg.uses_pad_rows:  # --max-shapes, padded: B fixed by T
-        pad_rows = (shape_rows(micro.pad_to, cfg) - micro.samples).astype(np.int32)
-        micro = pack.summarize(offsets, slens, cfg, lengths=lengths, pad_rows=pad_rows)
-    if built.group:
-        k = built.group
-        gcost = micro.cost.reshape(-1, k).sum(axis=1)
-        grank, _ = assign.balance_ranks(step[::k], gcost, cfg.dp, 1)
-        rank = np.repeat(grank, k)
-        micro_index = np.tile(np.arange(k, dtype=np.int64), len(gcost))
-    else:
-        rank, micro_index = assign.balance_ranks(step, micro.cost, cfg.dp, cfg.grad_accum)
+    micro, pad_rows = _shape(built, slens, cfg, lengths)
+    rank, micro_index = _ranks(built, micro, cfg)
     if cfg.pp > 1 and cfg.layout == "packed":  # one shape per (step, rank): its largest pad_to
         micro = pack.summarize(
-            offsets, slens, cfg, pad_to=_group_max(step, rank, micro.pad_to, cfg.dp)
+            built.offsets, slens, cfg, pad_to=_group_max(built.step, rank, micro.pad_to, cfg.dp)
         )
-    warm = None
+    step, warm = built.step, None
     if cfg.warmup == "reorder":
         step, micro_index, warm = reorder_plan(
             step, rank, micro_index, micro.rows, micro.pad_to, cfg.dp, cfg.grad_accum, cfg.pp > 1
         )
-    n_steps = built.epochs[-1]["first_step"] + built.epochs[-1]["num_steps"]
-    step_samples = np.bincount(step, weights=micro.samples, minlength=n_steps).astype(np.int64)
-    step_tokens = np.bincount(step, weights=micro.tokens, minlength=n_steps).astype(np.int64)
+    step_samples, step_tokens = _step_totals(step, micro, built.epochs)
     kept_alone = ids[alone].tolist() if alone.any() else []
     return PlanArrays(
         cfg=cfg,
         ids=ids,
         lens=lens,
-        stream=stream,
-        offsets=offsets,
+        stream=built.stream,
+        offsets=built.offsets,
         micro=micro,
         step=step,
         rank=rank,
@@ -465,6 +427,85 @@ def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArray
         warmup=warm,
         stream_lens=slens,
     )
+
+
+def _drop(
+    ids: np.ndarray, lens: np.ndarray, keep: np.ndarray, cfg: PlanConfig
+) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """The kept samples and plan.json's ``dropped`` list (no copy when all are kept)."""
+    if keep.all():
+        return ids, lens, []
+    gone = np.flatnonzero(~keep)
+    limit = "--block-len" if cfg.batching == "blocks" else "--max-tokens"
+    reason = f"oversize: longer than {limit} {cfg.block_len or cfg.max_tokens}"
+    dropped = [{"sample_id": int(ids[i]), "seq_len": int(lens[i]), "reason": reason} for i in gone]
+    return ids[keep], lens[keep], dropped
+
+
+def _check_fills_step(n: int, cfg: PlanConfig) -> None:
+    per_step = cfg.micro_per_step
+    if n < per_step:
+        raise ConfigError(
+            f"{n} samples cannot fill one step of dp x grad_accum = {per_step} micro-batches "
+            "(every rank needs grad_accum micro-batches per step); lower --dp or --grad-accum"
+        )
+
+
+def _input_lengths(lens: np.ndarray, cfg: PlanConfig) -> np.ndarray | None:
+    """Shape lengths known before batching: ``--pack-to``, or ``--max-shapes`` chosen over the
+    samples in the padded layout (packed: over the micro-batch totals, after batching)."""
+    if cfg.pack_to is not None:
+        return np.array([cfg.pack_to], dtype=np.int64)
+    if cfg.max_shapes is not None and cfg.layout == "padded" and cfg.batching != "blocks":
+        return shapes.choose_lengths(lens, cfg.max_shapes, cfg.pad_multiple)
+    return None
+
+
+def _build(
+    lens: np.ndarray, alone: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None
+) -> _Built:
+    """Micro-batches and steps of all epochs, by the way of batching the config asks for."""
+    if cfg.batching == "blocks":
+        return _build_blocks(lens, cfg)
+    if cfg.pp > 1 and cfg.layout == "padded":
+        return _build_pipeline(lens, cfg, lengths)
+    return _build_core(lens, alone, cfg, lengths)
+
+
+def _shape(
+    built: _Built, slens: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None
+) -> tuple[pack.Micro, np.ndarray | None]:
+    """Each micro-batch's shape and ``pad_rows`` (where the manifest has that column)."""
+    offsets = built.offsets
+    micro = pack.summarize(
+        offsets, slens, cfg, lengths=lengths, pad_to=built.pad_to, pad_rows=built.pad_rows
+    )
+    pad_rows = built.pad_rows
+    if pad_rows is None and cfg.uses_pad_rows:  # --max-shapes, padded: B fixed by T
+        pad_rows = (shape_rows(micro.pad_to, cfg) - micro.samples).astype(np.int32)
+        micro = pack.summarize(offsets, slens, cfg, lengths=lengths, pad_rows=pad_rows)
+    return micro, pad_rows
+
+
+def _ranks(built: _Built, micro: pack.Micro, cfg: PlanConfig) -> tuple[np.ndarray, np.ndarray]:
+    """``(rank, micro index)`` of each micro-batch: each step's micro-batches balanced over the
+    ranks by cost; pipeline groups move whole, so a rank gets one group per step."""
+    if not built.group:
+        return assign.balance_ranks(built.step, micro.cost, cfg.dp, cfg.grad_accum)
+    k = built.group
+    gcost = micro.cost.reshape(-1, k).sum(axis=1)
+    grank, _ = assign.balance_ranks(built.step[::k], gcost, cfg.dp, 1)
+    return np.repeat(grank, k), np.tile(np.arange(k, dtype=np.int64), len(gcost))
+
+
+def _step_totals(
+    step: np.ndarray, micro: pack.Micro, epochs: list[dict[str, int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Global samples and tokens of every step (the LR factor's inputs, repeated on each row)."""
+    n_steps = epochs[-1]["first_step"] + epochs[-1]["num_steps"]
+    step_samples = np.bincount(step, weights=micro.samples, minlength=n_steps).astype(np.int64)
+    step_tokens = np.bincount(step, weights=micro.tokens, minlength=n_steps).astype(np.int64)
+    return step_samples, step_tokens
 
 
 def plan_meta(

@@ -40,7 +40,7 @@ from varpack.fingerprint import Fingerprint, fingerprint
 from varpack.metadata import Piece, duplicate_error, first_duplicate, list_pieces, resolve_files
 from varpack.sort import bucket, exchange, output
 from varpack.sort import keys as keymod
-from varpack.sort.inputs import locate, read_share, share
+from varpack.sort.inputs import Segment, locate, read_share, share
 from varpack.sort.splitters import choose_splitters, draw_sample
 
 T = TypeVar("T")
@@ -159,90 +159,17 @@ def _run(
     overwrite: bool,
     oversample: int,
 ) -> dict[str, Any] | None:
-    comm, rank, size, MPI = job.comm, job.rank, job.size, job.MPI
+    """The phases in order. Each helper runs its local work in :meth:`Job.phase` and its
+    collectives outside it, so every rank reaches every collective or none does."""
     out = Path(out_path)
-
-    # 1. plan
-    def plan() -> tuple[list[str], str]:
-        if oversample < 1:
-            raise VarpackError(f"--oversample must be >= 1 (got {oversample})")
-        if rank != 0:
-            return [], ""
-        check_output(out, overwrite)
-        files = [str(p) for p in resolve_files(input)]
-        token = uuid.uuid4().hex[:12]
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if not single_file:
-            temp_sibling(out, token).mkdir()
-        return files, token
-
-    files, token = comm.bcast(job.phase(plan), root=0)
-    job.tmp = temp_sibling(out, token)
-
-    # 2. footers
-    lo, hi = rank * len(files) // size, (rank + 1) * len(files) // size
-    mine = job.phase(lambda: list_pieces(files[lo:hi], spec.keys))
-    pieces: list[Piece] = [p for chunk in comm.allgather(mine) for p in chunk]
-    total = sum(p.num_rows for p in pieces)
-
-    def check_empty() -> None:
-        if total == 0 and rank == 0:
-            raise InputError(f"{input}: the metadata holds no rows; nothing to do")
-
-    job.phase(check_empty)
-    segments = share(pieces, rank, size)
-
-    # 3. read
-    cols = job.phase(lambda: read_share(segments, spec.columns))
-    floats_local = np.array([keymod.is_float_column(cols[k]) for k in spec.keys], dtype=np.int64)
-    floats_all = np.zeros_like(floats_local)
-    comm.Allreduce(floats_local, floats_all, op=MPI.MAX)
-    float_keys = tuple(k for k, f in zip(spec.keys, floats_all.tolist(), strict=True) if f)
-    for k in float_keys:
-        cols[k] = cols[k].astype(np.float64, copy=False)
-    fp: Fingerprint = comm.allreduce(_fingerprint(cols["sample_id"], cols["seq_len"]), op=MPI.SUM)
-    job.report("read", total, f"({len(files)} files, {len(pieces)} row groups, {size} ranks)")
-
-    # 4. check ids
-    dup = _first_duplicate(job, cols["sample_id"])
-    if dup != NO_DUP:
-        places = comm.gather(locate(dup, cols["sample_id"], segments), root=0)
-
-        def report_dup() -> None:
-            if rank == 0:
-                raise duplicate_error(dup, [p for ps in places for p in ps])
-
-        job.phase(report_dup)
+    files = _plan(job, input, out, single_file, overwrite, oversample)
+    pieces, segments, total = _footers(job, input, files, spec)
+    cols, float_keys, fp = _read(job, segments, spec)
+    job.report("read", total, f"({len(files)} files, {len(pieces)} row groups, {job.size} ranks)")
+    _check_ids(job, cols["sample_id"], segments)
     job.report("check ids", total)
-
-    # 5. sort
-    stats = keymod.local_stats(cols, spec, float_keys)
-    lo_all, hi_all = np.empty_like(stats[:, 0]), np.empty_like(stats[:, 1])
-    comm.Allreduce(np.ascontiguousarray(stats[:, 0]), lo_all, op=MPI.MIN)
-    comm.Allreduce(np.ascontiguousarray(stats[:, 1]), hi_all, op=MPI.MAX)
-    layout = keymod.make_layout(spec, np.stack([lo_all, hi_all], axis=1), float_keys)
-    key = keymod.encode(cols, layout)
-    payload = {c: cols[c] for c in spec.payload}
-    del cols
-    key, payload, after_exchange = _sample_sort(job, key, payload, oversample, total)
-    key, payload = _shift(job, key, payload, total)
-    columns = {**keymod.decode(key, layout), **payload}
-    del key
-    job.report(
-        "sort",
-        total,
-        f"({layout.words * 8} B keys; largest rank {after_exchange:.3f} x mean before the shift)",
-    )
-
-    # 6. write
-    meta = {
-        "keys": list(spec.keys),
-        "descending": list(spec.descending),
-        "order": list(spec.fields),
-        "columns": {c: "float64" if c in float_keys else "int64" for c in spec.columns},
-        "total_tokens": fp.tokens,
-        "fingerprint": fp.hex,
-    }
+    columns, after_exchange = _sort(job, cols, spec, float_keys, oversample, total)
+    meta = _index_meta(spec, float_keys, fp)
     table = {c: columns[c] for c in spec.columns}
     if single_file:
         result = _write_single(job, table, meta, total, out, overwrite)
@@ -253,6 +180,131 @@ def _run(
     if not job.quiet:
         print(f"sort: done {total:,} rows in {time.perf_counter() - job.t0:.2f} s", file=sys.stderr)
     return result
+
+
+def _plan(
+    job: Job, input: Any, out: Path, single_file: bool, overwrite: bool, oversample: int
+) -> list[str]:
+    """Phase 1: rank 0 checks the options and the output, resolves the input files and draws the
+    temporary name; all ranks get the files and note the temporary path (to clean on failure)."""
+
+    def plan() -> tuple[list[str], str]:
+        if oversample < 1:
+            raise VarpackError(f"--oversample must be >= 1 (got {oversample})")
+        if job.rank != 0:
+            return [], ""
+        check_output(out, overwrite)
+        files = [str(p) for p in resolve_files(input)]
+        token = uuid.uuid4().hex[:12]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not single_file:
+            temp_sibling(out, token).mkdir()
+        return files, token
+
+    files, token = job.comm.bcast(job.phase(plan), root=0)
+    job.tmp = temp_sibling(out, token)
+    return files
+
+
+def _footers(
+    job: Job, input: Any, files: list[str], spec: keymod.KeySpec
+) -> tuple[list[Piece], list[Segment], int]:
+    """Phase 2: each rank reads the footers of a slice of the files; all learn every row group
+    and take an equal share of the rows. Returns ``(pieces, this rank's segments, total rows)``."""
+    rank, size = job.rank, job.size
+    lo, hi = rank * len(files) // size, (rank + 1) * len(files) // size
+    mine = job.phase(lambda: list_pieces(files[lo:hi], spec.keys))
+    pieces: list[Piece] = [p for chunk in job.comm.allgather(mine) for p in chunk]
+    total = sum(p.num_rows for p in pieces)
+
+    def check_empty() -> None:
+        if total == 0 and rank == 0:
+            raise InputError(f"{input}: the metadata holds no rows; nothing to do")
+
+    job.phase(check_empty)
+    return pieces, share(pieces, rank, size), total
+
+
+def _read(
+    job: Job, segments: list[Segment], spec: keymod.KeySpec
+) -> tuple[dict[str, np.ndarray], tuple[str, ...], Fingerprint]:
+    """Phase 3: read this rank's rows; agree on which keys are float (a key column float on any
+    rank is float everywhere) and reduce the input fingerprint."""
+    MPI = job.MPI
+    cols = job.phase(lambda: read_share(segments, spec.columns))
+    floats_local = np.array([keymod.is_float_column(cols[k]) for k in spec.keys], dtype=np.int64)
+    floats_all = np.zeros_like(floats_local)
+    job.comm.Allreduce(floats_local, floats_all, op=MPI.MAX)
+    float_keys = tuple(k for k, f in zip(spec.keys, floats_all.tolist(), strict=True) if f)
+    for k in float_keys:
+        cols[k] = cols[k].astype(np.float64, copy=False)
+    fp: Fingerprint = job.comm.allreduce(
+        _fingerprint(cols["sample_id"], cols["seq_len"]), op=MPI.SUM
+    )
+    return cols, float_keys, fp
+
+
+def _check_ids(job: Job, ids: np.ndarray, segments: list[Segment]) -> None:
+    """Phase 4: a duplicated id anywhere fails every rank; rank 0 reports all its places."""
+    dup = _first_duplicate(job, ids)
+    if dup == NO_DUP:  # the same on every rank (an allreduce)
+        return
+    places = job.comm.gather(locate(dup, ids, segments), root=0)
+
+    def report_dup() -> None:
+        if job.rank == 0:
+            raise duplicate_error(dup, [p for ps in places for p in ps])
+
+    job.phase(report_dup)
+
+
+def _sort(
+    job: Job,
+    cols: dict[str, np.ndarray],
+    spec: keymod.KeySpec,
+    float_keys: tuple[str, ...],
+    oversample: int,
+    total: int,
+) -> tuple[dict[str, np.ndarray], float]:
+    """Phase 5: encode the keys over the global key ranges, sample sort, shift to equal shares.
+
+    Returns the decoded columns in global order and the largest rank's share over the mean
+    after the exchange. Takes ``cols`` over: it is emptied once encoded, so the key columns
+    are freed before the exchange (at 100 M rows they are gigabytes).
+    """
+    MPI, comm = job.MPI, job.comm
+    stats = keymod.local_stats(cols, spec, float_keys)
+    lo_all, hi_all = np.empty_like(stats[:, 0]), np.empty_like(stats[:, 1])
+    comm.Allreduce(np.ascontiguousarray(stats[:, 0]), lo_all, op=MPI.MIN)
+    comm.Allreduce(np.ascontiguousarray(stats[:, 1]), hi_all, op=MPI.MAX)
+    layout = keymod.make_layout(spec, np.stack([lo_all, hi_all], axis=1), float_keys)
+    key = keymod.encode(cols, layout)
+    payload = {c: cols[c] for c in spec.payload}
+    cols.clear()
+    key, payload, after_exchange = _sample_sort(job, key, payload, oversample, total)
+    key, payload = _shift(job, key, payload, total)
+    columns = {**keymod.decode(key, layout), **payload}
+    del key
+    job.report(
+        "sort",
+        total,
+        f"({layout.words * 8} B keys; largest rank {after_exchange:.3f} x mean before the shift)",
+    )
+    return columns, after_exchange
+
+
+def _index_meta(
+    spec: keymod.KeySpec, float_keys: tuple[str, ...], fp: Fingerprint
+) -> dict[str, Any]:
+    """Phase 6's description of the output (``_index.json`` / the single-file header)."""
+    return {
+        "keys": list(spec.keys),
+        "descending": list(spec.descending),
+        "order": list(spec.fields),
+        "columns": {c: "float64" if c in float_keys else "int64" for c in spec.columns},
+        "total_tokens": fp.tokens,
+        "fingerprint": fp.hex,
+    }
 
 
 def _fingerprint(ids: np.ndarray, lens: np.ndarray, block: int = 1 << 16) -> Fingerprint:
