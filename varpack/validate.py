@@ -35,10 +35,10 @@ from varpack.plan.cost import sample_cost, segment_sums
 from varpack.plan.lr import lr_factors
 from varpack.plan.pack import Micro, summarize
 from varpack.plan.pipeline import check_pipeline_steps
-from varpack.plan.planner import plan_shape_stats, shape_rows, warmup_rows
+from varpack.plan.planner import plan_figures, shape_rows
 from varpack.plan.rules import LAYOUT_CODE, volume
 from varpack.plan.shapes import check_shape_bound, choose_lengths
-from varpack.plan.stats import plan_stats, rank_shapes
+from varpack.plan.stats import rank_shapes
 from varpack.plan.warmup import check_warmup_prefix, encode_shapes
 
 _SHOW = 5
@@ -578,15 +578,16 @@ def _recompute_stats(
     lengths: np.ndarray | None,
     cfg: PlanConfig,
 ) -> dict[str, Any]:
-    """plan.json's stats, recomputed with the planner's own functions."""
+    """plan.json's stats, recomputed from the manifests with the planner's own function."""
     allm = whole.micro
-    stats = plan_stats(
+    pad_rows = np.concatenate([rk.pad_rows for rk in ranks]) if cfg.uses_pad_rows else None
+    warm = np.concatenate([rk.warmup for rk in ranks])
+    return plan_figures(
         step=whole.step,
         rank=whole.rank_of,
-        count=allm.rows,
-        tokens=allm.tokens,
-        padded_len=allm.pad_to,
-        cost=allm.cost,
+        micro=allm,
+        pad_rows=pad_rows,
+        warm=warm if warm.any() else None,
         sample_step=whole.sample_step,
         sample_len=whole.lens,
         ideal_cost=float(sample_cost(whole.lens, cfg).sum()),
@@ -594,15 +595,10 @@ def _recompute_stats(
         step_samples=whole.step_samples,
         step_tokens=whole.step_tokens,
         num_steps=whole.num_steps,
-        dp=cfg.dp,
-        layout=cfg.layout,
+        lengths=lengths,
         shapes=shapes,
+        cfg=cfg,
     )
-    pad_rows = np.concatenate([rk.pad_rows for rk in ranks]) if cfg.uses_pad_rows else None
-    stats.update(plan_shape_stats(allm, pad_rows, lengths, cfg))
-    warm = np.concatenate([rk.warmup for rk in ranks])
-    stats["warmup_rows"] = warmup_rows(whole.rank_of, warm if warm.any() else None, cfg.dp)
-    return stats
 
 
 def _compare_stats(saved: dict[str, Any], stats: dict[str, Any], report: Report) -> None:

@@ -178,8 +178,7 @@ def _build_core(
 ) -> _Built:
     per_step = cfg.micro_per_step
     view = lens if lengths is None or cfg.layout == "packed" else _effective(lens, cfg, lengths)
-    streams, offs, steps, epochs, slens = [], [], [], [], []
-    n_pos = n_steps = 0
+    joined, slens = _Epochs(), []
     per_micro = _per_micro(view, alone, cfg)
     shuffled = cfg.order == "shuffle"
     any_alone = bool(alone.any())
@@ -203,25 +202,39 @@ def _build_core(
             lambda o, v: pack.summarize(o, v, cfg).cost,
             f"epoch {epoch}",
         )
-        m = len(off) - 1
-        streams.append(idx)
+        joined.add(epoch, idx, off, per_step)
         slens.append(epoch_lens)
-        offs.append(off[:-1] + n_pos)
-        steps.append(assign.steps_in_order(m, per_step) + n_steps)
-        epochs.append({"epoch": epoch, "first_step": n_steps, "num_steps": m // per_step})
-        n_pos += len(idx)
-        n_steps += m // per_step
-    built = _Built(*_join(streams, offs, steps, n_pos), epochs)
+    built = _Built(*joined.join(), joined.epochs)
     built.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
     return built
 
 
-def _join(
-    streams: list[np.ndarray], offs: list[np.ndarray], steps: list[np.ndarray], n_pos: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    stream = streams[0] if len(streams) == 1 else np.concatenate(streams)
-    step = steps[0] if len(steps) == 1 else np.concatenate(steps)
-    return stream, np.append(np.concatenate(offs), n_pos), step
+class _Epochs:
+    """Joins the epochs' micro-batches into one stream: positions and step numbers run on."""
+
+    def __init__(self) -> None:
+        self.streams: list[np.ndarray] = []
+        self.offs: list[np.ndarray] = []
+        self.steps: list[np.ndarray] = []
+        self.epochs: list[dict[str, int]] = []
+        self.n_pos = self.n_steps = 0
+
+    def add(self, epoch: int, idx: np.ndarray, starts: np.ndarray, per_step: int) -> None:
+        """One epoch: stream ``idx`` cut at ``starts``; ``per_step`` micro-batches make a step."""
+        m = len(starts) - 1
+        self.streams.append(idx)
+        self.offs.append(starts[:-1] + self.n_pos)
+        self.steps.append(assign.steps_in_order(m, per_step) + self.n_steps)
+        self.epochs.append({"epoch": epoch, "first_step": self.n_steps, "num_steps": m // per_step})
+        self.n_pos += len(idx)
+        self.n_steps += m // per_step
+
+    def join(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(stream, offsets, step)`` of all epochs (no copy for a single epoch)."""
+        one = len(self.streams) == 1
+        stream = self.streams[0] if one else np.concatenate(self.streams)
+        step = self.steps[0] if one else np.concatenate(self.steps)
+        return stream, np.append(np.concatenate(self.offs), self.n_pos), step
 
 
 def _build_pipeline(lens: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None) -> _Built:
@@ -229,8 +242,7 @@ def _build_pipeline(lens: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | Non
     k, dp = cfg.grad_accum, cfg.dp
     eff = _effective(lens, cfg, lengths)
     fixed = cfg.batching == "fixed"
-    streams, offs, steps, epochs = [], [], [], []
-    n_pos = n_steps = 0
+    joined = _Epochs()
     per_micro = _per_micro(eff, np.zeros(len(lens), bool), cfg)
     for epoch in range(cfg.epochs):
         idx, bounds = order.epoch_windows(lens, cfg, epoch, per_micro)
@@ -253,18 +265,12 @@ def _build_pipeline(lens: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | Non
             f"epoch {epoch}",
             min_size=k,
         )
-        g = len(starts) - 1
-        streams.append(idx)
-        offs.append(starts[:-1] + n_pos)
-        steps.append(assign.steps_in_order(g, dp) + n_steps)
-        epochs.append({"epoch": epoch, "first_step": n_steps, "num_steps": g // dp})
-        n_pos += len(idx)
-        n_steps += g // dp
-    stream, goff, gstep = _join(streams, offs, steps, n_pos)
+        joined.add(epoch, idx, starts, dp)  # a (step, rank) group per rank and step
+    stream, goff, gstep = joined.join()
     t = segment_max(goff, eff[stream])
     rows_of = shape_rows(t, cfg) if cfg.max_shapes is not None else None
     offsets, pad_to, pad_rows = pipeline.expand_groups(goff, t, k, rows_of)
-    return _Built(stream, offsets, np.repeat(gstep, k), epochs, pad_to, pad_rows, None, k)
+    return _Built(stream, offsets, np.repeat(gstep, k), joined.epochs, pad_to, pad_rows, None, k)
 
 
 def _deal_groups(
@@ -290,8 +296,7 @@ def _build_blocks(lens: np.ndarray, cfg: PlanConfig) -> _Built:
     t, per = cfg.block_len, cfg.blocks_per_batch
     assert t is not None and per is not None
     per_step = cfg.micro_per_step
-    streams, offs, steps, epochs, bidx, prows = [], [], [], [], [], []
-    n_pos = n_steps = 0
+    joined, bidx, prows = _Epochs(), [], []
     for epoch in range(cfg.epochs):
         if cfg.order == "shuffle":
             idx = order.epoch_rng(cfg.seed, epoch).permutation(len(lens)).astype(np.int64)
@@ -308,18 +313,12 @@ def _build_blocks(lens: np.ndarray, cfg: PlanConfig) -> _Built:
         soff, b_index, b_rows = _block_micro_batches(
             lens[idx], blk, fill, per, per_step, f"epoch {epoch}"
         )
-        m = len(soff) - 1
+        joined.add(epoch, idx, soff, per_step)
         bidx.append(b_index)
         prows.append(b_rows)
-        streams.append(idx)
-        offs.append(soff[:-1] + n_pos)
-        steps.append(assign.steps_in_order(m, per_step) + n_steps)
-        epochs.append({"epoch": epoch, "first_step": n_steps, "num_steps": m // per_step})
-        n_pos += len(idx)
-        n_steps += m // per_step
-    stream, offsets, step = _join(streams, offs, steps, n_pos)
+    stream, offsets, step = joined.join()
     return _Built(
-        stream, offsets, step, epochs, None, np.concatenate(prows), np.concatenate(bidx), 0
+        stream, offsets, step, joined.epochs, None, np.concatenate(prows), np.concatenate(bidx), 0
     )
 
 
@@ -515,13 +514,12 @@ def plan_meta(
     cfg = p.cfg
     m = p.micro
     shapes_of = rank_shapes(p.rank, m.rows, m.pad_to, cfg.dp)
-    stats = plan_stats(
+    stats = plan_figures(
         step=p.step,
         rank=p.rank,
-        count=m.rows,
-        tokens=m.tokens,
-        padded_len=m.pad_to,
-        cost=m.cost,
+        micro=m,
+        pad_rows=p.pad_rows,
+        warm=p.warmup,
         sample_step=np.repeat(
             p.step.astype(np.int32 if p.num_steps < 2**31 else np.int64), m.samples
         ),
@@ -531,12 +529,10 @@ def plan_meta(
         step_samples=p.step_samples,
         step_tokens=p.step_tokens,
         num_steps=p.num_steps,
-        dp=cfg.dp,
-        layout=cfg.layout,
+        lengths=p.lengths,
         shapes=shapes_of,
+        cfg=cfg,
     )
-    stats.update(plan_shape_stats(p.micro, p.pad_rows, p.lengths, cfg))
-    stats["warmup_rows"] = warmup_rows(p.rank, p.warmup, cfg.dp)
     stats["cost"] = cfg.cost
     stats["dropped"] = len(p.dropped)
     stats["oversize_alone"] = p.oversize_alone
@@ -551,6 +547,49 @@ def plan_meta(
         "dropped": p.dropped,
     }
     return meta, [{"shapes": s} for s in shapes_of]
+
+
+def plan_figures(
+    *,
+    step: np.ndarray,
+    rank: np.ndarray,
+    micro: pack.Micro,
+    pad_rows: np.ndarray | None,
+    warm: np.ndarray | None,
+    sample_step: np.ndarray,
+    sample_len: np.ndarray,
+    ideal_cost: float,
+    lr: np.ndarray,
+    step_samples: np.ndarray,
+    step_tokens: np.ndarray,
+    num_steps: int,
+    lengths: np.ndarray | None,
+    shapes: list[Any],
+    cfg: PlanConfig,
+) -> dict[str, Any]:
+    """plan.json's stats from a plan's arrays: the planner writes them, validate recomputes them
+    from the manifests with this same function, so every stat written is a stat checked."""
+    stats = plan_stats(
+        step=step,
+        rank=rank,
+        count=micro.rows,
+        tokens=micro.tokens,
+        padded_len=micro.pad_to,
+        cost=micro.cost,
+        sample_step=sample_step,
+        sample_len=sample_len,
+        ideal_cost=ideal_cost,
+        lr=lr,
+        step_samples=step_samples,
+        step_tokens=step_tokens,
+        num_steps=num_steps,
+        dp=cfg.dp,
+        layout=cfg.layout,
+        shapes=shapes,
+    )
+    stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
+    stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
+    return stats
 
 
 def plan_shape_stats(
