@@ -1,4 +1,4 @@
-"""Order-independent fingerprint of a set of (sample_id, seq_len) pairs.
+"""Fingerprints: of a set of (sample_id, seq_len) pairs (order-independent), and of a file.
 
 The fingerprint of a dataset must not depend on how it is sharded, ordered or split across MPI
 ranks, so it is a sum (mod 2**64) of a strong 64-bit mix of every pair, plus the count and the
@@ -7,6 +7,8 @@ token total. Partial fingerprints combine by addition, which is what an MPI redu
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,3 +67,12 @@ def fingerprint(sample_ids: np.ndarray, seq_lens: np.ndarray) -> Fingerprint:
         h = _mix64(_mix64(ids) ^ (lens * _GOLDEN))
     digest = int(h.sum(dtype=np.uint64)) if len(h) else 0
     return Fingerprint(int(len(ids)), int(lens.sum(dtype=np.uint64)), digest)
+
+
+def sha256_file(path: str | os.PathLike[str], block: int = 1 << 22) -> str:
+    """Hex sha256 of a file's bytes, read in blocks (the checksums of plan and sort outputs)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from varpack.manifest.tables import plan_tables
+from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig, plan_arrays
 from varpack.plan.cost import sample_cost
 from varpack.plan.pack import summarize
 from varpack.plan.stats import mixing, step_loads
-from varpack.synth import sample_lengths
 
 DP = 8
 MODEL = "qwen2.5-0.5b"
@@ -42,7 +43,7 @@ MODEL = "qwen2.5-0.5b"
 
 
 def _throughput_child(n: int, order: str) -> None:
-    from varpack.manifest import write_plan
+    from varpack.manifest.format import write_plan
     from varpack.plan import make_plan
 
     lens = np.sort(sample_lengths("long-tail", n, np.random.default_rng(0), max_len=16384))
@@ -55,7 +56,7 @@ def _throughput_child(n: int, order: str) -> None:
     arrays, meta, extra = make_plan(ids, lens, cfg)
     t1 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        write_plan(f"{tmp}/plan", meta, arrays.tables(), rank_extra=extra)
+        write_plan(f"{tmp}/plan", meta, plan_tables(arrays), rank_extra=extra)
     t2 = time.perf_counter()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(json.dumps({"plan_s": t1 - t0, "write_s": t2 - t1, "rss_gb": rss}))

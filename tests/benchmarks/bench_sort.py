@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_sort.py [--quick] [--ranks 2] [--repeat 3]
 
-On the same synthetic metadata (``varpack.synth``, long-tail lengths, 16 shards):
+On the same synthetic metadata (``varpack.metadata.synth``, long-tail lengths, 16 shards):
 
 - varpack: ``mpiexec -n 2 python -m mpi4py`` running the same driver as ``varpack sort``;
 - polars: one process, ``scan_parquet -> sort(seq_len, sample_id) -> sink_parquet``;
@@ -166,7 +166,7 @@ def measure(kind: str, src: Path, work: Path, ranks: int, repeat: int) -> dict:
 
 
 def generate(n: int, root: Path) -> Path:
-    from varpack.synth import write_synth
+    from varpack.metadata.synth import write_synth
 
     out = root / f"meta-{n}"
     if not out.exists():

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from varpack.manifest import write_plan
+from varpack.manifest.format import write_plan
 
 
 def write_tokens(

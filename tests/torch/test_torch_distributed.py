@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("torch.nn")
 
 import torch  # noqa: E402
-from conftest import cli, write_metadata  # noqa: E402
 from plan_helpers import random_lengths, write_tokens  # noqa: E402
+from testkit import cli, write_metadata  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -156,7 +156,7 @@ def test_padded_plan_with_pad_rows(tmp_path) -> None:
 )
 def test_real_planner_plans_replay(tmp_path, rng, flags) -> None:
     """Plans from `varpack plan` (pad_rows, block_index, warm-up): shapes as recorded, ids once."""
-    from conftest import cli, write_metadata
+    from testkit import cli, write_metadata
 
     lens = random_lengths(rng, 60, 2, 40)
     data = {i: np.arange(n) + 1 for i, n in lens.items()}

@@ -17,7 +17,7 @@ from hypothesis import strategies as st  # noqa: E402
 from plan_helpers import write_tokens  # noqa: E402
 
 from varpack.errors import InputError  # noqa: E402
-from varpack.lengths import derive_lengths, write_arrow_tokens  # noqa: E402
+from varpack.metadata.lengths import derive_lengths, write_arrow_tokens  # noqa: E402
 from varpack.torch import ParquetTokenDataset  # noqa: E402
 from varpack.torch import dataset as torch_dataset  # noqa: E402
 

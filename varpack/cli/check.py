@@ -6,8 +6,8 @@ import json
 
 import click
 
-from varpack.metadata import ID, LEN, read_metadata, resolve_files
-from varpack.summary import render, summarize
+from varpack.metadata.contract import ID, LEN, read_metadata, resolve_files
+from varpack.metadata.summary import render, summarize
 
 
 @click.command()

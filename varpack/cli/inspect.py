@@ -19,7 +19,7 @@ import click
 )
 def inspect(plan: str, as_json: bool, plot_file: str | None) -> None:
     """Show PLAN's padding, balance, time vs ideal, mixing, LR range and shapes (checksums verified)."""
-    from varpack.inspect import describe, plot, render
+    from varpack.manifest.inspect import describe, plot, render
 
     info = describe(plan)
     click.echo(json.dumps(info, indent=2) if as_json else render(info))

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from varpack.console import info
-from varpack.lengths import DEFAULT_COLUMN, ROWS_PER_SHARD, derive_lengths
+from varpack.metadata.lengths import DEFAULT_COLUMN, ROWS_PER_SHARD, derive_lengths
 
 
 @click.command()

@@ -72,8 +72,8 @@ def plan(
     every shape first), --pp P (one shape per pipeline step), --batching blocks (BLoad).
     """
     from varpack.atomic import check_output
-    from varpack.planning import load_toml
-    from varpack.planning import plan as run_plan
+    from varpack.manifest.make import load_toml
+    from varpack.manifest.make import plan as run_plan
 
     check_output(out, overwrite)
     values: dict[str, Any] = load_toml(config_file) if config_file else {}

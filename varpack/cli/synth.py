@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from varpack.console import info
-from varpack.synth import DEFAULT_VOCAB, DISTS, write_synth
+from varpack.metadata.synth import DEFAULT_VOCAB, DISTS, write_synth
 
 _SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9}
 

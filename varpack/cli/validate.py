@@ -23,11 +23,11 @@ def validate(plan: str, metadata: str | None) -> None:
     budgets and padded lengths, every sample exactly once per epoch (or dropped), each step's
     global tokens, samples and LR factor, and the stats in plan.json.
     """
-    from varpack.validate import validate_plan
+    from varpack.manifest.validate import validate_plan
 
     reference = None
     if metadata is not None:
-        from varpack.planning import read_input
+        from varpack.manifest.make import read_input
 
         reference = read_input(metadata)
     report = validate_plan(plan, reference)

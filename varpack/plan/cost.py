@@ -71,15 +71,6 @@ def sample_cost(lens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
     return np.asarray(lens, dtype=np.float64)
 
 
-def segment_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Sum of ``values`` over each non-empty segment ``[offsets[i], offsets[i+1])``.
-
-    >>> segment_sums(np.array([0, 2, 5]), np.array([1, 2, 3, 4, 5])).tolist()
-    [3, 12]
-    """
-    return np.add.reduceat(values, offsets[:-1]) if len(offsets) > 1 else values[:0]
-
-
 _PIECE = 1 << 18  # samples per piece of the chunked cost sums (small temporaries, reused)
 
 
@@ -105,10 +96,6 @@ def segment_cost_sums(offsets: np.ndarray, lens: np.ndarray, cfg: PlanConfig) ->
         out[i:j] = np.add.reduceat(sample_cost(lens[a:b], cfg), offsets[i:j] - a)
         i = j
     return out
-
-
-def segment_max(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
-    return np.maximum.reduceat(values, offsets[:-1]) if len(offsets) > 1 else values[:0]
 
 
 def micro_volume(count: np.ndarray, padded_len: np.ndarray, cfg: PlanConfig) -> np.ndarray:

@@ -24,10 +24,9 @@ from varpack.plan.cost import (
     micro_cost,
     model_dims,
     segment_cost_sums,
-    segment_max,
-    segment_sums,
 )
 from varpack.plan.rules import LAYOUT_CODE, fits, pad_to
+from varpack.plan.segments import segment_max, segment_sums
 from varpack.plan.shapes import round_up_to
 
 

@@ -1,7 +1,7 @@
 """Orchestration: sorted lengths in, per-rank manifest tables and plan.json's content out.
 
 Pure: arrays and a config in, arrays and dicts out; reading the input and writing the plan live in
-:mod:`varpack.cli.plan` and :mod:`varpack.manifest`. The steps, each its own module:
+:mod:`varpack.cli.plan` and :mod:`varpack.manifest.format`. The steps, each its own module:
 
 1. drop / isolate / reject samples over the budget (:func:`pack.oversize_mask`);
 2. per epoch, the stream order (:mod:`order`): curriculum, or shuffled and sorted in windows;
@@ -18,22 +18,20 @@ Pure: arrays and a config in, arrays and dicts out; reading the input and writin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from varpack.errors import ConfigError, InputError
 from varpack.fingerprint import Fingerprint, fingerprint
 from varpack.plan import assign, order, pack, pipeline, shapes
 from varpack.plan.blocks import pack_blocks
 from varpack.plan.config import PlanConfig
-from varpack.plan.cost import sample_cost, segment_max, segment_sums
+from varpack.plan.cost import sample_cost
 from varpack.plan.lr import lr_factors
+from varpack.plan.segments import gather_positions, group_max, segment_max, segment_sums
 from varpack.plan.stats import chunked_sum, plan_stats, rank_shapes, shape_stats
-from varpack.plan.tables import gather_positions, rank_tables
 from varpack.plan.warmup import reorder_plan
 
 _SHOW_IDS = 5
@@ -68,26 +66,6 @@ class PlanArrays:
     @property
     def num_steps(self) -> int:
         return len(self.lr)
-
-    def tables(self) -> Iterator[pa.Table]:
-        return rank_tables(
-            stream=self.stream,
-            ids=self.ids,
-            lens=self.lens,
-            offsets=self.offsets,
-            step=self.step,
-            rank=self.rank,
-            micro=self.micro_index,
-            pad_to=self.micro.pad_to,
-            lr=self.lr,
-            step_tokens=self.step_tokens,
-            step_samples=self.step_samples,
-            dp=self.cfg.dp,
-            warmup=self.warmup,
-            pad_rows=self.pad_rows,
-            block_index=self.block_index,
-            stream_lens=self.stream_lens,
-        )
 
 
 @dataclass
@@ -366,14 +344,6 @@ def _block_micro_batches(
     return soff, (blk - first_block).astype(np.int32), (per - np.diff(boff)).astype(np.int32)
 
 
-def _group_max(step: np.ndarray, rank: np.ndarray, values: np.ndarray, dp: int) -> np.ndarray:
-    """Each micro-batch's value replaced by the maximum over its (step, rank)."""
-    key = step * dp + rank
-    top = np.zeros(int(key.max()) + 1, dtype=values.dtype)
-    np.maximum.at(top, key, values)
-    return top[key]
-
-
 def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArrays:
     """Plan samples given in curriculum order (sorted); see the module doc."""
     cfg = cfg.resolved()
@@ -395,7 +365,7 @@ def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArray
     rank, micro_index = _ranks(built, micro, cfg)
     if cfg.pp > 1 and cfg.layout == "packed":  # one shape per (step, rank): its largest pad_to
         micro = pack.summarize(
-            built.offsets, slens, cfg, pad_to=_group_max(built.step, rank, micro.pad_to, cfg.dp)
+            built.offsets, slens, cfg, pad_to=group_max(built.step, rank, micro.pad_to, cfg.dp)
         )
     step, warm = built.step, None
     if cfg.warmup == "reorder":

@@ -37,7 +37,13 @@ import numpy as np
 from varpack.atomic import check_output, publish, remove, temp_sibling
 from varpack.errors import InputError, VarpackError
 from varpack.fingerprint import Fingerprint, fingerprint
-from varpack.metadata import Piece, duplicate_error, first_duplicate, list_pieces, resolve_files
+from varpack.metadata.contract import (
+    Piece,
+    duplicate_error,
+    first_duplicate,
+    list_pieces,
+    resolve_files,
+)
 from varpack.sort import bucket, exchange, output
 from varpack.sort import keys as keymod
 from varpack.sort.inputs import Segment, locate, read_share, share

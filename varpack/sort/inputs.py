@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from varpack.metadata import Piece, read_piece
+from varpack.metadata.contract import Piece, read_piece
 
 
 @dataclass(frozen=True)

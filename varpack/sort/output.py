@@ -18,7 +18,6 @@ keys, descending, total_tokens, fingerprint), padded with spaces and ending in a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from varpack.errors import InputError
+from varpack.fingerprint import sha256_file
 
 INDEX = "_index.json"
 FORMAT = "varpack.sorted"
@@ -46,14 +46,6 @@ def part_name(rank: int) -> str:
     'part-00003.parquet'
     """
     return f"part-{rank:05d}.parquet"
-
-
-def sha256_file(path: str | os.PathLike[str], block: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_part(table: pa.Table, path: Path) -> str:

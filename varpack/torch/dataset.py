@@ -10,7 +10,7 @@ one read per row group it touches, never one per sample.
 With ``id_column=None`` the ids are the global row positions in the stable file order of
 :func:`varpack.metadata.resolve_files`, the same rule ``varpack lengths`` uses without ``--id-column``.
 
-An uncompressed Arrow IPC copy (``*.arrow``: :mod:`varpack.tokens`, written by
+An uncompressed Arrow IPC copy (``*.arrow``: :mod:`varpack.metadata.tokens`, written by
 ``varpack lengths --arrow-copy``) is memory-mapped instead: opening records where every sample's
 tokens lie in the mapping, and a micro-batch is one vectorised gather, however many record
 batches its samples come from. :func:`write_arrow_tokens` is re-exported here for compatibility.
@@ -35,9 +35,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from varpack.errors import InputError
-from varpack.lengths import write_arrow_tokens
-from varpack.metadata import first_duplicate, resolve_files
-from varpack.tokens import SUFFIXES as IPC_SUFFIXES
+from varpack.metadata.contract import first_duplicate, resolve_files
+from varpack.metadata.lengths import write_arrow_tokens
+from varpack.metadata.tokens import SUFFIXES as IPC_SUFFIXES
 
 __all__ = ["ParquetTokenDataset", "fetch_flat", "segment_gather_index", "write_arrow_tokens"]
 

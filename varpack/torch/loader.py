@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from varpack.errors import ConfigError, InputError
-from varpack.manifest import Plan, load_plan
+from varpack.manifest.format import Plan, load_plan
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
 from varpack.torch.dataset import fetch_flat

@@ -22,7 +22,7 @@ import numpy as np
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from varpack.manifest import Plan
+from varpack.manifest.format import Plan
 
 
 class VariableBatchSizeLR:

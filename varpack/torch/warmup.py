@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from varpack.manifest import Plan, load_plan
+from varpack.manifest.format import Plan, load_plan
 from varpack.torch.batch import IGNORE_INDEX, BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.loader import ManifestRows, PlanLoader, plan_layout
 

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import numpy as np
-from conftest import cli, write_metadata, write_shards
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit import cli, write_metadata, write_shards
 
-from varpack.summary import bar, log2_histogram, render, summarize
+from varpack.metadata.summary import bar, log2_histogram, render, summarize
 
 
 @settings(max_examples=50, deadline=None)

@@ -8,14 +8,14 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit import cli
 
 from varpack.cli.synth import Count
 from varpack.errors import ConfigError
-from varpack.metadata import read_metadata, resolve_files
-from varpack.synth import (
+from varpack.metadata.contract import read_metadata, resolve_files
+from varpack.metadata.synth import (
     DISTS,
     group_cuts,
     lengths_range,

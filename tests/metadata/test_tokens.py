@@ -9,16 +9,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_lengths import write_tokens
+from testkit import cli
 
 import varpack.atomic
 from varpack.errors import ConfigError, InputError, OutputExistsError
-from varpack.lengths import derive_lengths, write_arrow_tokens
-from varpack.metadata import read_metadata, resolve_files
-from varpack.tokens import FORMAT, copy_schema
+from varpack.metadata.contract import read_metadata, resolve_files
+from varpack.metadata.lengths import derive_lengths, write_arrow_tokens
+from varpack.metadata.tokens import FORMAT, copy_schema
 
 
 def make_dataset(root: Path, seed: int = 5) -> tuple[np.ndarray, list[list[int]]]:

@@ -9,9 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import cli
+from testkit import cli
 
-from varpack.manifest import PLAN_JSON, _write_table, rank_file, sha256_file, write_plan
+from varpack.manifest.format import PLAN_JSON, _write_table, rank_file, sha256_file, write_plan
+from varpack.manifest.tables import plan_tables
 from varpack.plan import PlanConfig, make_plan
 
 
@@ -22,7 +23,7 @@ def plan_dir(tmp_path: Path, rng: np.random.Generator) -> Path:
     cfg = PlanConfig(max_tokens=512, dp=2, grad_accum=2, lr_scaling="linear", base_batch_size=16)
     arrays, meta, extra = make_plan(ids, lens, cfg)
     out = tmp_path / "plan"
-    write_plan(out, meta, list(arrays.tables()), rank_extra=extra)
+    write_plan(out, meta, list(plan_tables(arrays)), rank_extra=extra)
     assert cli("validate", out).exit_code == 0
     return out
 
@@ -71,7 +72,7 @@ def test_missing_sample_detected(plan_dir):
 
 def _meta(plan: Path, _gone: int) -> Path:
     """Write the plan's own input as metadata (ids 0..599 with their lengths)."""
-    from conftest import write_metadata
+    from testkit import write_metadata
 
     ids, lens = [], []
     for r in range(2):

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from varpack.manifest import load_plan
+from varpack.manifest.format import load_plan
 from varpack.plan.config import PlanConfig
 from varpack.plan.pack import summarize
 from varpack.plan.stats import step_loads

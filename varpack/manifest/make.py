@@ -17,7 +17,8 @@ import numpy as np
 
 from varpack.atomic import check_output
 from varpack.errors import ConfigError, InputError
-from varpack.manifest import write_plan
+from varpack.manifest.format import write_plan
+from varpack.manifest.tables import plan_tables
 from varpack.plan import PlanArrays, PlanConfig, make_plan
 
 
@@ -36,7 +37,7 @@ def is_sorted_output(path: str | os.PathLike[str]) -> bool:
 
 def read_input(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
     """``(sample_ids, seq_lens)`` int64 in curriculum order (the sort order)."""
-    from varpack.metadata import read_metadata
+    from varpack.metadata.contract import read_metadata
     from varpack.sort import read_sorted, sort_table
 
     if is_sorted_output(path):
@@ -85,5 +86,5 @@ def plan(
     cfg = cfg.resolved()
     ids, lens = read_input(input)
     arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
-    write_plan(out, meta, arrays.tables(), overwrite=overwrite, rank_extra=extra)
+    write_plan(out, meta, plan_tables(arrays), overwrite=overwrite, rank_extra=extra)
     return arrays, meta

@@ -1,4 +1,9 @@
-"""Per-rank manifest tables (Arrow), built with vectorised gathers, one rank at a time."""
+"""The planner's arrays as per-rank manifest tables (Arrow), one rank at a time.
+
+The planner returns arrays and never builds Arrow tables; turning them into the manifest's
+columns (names and types from :mod:`varpack.manifest.format`) is the artifact's job, done here
+with vectorised gathers.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +12,9 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from varpack.manifest import BASE_SCHEMA, manifest_schema
-
-
-def gather_positions(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenated ranges ``starts[i] .. starts[i]+counts[i]-1`` and the list offsets.
-
-    >>> pos, off = gather_positions(np.array([5, 0]), np.array([2, 3]))
-    >>> pos.tolist(), off.tolist()
-    ([5, 6, 0, 1, 2], [0, 2, 5])
-    """
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    shift = np.repeat(starts - offsets[:-1], counts)
-    return shift + np.arange(offsets[-1], dtype=np.int64), offsets
+from varpack.manifest.format import BASE_SCHEMA, manifest_schema
+from varpack.plan import PlanArrays
+from varpack.plan.segments import gather_positions
 
 
 def rank_tables(
@@ -80,3 +74,25 @@ def rank_tables(
             )
             names.append("block_index")
         yield pa.Table.from_arrays(columns, schema=manifest_schema(names))
+
+
+def plan_tables(p: PlanArrays) -> Iterator[pa.Table]:
+    """Yield each rank's manifest table of a plan (rank 0 first)."""
+    return rank_tables(
+        stream=p.stream,
+        ids=p.ids,
+        lens=p.lens,
+        offsets=p.offsets,
+        step=p.step,
+        rank=p.rank,
+        micro=p.micro_index,
+        pad_to=p.micro.pad_to,
+        lr=p.lr,
+        step_tokens=p.step_tokens,
+        step_samples=p.step_samples,
+        dp=p.cfg.dp,
+        warmup=p.warmup,
+        pad_rows=p.pad_rows,
+        block_index=p.block_index,
+        stream_lens=p.stream_lens,
+    )

@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import cli, write_metadata, write_shards
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit import cli, write_metadata, write_shards
 
 from varpack.errors import InputError
-from varpack.metadata import (
+from varpack.metadata.contract import (
     list_pieces,
     read_metadata,
     read_piece,

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli, mpiexec, write_metadata, write_shards
+from testkit import cli, mpiexec, write_metadata, write_shards
 
-from varpack.manifest import load_plan
-from varpack.validate import validate_plan
+from varpack.manifest.format import load_plan
+from varpack.manifest.validate import validate_plan
 
 BASE = ["--max-tokens", 2048, "--dp", 2, "--grad-accum", 2]
 

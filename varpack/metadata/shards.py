@@ -15,7 +15,7 @@ from types import TracebackType
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from varpack.metadata import WRITE_OPTIONS, shard_name
+from varpack.metadata.contract import WRITE_OPTIONS, shard_name
 
 #: Rows per row group of metadata: large enough for fast scans, small enough to split across ranks.
 ROW_GROUP_ROWS = 1 << 20

@@ -15,22 +15,30 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import cli, write_metadata
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from testkit import cli, write_metadata
 
 from varpack.errors import ConfigError
-from varpack.manifest import PLAN_JSON, _write_table, load_plan, rank_file, sha256_file, write_plan
+from varpack.manifest.format import (
+    PLAN_JSON,
+    _write_table,
+    load_plan,
+    rank_file,
+    sha256_file,
+    write_plan,
+)
+from varpack.manifest.tables import plan_tables
+from varpack.manifest.validate import validate_plan
 from varpack.plan import PlanConfig, make_plan, plan_arrays
 from varpack.plan.blocks import action_genome_lengths, reset_table
 from varpack.plan.shapes import choose_lengths, padding_of
-from varpack.validate import validate_plan
 
 
 def _write(tmp: Path, ids, lens, cfg: PlanConfig) -> Path:
     arrays, meta, extra = make_plan(np.asarray(ids), np.asarray(lens), cfg)
     out = tmp / "plan"
-    write_plan(out, meta, arrays.tables(), rank_extra=extra)
+    write_plan(out, meta, plan_tables(arrays), rank_extra=extra)
     return out
 
 
@@ -89,7 +97,7 @@ def test_max_shapes_padded_fixes_rows_and_pads_with_empty_rows(tmp_path):
     cfg = PlanConfig(max_tokens=16, layout="padded", max_shapes=2)
     p = plan_arrays(np.arange(8), lens, cfg)
     assert p.lengths.tolist() == choose_lengths(lens, 2).tolist() == [4, 16]
-    (rows,) = [t.to_pylist() for t in p.tables()]
+    (rows,) = [t.to_pylist() for t in plan_tables(p)]
     # T=4: B=4 -> [3 3 3 4]; T=16: B=1 -> one sample each, no empty rows.
     assert [(r["seq_lens"], r["pad_to"], r["pad_rows"]) for r in rows] == [
         ([3, 3, 3, 4], 4, 0),
@@ -99,7 +107,7 @@ def test_max_shapes_padded_fixes_rows_and_pads_with_empty_rows(tmp_path):
         ([16], 16, 0),
     ]
     short = plan_arrays(np.arange(5), np.array([3, 3, 4, 9, 16]), cfg)
-    (rows,) = [t.to_pylist() for t in short.tables()]
+    (rows,) = [t.to_pylist() for t in plan_tables(short)]
     assert rows[0]["seq_lens"] == [3, 3, 4] and rows[0]["pad_rows"] == 1  # 3 of B=4 rows
     meta = make_plan(np.arange(5), np.array([3, 3, 4, 9, 16]), cfg)[1]
     assert meta["stats"]["pad_rows"] == 1 and meta["stats"]["pad_row_tokens"] == 4

@@ -14,10 +14,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import BIN, cli, mpiexec, write_metadata, write_shards
+from testkit import BIN, cli, mpiexec, write_metadata, write_shards
 
 from varpack.fingerprint import fingerprint
-from varpack.metadata import read_metadata
+from varpack.metadata.contract import read_metadata
 from varpack.sort import read_single_file, read_sorted
 
 pytestmark = pytest.mark.mpi
@@ -179,7 +179,7 @@ def test_single_process_cli_and_overwrite(dataset, tmp_path):
 def test_mpirun_job_entry_matches_single_process(dataset, tmp_path):
     """jobs/sort_metadata.py (the mpirun entry) writes the same single file as `varpack sort`."""
     exe = shutil.which("mpiexec", path=str(BIN))
-    job = Path(__file__).parents[1] / "jobs" / "sort_metadata.py"
+    job = Path(__file__).parents[2] / "jobs" / "sort_metadata.py"
     cmd = [
         exe,
         "-n",

@@ -4,9 +4,9 @@ The dataset is read one row group at a time (memory bounded by a row group, neve
 the length of each sample is the length of its token list (``pc.list_value_length``). Sample ids
 come from an id column, or else from the global row position in the sorted file order; the
 per-file row offsets come from the footers before any data is read, so the ids do not depend on
-how the work is chunked. The output is metadata shards as :mod:`varpack.metadata` reads them.
+how the work is chunked. The output is metadata shards as :mod:`varpack.metadata.contract` reads them.
 
-The same pass can also write the memory-mappable token copy of :mod:`varpack.tokens`
+The same pass can also write the memory-mappable token copy of :mod:`varpack.metadata.tokens`
 (``--arrow-copy``), keyed by exactly these ids; :func:`write_arrow_tokens` writes the copy alone.
 Outputs are atomic: on any error neither the metadata nor the copy exists.
 """
@@ -29,7 +29,7 @@ from rich.progress import TaskID
 from varpack.atomic import atomic_dir, atomic_file, check_output, remove
 from varpack.console import progress
 from varpack.errors import ConfigError, InputError
-from varpack.metadata import (
+from varpack.metadata.contract import (
     ID,
     LEN,
     MAX_LEN,
@@ -40,8 +40,8 @@ from varpack.metadata import (
     resolve_files,
     validate_table,
 )
-from varpack.shards import ShardedWriter, even_sizes
-from varpack.tokens import TokenCopyWriter
+from varpack.metadata.shards import ShardedWriter, even_sizes
+from varpack.metadata.tokens import TokenCopyWriter
 
 TASK = TaskID(0)  # the one task of varpack.console.progress
 DEFAULT_COLUMN = "input_ids"
@@ -193,7 +193,7 @@ def derive_lengths(
     """Write metadata shards for the tokenized dataset ``input`` into ``output`` (atomically).
 
     With ``arrow_copy``, the same pass also writes the memory-mappable token copy there
-    (:mod:`varpack.tokens`); either both outputs are published or neither is.
+    (:mod:`varpack.metadata.tokens`); either both outputs are published or neither is.
     With ``id_column`` the ids are checked for uniqueness at the end, which keeps all ids in
     memory (8 bytes per sample, the size of the metadata, not of the dataset).
     """
@@ -229,7 +229,7 @@ def write_arrow_tokens(
     overwrite: bool = False,
     quiet: bool = True,
 ) -> Path:
-    """Write only the memory-mappable token copy (:mod:`varpack.tokens`) of ``src`` to ``dst``.
+    """Write only the memory-mappable token copy (:mod:`varpack.metadata.tokens`) of ``src`` to ``dst``.
 
     The same streaming pass and checks as ``varpack lengths --arrow-copy`` (ids from
     ``id_column``, or the global row position when it is ``None``), without the metadata.

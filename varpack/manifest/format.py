@@ -8,7 +8,6 @@ format, version, layout or checksums do not match.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -22,6 +21,7 @@ import pyarrow.parquet as pq
 
 from varpack.atomic import atomic_dir
 from varpack.errors import InputError
+from varpack.fingerprint import sha256_file
 
 FORMAT = "varpack.plan"
 VERSION = 1
@@ -58,14 +58,6 @@ def rank_file(rank: int) -> str:
     'rank-00003.parquet'
     """
     return f"rank-{rank:05d}.parquet"
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def manifest_schema(columns: Sequence[str]) -> pa.Schema:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from varpack.errors import ConfigError
+from varpack.metadata.synth import sample_lengths
 from varpack.plan.blocks import pack_blocks
 from varpack.plan.shapes import (
     check_fits_shape,
@@ -25,7 +26,6 @@ from varpack.plan.shapes import (
     round_up_to,
     shape_batch_rows,
 )
-from varpack.synth import sample_lengths
 
 BUDGET = 16_384
 

@@ -28,15 +28,16 @@ import pyarrow as pa
 
 from varpack.errors import VarpackError
 from varpack.fingerprint import fingerprint
-from varpack.manifest import BASE_SCHEMA, Plan, load_plan, manifest_schema
+from varpack.manifest.format import BASE_SCHEMA, Plan, load_plan, manifest_schema
 from varpack.plan.blocks import check_blocks
 from varpack.plan.config import PlanConfig
-from varpack.plan.cost import sample_cost, segment_sums
+from varpack.plan.cost import sample_cost
 from varpack.plan.lr import lr_factors
 from varpack.plan.pack import Micro, summarize
 from varpack.plan.pipeline import check_pipeline_steps
 from varpack.plan.planner import plan_figures, shape_rows
 from varpack.plan.rules import LAYOUT_CODE, volume
+from varpack.plan.segments import segment_sums
 from varpack.plan.shapes import check_shape_bound, choose_lengths
 from varpack.plan.stats import rank_shapes
 from varpack.plan.warmup import check_warmup_prefix, encode_shapes

@@ -37,8 +37,8 @@ from rich.progress import Progress, TaskID
 from varpack.atomic import atomic_dir
 from varpack.console import progress
 from varpack.errors import ConfigError
-from varpack.metadata import ID, LEN, WRITE_SCHEMA, shard_name
-from varpack.shards import ROW_GROUP_ROWS, ShardedWriter
+from varpack.metadata.contract import ID, LEN, WRITE_SCHEMA, shard_name
+from varpack.metadata.shards import ROW_GROUP_ROWS, ShardedWriter
 
 TASK = TaskID(0)  # the one task of varpack.console.progress
 DISTS = ("long-tail", "bimodal", "video", "uniform")

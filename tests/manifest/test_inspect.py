@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from conftest import cli, write_metadata
+from testkit import cli, write_metadata
 
 
 def test_inspect_text_json_and_plot(tmp_path, rng):

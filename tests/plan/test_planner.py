@@ -12,13 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from varpack.errors import ConfigError, InputError
-from varpack.manifest import write_plan
+from varpack.manifest.format import write_plan
+from varpack.manifest.tables import plan_tables
+from varpack.manifest.validate import validate_plan
 from varpack.plan import PlanConfig, make_plan, plan_arrays
 from varpack.plan.assign import balance_ranks
 from varpack.plan.cost import PRESETS, sample_flops
 from varpack.plan.pack import complete, pack, summarize
 from varpack.plan.stats import mixing
-from varpack.validate import validate_plan
 
 
 def _plan(ids, lens, **kw):
@@ -26,7 +27,7 @@ def _plan(ids, lens, **kw):
 
 
 def _rows(arrays):
-    return [t.to_pylist() for t in arrays.tables()]
+    return [t.to_pylist() for t in plan_tables(arrays)]
 
 
 def test_blog_30_token_example():
@@ -64,7 +65,7 @@ def test_last_step_completed_by_splitting_the_largest():
     # 9 samples of 10 in budget 30 -> 3 micro-batches; dp=2, K=2 needs 4: the last one is split.
     p = _plan(range(9), [10] * 9, max_tokens=30, dp=2, grad_accum=2)
     assert p.num_steps == 1 and sorted(p.micro.samples.tolist()) == [1, 2, 3, 3]
-    for table in p.tables():
+    for table in plan_tables(p):
         assert table.num_rows == 2
 
 
@@ -260,7 +261,7 @@ def test_property_every_plan_is_valid(lens, c):
         return
     # Direct invariants, independent of validate.
     k = cfg.grad_accum
-    tables = list(arrays.tables())
+    tables = list(plan_tables(arrays))
     assert len(tables) == cfg.dp
     assert all(t.num_rows == arrays.num_steps * k for t in tables)
     planned = np.concatenate(

@@ -9,13 +9,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit import cli
 
 from varpack.errors import InputError
-from varpack.lengths import derive_lengths, iter_lengths, list_sources
-from varpack.metadata import read_metadata, resolve_files
+from varpack.metadata.contract import read_metadata, resolve_files
+from varpack.metadata.lengths import derive_lengths, iter_lengths, list_sources
 
 
 def write_tokens(

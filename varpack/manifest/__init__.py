@@ -1,0 +1,14 @@
+"""The plan artifact: its on-disk format, and everything that reads a plan without the planner.
+
+Owns: the format (:mod:`.format`: ``plan.json`` + one Parquet manifest per rank, atomic write,
+checked read), turning the planner's arrays into manifest tables (:mod:`.tables`), the I/O edge
+of ``varpack plan`` (:mod:`.make`: read the input, plan, write), ``inspect`` and its plot, and
+``validate`` (an independent recomputation of every promise a plan makes).
+May import: the ground floor, :mod:`varpack.metadata` and :mod:`varpack.sort` (to read an input),
+and :mod:`varpack.plan` (its rule functions, so that validate checks with the planner's own
+rules). :mod:`varpack.plan` never imports this package.
+"""
+
+from varpack.manifest.format import Plan, load_plan, write_plan
+
+__all__ = ["Plan", "load_plan", "write_plan"]

@@ -1,0 +1,13 @@
+"""The metadata contract and the tools that make metadata.
+
+Owns: reading and validating sharded length metadata (:mod:`.contract`: ``sample_id``,
+``seq_len``, optional key columns), deriving it from a tokenized dataset (:mod:`.lengths`) with
+the memory-mappable token copy (:mod:`.tokens`), synthetic datasets (:mod:`.synth`), shard
+writing (:mod:`.shards`) and the length summary ``varpack check`` prints (:mod:`.summary`).
+May import: the ground floor (``varpack.errors``, ``atomic``, ``console``, ``fingerprint``),
+pyarrow, NumPy, polars. Nothing else in varpack; every later stage reads metadata through here.
+"""
+
+from varpack.metadata.contract import ID, LEN, Piece, read_metadata, resolve_files
+
+__all__ = ["ID", "LEN", "Piece", "read_metadata", "resolve_files"]
