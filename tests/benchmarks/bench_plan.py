@@ -8,7 +8,7 @@
     PR 7104's greedy `batch_by_seqlens` at sizes it can finish.
 (b) Quality on synthetic long-tail (budget 16K), bimodal (128K) and video (16K frames) data, dp 8,
     flops cost of Qwen2.5-0.5B, all strategies scored by the same functions
-    (varpack.plan.pack.summarize / stats): padding ratio, estimated time / ideal, imbalance, mixing.
+    (varpack.plan.micro.summarize / stats): padding ratio, estimated time / ideal, imbalance, mixing.
 (c) Shapes, all through the real planner (make_plan) with its own stats: padding vs --max-shapes K
     on synth long-tail data (padded layout, and packed for contrast; "floor" = the DP optimum
     sum(bucket - len), a lower bound for any padded plan with K lengths); the cost of --pp 4;
@@ -32,7 +32,7 @@ from varpack.manifest.tables import plan_tables
 from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig, plan_arrays
 from varpack.plan.cost import sample_cost
-from varpack.plan.pack import summarize
+from varpack.plan.micro import summarize
 from varpack.plan.stats import mixing, step_loads
 
 DP = 8
@@ -148,12 +148,14 @@ def score(p: Layout, all_lens: np.ndarray) -> dict[str, float]:
         cost="flops",
         model_preset=MODEL,
     ).resolved()
-    m = summarize(p.offsets, p.lens, cfg)
+    m = summarize(p.offsets, p.lens, cfg.micro_rule())
     vol = m.pad_to * (m.samples if p.layout == "padded" else 1)
     steps = int(p.step.max()) + 1
     loads = step_loads(p.step, p.rank, m.cost, steps, DP)
     peak = loads.max(axis=1)
-    ideal = float(sample_cost(p.lens, cfg).sum()) / DP  # of the samples the strategy trains
+    ideal = (
+        float(sample_cost(p.lens, cfg.cost_model()).sum()) / DP
+    )  # of the samples the strategy trains
     imb = peak / np.maximum(loads.mean(axis=1), 1e-300)
     return {
         "padding": 1 - m.tokens.sum() / vol.sum(),
@@ -193,7 +195,7 @@ def _greedy_sorted(x: np.ndarray, budget: int) -> np.ndarray:
     cfg = PlanConfig(max_tokens=budget).resolved()
     from varpack.plan.pack import pack
 
-    return pack(x, np.array([0, len(x)]), np.zeros(len(x), bool), cfg)[1]
+    return pack(x, np.array([0, len(x)]), np.zeros(len(x), bool), cfg.pack_rule())[1]
 
 
 def peer_ds7104(lens: np.ndarray, budget: int, k: int, rng: np.random.Generator) -> Layout:
@@ -266,7 +268,9 @@ def peer_roll(
                 (g[r :: 2 * DP], g[2 * DP - 1 - r :: 2 * DP])
             )  # snake: even tokens
             shard.sort()
-            _, off = pack(shard, np.array([0, len(shard)]), np.zeros(len(shard), bool), cfg)
+            _, off = pack(
+                shard, np.array([0, len(shard)]), np.zeros(len(shard), bool), cfg.pack_rule()
+            )
             for i in range(len(off) - 1):
                 parts.append(shard[off[i] : off[i + 1]])
                 counts.append(off[i + 1] - off[i])
@@ -465,7 +469,7 @@ def pipeline_cost(n: int) -> None:
 
 
 def blocks_video(n_speed: int) -> None:
-    from varpack.plan.blocks import action_genome_lengths
+    from varpack.metadata.synth import action_genome_lengths
 
     a = np.sort(action_genome_lengths())
     print(

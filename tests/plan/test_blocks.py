@@ -8,16 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from varpack.errors import ConfigError
-from varpack.plan.blocks import (
-    DEFAULT_WINDOW,
-    action_genome_lengths,
-    block_batches,
-    check_blocks,
-    default_block_len,
-    default_blocks_per_batch,
-    pack_blocks,
-    reset_table,
-)
+from varpack.metadata.synth import action_genome_lengths
+from varpack.plan import PlanConfig
+from varpack.plan.batching.blocks import DEFAULT_WINDOW, check_blocks, pack_blocks, reset_table
 
 #: The BLoad paper's block padding on Action Genome (Table I): 3,695 frames.
 BLOAD_PADDING = 3695
@@ -50,20 +43,19 @@ def test_block_invariants(lens: list[int], block_len: int, window: int, per_batc
     block_win[blk] = win
     for w in np.unique(block_win):
         assert np.sum(2 * p.block_fill[block_win == w] <= block_len) <= 1
-    # Micro-batches of per_batch blocks, block_index and the reset table.
-    off, bi, start, pad_rows = block_batches(a[p.order], blk, per_batch)
-    n_blocks = p.block_fill.size
-    assert off[0] == 0 and off[-1] == blk.size
-    assert pad_rows.sum() == (off.size - 1) * per_batch - n_blocks  # empty blocks, last only
-    assert np.all(pad_rows[:-1] == 0)
-    mb = np.repeat(np.arange(off.size - 1), np.diff(off))
-    assert np.all(mb * per_batch + bi == blk)
+    # Micro-batches of per_batch blocks: block_index and the reset table of each row.
+    n_mb = -(-p.block_fill.size // per_batch)
+    off = np.searchsorted(blk, np.arange(n_mb + 1) * per_batch)
+    bi = blk % per_batch
     lens_o = a[p.order]
-    for s in range(0, blk.size):  # start offsets: the block's earlier samples
-        assert start[s] == lens_o[(blk == blk[s]) & (np.arange(blk.size) < s)].sum()
     for i in range(off.size - 1):
         row = slice(off[i], off[i + 1])
-        assert reset_table(lens_o[row], bi[row]).tolist() == start[row].tolist()
+        # start offsets: the sum of the block's earlier samples
+        want = [
+            int(lens_o[row][:j][bi[row][:j] == bi[row][j]].sum())
+            for j in range(row.stop - row.start)
+        ]
+        assert reset_table(lens_o[row], bi[row]).tolist() == want
     t = np.full(off.size - 1, block_len)
     assert check_blocks(off, lens_o, bi, t, block_len, per_batch) == []
 
@@ -90,7 +82,7 @@ def test_action_genome_padding_below_half_a_percent() -> None:
     """BLoad reports 3,695 padded frames (2.2 %) with blocks of T_max = 94; target <= 0.5 %."""
     rng = np.random.default_rng(0)
     a = action_genome_lengths()[rng.permutation(7464)]  # a shuffled epoch
-    t = default_block_len(a)
+    t = int(a.max())  # BLoad's block length: the longest sample
     assert t == 94
     p = pack_blocks(a, t, DEFAULT_WINDOW)
     padding = p.block_fill.size * t - int(a.sum())
@@ -116,8 +108,7 @@ def test_check_blocks_reports() -> None:
 def test_bad_options() -> None:
     with pytest.raises(ConfigError, match="--block-len"):
         pack_blocks(np.array([3]), 0)
-    with pytest.raises(ConfigError, match="--blocks-per-batch"):
-        block_batches(np.array([3]), np.array([0]), 0)
     with pytest.raises(ConfigError, match="exceeds --max-tokens"):
-        default_blocks_per_batch(128, 100)
-    assert default_blocks_per_batch(94, 16_384) == 174
+        PlanConfig(batching="blocks", block_len=128, max_tokens=100).resolved()
+    cfg = PlanConfig(batching="blocks", max_tokens=16_384).with_block_len(94)
+    assert (cfg.block_len, cfg.blocks_per_batch) == (94, 174)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from varpack.errors import ConfigError
-from varpack.plan.pipeline import check_pipeline_steps, expand_groups, step_groups
+from varpack.plan.batching.pipeline import check_pipeline_steps, expand_groups, step_groups
 
 
 @settings(max_examples=150, deadline=None)

@@ -17,8 +17,10 @@ from varpack.manifest.tables import plan_tables
 from varpack.manifest.validate import validate_plan
 from varpack.plan import PlanConfig, make_plan, plan_arrays
 from varpack.plan.assign import balance_ranks
-from varpack.plan.cost import PRESETS, sample_flops
-from varpack.plan.pack import complete, pack, summarize
+from varpack.plan.cost import sample_flops
+from varpack.plan.micro import summarize
+from varpack.plan.models import PRESETS
+from varpack.plan.pack import complete, pack
 from varpack.plan.stats import mixing
 
 
@@ -137,7 +139,7 @@ def test_flops_model():
     cfg = PlanConfig(
         max_tokens=64, cost="flops", model_preset="qwen2.5-0.5b", layout="padded"
     ).resolved()
-    m = summarize(np.array([0, 2]), np.array([3, 8]), cfg)
+    m = summarize(np.array([0, 2]), np.array([3, 8]), cfg.micro_rule())
     assert m.cost[0] == pytest.approx(2 * sample_flops(np.array([8]), d)[0])
 
 
@@ -162,9 +164,9 @@ def test_complete_never_breaks_budget_and_errors_when_impossible():
 def test_pack_segments_never_mix_and_cap_gives_whole_steps():
     cfg = PlanConfig(max_tokens=10).resolved()
     lens = np.array([2, 2, 2, 2, 2, 2, 9, 1])
-    perm, off = pack(lens, np.array([0, 3, 8]), np.zeros(8, bool), cfg)
+    perm, off = pack(lens, np.array([0, 3, 8]), np.zeros(8, bool), cfg.pack_rule())
     assert np.all(np.diff(off) > 0) and 3 in off.tolist()  # a micro-batch starts at the segment
-    perm, off = pack(lens, np.array([0, 4, 8]), np.zeros(8, bool), cfg, cap=2)
+    perm, off = pack(lens, np.array([0, 4, 8]), np.zeros(8, bool), cfg.pack_rule(), cap=2)
     assert sorted(perm.tolist()) == list(range(8))
     assert off[2] == 4 or len(off) - 1 >= 4  # the first segment became exactly 2 micro-batches
 

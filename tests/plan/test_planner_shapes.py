@@ -30,8 +30,9 @@ from varpack.manifest.format import (
 )
 from varpack.manifest.tables import plan_tables
 from varpack.manifest.validate import validate_plan
+from varpack.metadata.synth import action_genome_lengths
 from varpack.plan import PlanConfig, make_plan, plan_arrays
-from varpack.plan.blocks import action_genome_lengths, reset_table
+from varpack.plan.batching.blocks import reset_table
 from varpack.plan.shapes import choose_lengths, padding_of
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from varpack.errors import ConfigError
 from varpack.metadata.synth import sample_lengths
-from varpack.plan.blocks import pack_blocks
+from varpack.plan.batching.blocks import pack_blocks
 from varpack.plan.shapes import (
     check_fits_shape,
     check_shape_bound,

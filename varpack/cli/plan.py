@@ -3,33 +3,34 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from varpack.plan.config import CHOICES, HELP, PlanConfig
+from varpack.plan.config import PlanConfig
 
-_FLOATS = {"base_batch_size"}
-_STRINGS = {"model_preset"}
+
+def _click_type(f: dataclasses.Field[Any], annotation: Any) -> Any:
+    """The click type of a config field: its choices, else its annotation without ``None``."""
+    if "choices" in f.metadata:
+        return click.Choice(f.metadata["choices"])
+    if isinstance(annotation, types.UnionType):
+        (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return annotation
 
 
 def _option_decorators() -> list[Callable[[Any], Any]]:
     """One ``--flag`` per PlanConfig field; default None so a TOML value is not overridden."""
     out = []
     defaults = PlanConfig()
+    hints = typing.get_type_hints(PlanConfig)
     for f in dataclasses.fields(PlanConfig):
-        typ: Any
-        if f.name in CHOICES:
-            typ = click.Choice(CHOICES[f.name])
-        elif f.name in _FLOATS:
-            typ = float
-        elif f.name in _STRINGS:
-            typ = str
-        else:
-            typ = int
+        typ = _click_type(f, hints[f.name])
         default = getattr(defaults, f.name)
-        help_text = HELP[f.name] + ("" if default is None else f" [default: {default}]")
+        help_text = f.metadata["help"] + ("" if default is None else f" [default: {default}]")
         out.append(
             click.option(
                 f"--{f.name.replace('_', '-')}", f.name, type=typ, default=None, help=help_text

@@ -13,7 +13,7 @@ import numpy as np
 
 from varpack.manifest.format import load_plan
 from varpack.plan.config import PlanConfig
-from varpack.plan.pack import summarize
+from varpack.plan.micro import summarize
 from varpack.plan.stats import step_loads
 
 _MAX_POINTS = 200_000
@@ -182,7 +182,7 @@ def plot(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
         col = t.column("seq_lens").combine_chunks()
         off = col.offsets.to_numpy().astype(np.int64)
         lens = col.flatten().to_numpy().astype(np.int64)
-        micro = summarize(off - off[0], lens, cfg)
+        micro = summarize(off - off[0], lens, cfg.micro_rule())
         step = t.column("step").to_numpy()
         steps.append(step)
         ranks.append(np.full(len(step), r))

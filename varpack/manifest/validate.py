@@ -29,16 +29,17 @@ import pyarrow as pa
 from varpack.errors import VarpackError
 from varpack.fingerprint import fingerprint
 from varpack.manifest.format import BASE_SCHEMA, Plan, load_plan, manifest_schema
-from varpack.plan.blocks import check_blocks
+from varpack.plan.batching.blocks import check_blocks
+from varpack.plan.batching.pipeline import check_pipeline_steps
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import sample_cost
+from varpack.plan.figures import plan_figures
 from varpack.plan.lr import lr_factors
-from varpack.plan.pack import Micro, summarize
-from varpack.plan.pipeline import check_pipeline_steps
-from varpack.plan.planner import plan_figures, shape_rows
+from varpack.plan.micro import Micro, summarize
 from varpack.plan.rules import LAYOUT_CODE, volume
 from varpack.plan.segments import segment_sums
 from varpack.plan.shapes import check_shape_bound, choose_lengths
+from varpack.plan.shaping import shape_rows
 from varpack.plan.stats import rank_shapes
 from varpack.plan.warmup import check_warmup_prefix, encode_shapes
 
@@ -170,7 +171,9 @@ def _check_micro(
         return None
     if (rk.lens <= 0).any():
         report.examples(f"rank {r}: non-positive seq_lens for sample ids", rk.ids[rk.lens <= 0])
-    own = summarize(rk.offsets, rk.lens, cfg, lengths=lengths)  # the shape rule, no pipeline
+    own = summarize(
+        rk.offsets, rk.lens, cfg.micro_rule(), lengths=lengths
+    )  # the shape rule, no pipeline
     want = own.pad_to
     if cfg.pp > 1:  # one shape per (step, rank): the largest own shape of the step
         start = np.flatnonzero(np.r_[True, rk.step[1:] != rk.step[:-1]])
@@ -190,7 +193,7 @@ def _check_micro(
         )
     if (rk.pad_rows < 0).any():
         report.examples(f"rank {r}: negative pad_rows at rows", np.flatnonzero(rk.pad_rows < 0))
-    micro = summarize(rk.offsets, rk.lens, cfg, pad_to=pad_to, pad_rows=rk.pad_rows)
+    micro = summarize(rk.offsets, rk.lens, cfg.micro_rule(), pad_to=pad_to, pad_rows=rk.pad_rows)
     _check_rows(r, rk, cfg, micro, report)
     if cfg.max_tokens is not None and cfg.batching != "fixed":
         vol = volume(micro.rows, micro.pad_to, LAYOUT_CODE[cfg.layout])
@@ -536,7 +539,9 @@ def _combine(ranks: list[_Rank], micros: list[Micro], num_steps: int, cfg: PlanC
         sample_step=np.concatenate([np.repeat(rk.step, np.diff(rk.offsets)) for rk in ranks]),
         step_samples=step_samples,
         step_tokens=step_tokens,
-        lr=lr_factors(step_samples, step_tokens, cfg),
+        lr=lr_factors(
+            step_samples, step_tokens, cfg.lr_scaling, cfg.base_batch_size, cfg.base_unit
+        ),
         num_steps=num_steps,
     )
 
@@ -591,7 +596,7 @@ def _recompute_stats(
         warm=warm if warm.any() else None,
         sample_step=whole.sample_step,
         sample_len=whole.lens,
-        ideal_cost=float(sample_cost(whole.lens, cfg).sum()),
+        ideal_cost=float(sample_cost(whole.lens, cfg.cost_model()).sum()),
         lr=whole.lr,
         step_samples=whole.step_samples,
         step_tokens=whole.step_tokens,

@@ -1,10 +1,18 @@
-"""Pure planning: cost models, packing, steps and ranks, order, LR factors, stats (no I/O).
+"""Pure planning: sorted lengths in, a plan as arrays out (no I/O, no Arrow tables).
 
-Entry points: :class:`PlanConfig` (every option) and :func:`make_plan` (sorted ids and lengths
-in; plan arrays, plan.json content and per-rank extras out).
+Owns: the options (:class:`PlanConfig`), the cost models, and the planner's stages (select ->
+order + pack -> shapes -> assign -> warm-up -> LR, see :mod:`varpack.plan.planner`), each a
+pure function over NumPy arrays with its strategies chosen by name from a registry, plus the
+rule functions (budget, shape, pipeline, blocks, warm-up checks) that ``validate`` reuses.
+May import: NumPy, numba, and ``varpack.errors`` / ``varpack.fingerprint``. Nothing here
+imports pyarrow or another varpack package: turning the arrays into files is
+:mod:`varpack.manifest`'s job.
+
+Entry points: :class:`PlanConfig` and :func:`make_plan` (or :func:`plan_arrays`).
 """
 
+from varpack.plan.arrays import PlanArrays
 from varpack.plan.config import PlanConfig
-from varpack.plan.planner import PlanArrays, make_plan, plan_arrays
+from varpack.plan.planner import make_plan, plan_arrays
 
 __all__ = ["PlanArrays", "PlanConfig", "make_plan", "plan_arrays"]

@@ -1,103 +1,158 @@
-"""Every planning option in one frozen dataclass, with its default and its validation.
+"""Every planning option in one frozen dataclass: its default, its help, its validation.
 
 The CLI, a ``plan.toml`` file and the Python API all end in :class:`PlanConfig`; ``plan.json``
 stores :meth:`PlanConfig.to_dict` of the *resolved* config (defaults and preset dimensions filled
-in), and ``validate`` rebuilds the config from there with :meth:`PlanConfig.from_mapping`.
+in), and ``validate`` rebuilds the config from there with :meth:`PlanConfig.from_mapping`. The
+help of each option sits with its field (``metadata["help"]``, and ``metadata["choices"]`` for the
+options chosen by name); the CLI builds its flags from the fields and their annotations.
+Strategies named here are looked up in the registries of the stages (orders, cost models, LR
+scalings, batchers); a test ties :data:`CHOICES` to those registries.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from varpack.errors import ConfigError
-from varpack.plan.cost import PRESETS
+from varpack.plan.cost import CostModel
+from varpack.plan.micro import MicroRule
+from varpack.plan.models import PRESETS, ModelDims
+from varpack.plan.pack import PackRule
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "batching": ("budget", "fixed", "blocks"),
-    "layout": ("packed", "padded"),
-    "oversize": ("error", "drop", "alone"),
-    "cost": ("tokens", "padded", "flops"),
-    "order": ("curriculum", "shuffle"),
-    "lr_scaling": ("none", "linear", "sqrt"),
-    "base_unit": ("samples", "tokens"),
-    "warmup": ("list", "reorder", "none"),
-}
 
-#: One line of help per option (the CLI and the docs use these).
-HELP: dict[str, str] = {
-    "batching": "budget: as many samples as fit --max-tokens; fixed: --batch-size samples; "
-    "blocks: whole samples packed into rows of --block-len (BLoad)",
-    "max_tokens": "token budget of one micro-batch (padded tokens: B x T padded, or the packed "
-    "total); required with --batching budget",
-    "batch_size": "samples per micro-batch; required with --batching fixed",
-    "layout": "packed: one flattened row per micro-batch; padded: B rows padded to the longest",
-    "pad_multiple": "round the padded length (padded) or the packed total (packed) up to this multiple",
-    "oversize": "a sample longer than the budget: error, drop it (listed in plan.json), or alone",
-    "dp": "data-parallel ranks (one manifest each)",
-    "grad_accum": "micro-batches per rank per optimizer step",
-    "cost": "cost model used to balance ranks and to score the plan",
-    "model_preset": f"model dimensions for --cost flops: {', '.join(sorted(PRESETS))}",
-    "hidden": "hidden size h for --cost flops",
-    "kv_hidden": "key/value hidden size (kv heads x head dim) for --cost flops",
-    "layers": "number of transformer layers for --cost flops",
-    "order": "curriculum: steps follow the sorted order; shuffle: random order, regrouped in windows",
-    "seed": "seed of the shuffle (each epoch reseeded from (seed, epoch))",
-    "epochs": "number of passes over the data (steps are numbered continuously)",
-    "shuffle_window": "shuffle: regroup samples within windows of this many steps (1 = most random)",
-    "lr_scaling": "LR factor per step from the realised global batch: none, linear (k) or sqrt (sqrt k)",
-    "base_batch_size": "reference global batch size for --lr-scaling (in --base-unit)",
-    "base_unit": "unit of --base-batch-size and of the realised batch: samples or tokens",
-    "max_shapes": "at most K distinct shapes per rank (lengths chosen to minimise padding); "
-    "padded: B = max-tokens // T, short micro-batches get empty pad_rows",
-    "pack_to": "packed: pad every micro-batch to exactly L tokens (the budget is L)",
-    "warmup": "list: record each rank's shapes; reorder: also move one micro-batch of every shape "
-    "to the front of each rank, largest first (compile warm-up); none: same as list",
-    "pp": "pipeline-parallel stages: one shape per (step, rank); --grad-accum must be a multiple",
-    "block_len": "--batching blocks: length T of a block (default: the longest sample)",
-    "blocks_per_batch": "--batching blocks: blocks per micro-batch (default: max-tokens // block-len)",
-    "block_window": "--batching blocks: samples packed together by best fit (stream window)",
-}
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A config field: its default, one line of help, and its choices if chosen by name."""
+    meta: dict[str, Any] = {"help": help}
+    if choices is not None:
+        meta["choices"] = choices
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """All options of ``varpack plan`` (see :data:`HELP`); build with :meth:`resolved`."""
+    """All options of ``varpack plan``; build with :meth:`resolved`."""
 
-    batching: str = "budget"
-    max_tokens: int | None = None
-    batch_size: int | None = None
-    layout: str = "packed"
-    pad_multiple: int = 1
-    oversize: str = "error"
-    dp: int = 1
-    grad_accum: int = 1
-    cost: str = "tokens"
-    model_preset: str | None = None
-    hidden: int | None = None
-    kv_hidden: int | None = None
-    layers: int | None = None
-    order: str = "curriculum"
-    seed: int = 0
-    epochs: int = 1
-    shuffle_window: int = 8
-    lr_scaling: str = "none"
-    base_batch_size: float | None = None
-    base_unit: str = "samples"
-    max_shapes: int | None = None
-    pack_to: int | None = None
-    warmup: str = "list"
-    pp: int = 1
-    block_len: int | None = None
-    blocks_per_batch: int | None = None
-    block_window: int = 8192
+    batching: str = _opt(
+        "budget",
+        "budget: as many samples as fit --max-tokens; fixed: --batch-size samples; "
+        "blocks: whole samples packed into rows of --block-len (BLoad)",
+        ("budget", "fixed", "blocks"),
+    )
+    max_tokens: int | None = _opt(
+        None,
+        "token budget of one micro-batch (padded tokens: B x T padded, or the packed total); "
+        "required with --batching budget",
+    )
+    batch_size: int | None = _opt(None, "samples per micro-batch; required with --batching fixed")
+    layout: str = _opt(
+        "packed",
+        "packed: one flattened row per micro-batch; padded: B rows padded to the longest",
+        ("packed", "padded"),
+    )
+    pad_multiple: int = _opt(
+        1, "round the padded length (padded) or the packed total (packed) up to this multiple"
+    )
+    oversize: str = _opt(
+        "error",
+        "a sample longer than the budget: error, drop it (listed in plan.json), or alone",
+        ("error", "drop", "alone"),
+    )
+    dp: int = _opt(1, "data-parallel ranks (one manifest each)")
+    grad_accum: int = _opt(1, "micro-batches per rank per optimizer step")
+    cost: str = _opt(
+        "tokens",
+        "cost model used to balance ranks and to score the plan",
+        ("tokens", "padded", "flops"),
+    )
+    model_preset: str | None = _opt(
+        None, f"model dimensions for --cost flops: {', '.join(sorted(PRESETS))}"
+    )
+    hidden: int | None = _opt(None, "hidden size h for --cost flops")
+    kv_hidden: int | None = _opt(
+        None, "key/value hidden size (kv heads x head dim) for --cost flops"
+    )
+    layers: int | None = _opt(None, "number of transformer layers for --cost flops")
+    order: str = _opt(
+        "curriculum",
+        "curriculum: steps follow the sorted order; shuffle: random order, regrouped in windows",
+        ("curriculum", "shuffle"),
+    )
+    seed: int = _opt(0, "seed of the shuffle (each epoch reseeded from (seed, epoch))")
+    epochs: int = _opt(1, "number of passes over the data (steps are numbered continuously)")
+    shuffle_window: int = _opt(
+        8, "shuffle: regroup samples within windows of this many steps (1 = most random)"
+    )
+    lr_scaling: str = _opt(
+        "none",
+        "LR factor per step from the realised global batch: none, linear (k) or sqrt (sqrt k)",
+        ("none", "linear", "sqrt"),
+    )
+    base_batch_size: float | None = _opt(
+        None, "reference global batch size for --lr-scaling (in --base-unit)"
+    )
+    base_unit: str = _opt(
+        "samples",
+        "unit of --base-batch-size and of the realised batch: samples or tokens",
+        ("samples", "tokens"),
+    )
+    max_shapes: int | None = _opt(
+        None,
+        "at most K distinct shapes per rank (lengths chosen to minimise padding); "
+        "padded: B = max-tokens // T, short micro-batches get empty pad_rows",
+    )
+    pack_to: int | None = _opt(
+        None, "packed: pad every micro-batch to exactly L tokens (the budget is L)"
+    )
+    warmup: str = _opt(
+        "list",
+        "list: record each rank's shapes; reorder: also move one micro-batch of every shape "
+        "to the front of each rank, largest first (compile warm-up); none: same as list",
+        ("list", "reorder", "none"),
+    )
+    pp: int = _opt(
+        1, "pipeline-parallel stages: one shape per (step, rank); --grad-accum must be a multiple"
+    )
+    block_len: int | None = _opt(
+        None, "--batching blocks: length T of a block (default: the longest sample)"
+    )
+    blocks_per_batch: int | None = _opt(
+        None, "--batching blocks: blocks per micro-batch (default: max-tokens // block-len)"
+    )
+    block_window: int = _opt(
+        8192, "--batching blocks: samples packed together by best fit (stream window)"
+    )
 
     @property
     def micro_per_step(self) -> int:
         """Micro-batches of one optimizer step over all ranks (dp x grad_accum)."""
         return self.dp * self.grad_accum
+
+    def cost_model(self) -> CostModel:
+        """The cost model the cost functions take: kind, layout and (flops) model dimensions."""
+        dims = None
+        if self.cost == "flops":
+            assert (
+                self.hidden is not None and self.kv_hidden is not None and self.layers is not None
+            )
+            dims = ModelDims(self.hidden, self.kv_hidden, self.layers)
+        return CostModel(self.cost, self.layout, dims)
+
+    def micro_rule(self) -> MicroRule:
+        """What shapes and scores a micro-batch (layout, pad multiple, cost model, blocks)."""
+        blocks = None
+        if self.batching == "blocks":
+            assert self.block_len is not None and self.blocks_per_batch is not None
+            blocks = (self.block_len, self.blocks_per_batch)
+        return MicroRule(self.layout, self.pad_multiple, self.cost_model(), blocks)
+
+    def pack_rule(self) -> PackRule:
+        """When a sample joins a micro-batch: the budget, or a sample count (fixed batching)."""
+        if self.batching == "fixed":
+            return PackRule(self.layout, self.pad_multiple, None, self.batch_size)
+        return PackRule(self.layout, self.pad_multiple, self.max_tokens, None)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -337,3 +392,9 @@ def _flag(name: str) -> str:
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"--{_flag(name)} {value!r}: must be an integer >= 1")
+
+
+#: option name -> the names it may take (each is a key of its stage's registry)
+CHOICES: dict[str, tuple[str, ...]] = {
+    f.name: f.metadata["choices"] for f in fields(PlanConfig) if "choices" in f.metadata
+}

@@ -1,5 +1,7 @@
 """Cost models: what a sample and a micro-batch cost, for balancing ranks and scoring plans.
 
+Chosen by name from :data:`COST_MODELS`:
+
 * ``tokens`` — real tokens (sum of lengths); padding is free (a varlen kernel skips it).
 * ``padded`` — tokens the model processes: the micro-batch volume (``B x T`` padded, the packed
   total in the packed layout).
@@ -9,43 +11,41 @@
 
 The *ideal* of a plan is the cost of its real samples alone, ``sum(sample_cost) / dp``: the time a
 perfectly balanced, padding-free schedule would take. Plans are scored against it.
+
+The functions take a :class:`CostModel` (the kind, the layout and the model dimensions), never
+the whole plan config.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from varpack.plan.models import ModelDims
 from varpack.plan.rules import LAYOUT_CODE, PADDED, volume
-
-if TYPE_CHECKING:
-    from varpack.plan.config import PlanConfig
 
 
 @dataclass(frozen=True)
-class ModelDims:
-    """Transformer dimensions used by the FLOPs model (kv_hidden = kv heads x head dim)."""
+class CostModel:
+    """A cost model: its ``kind`` (a key of :data:`COST_MODELS`), the layout, model dimensions."""
 
-    hidden: int
-    kv_hidden: int
-    layers: int
+    kind: str = "tokens"
+    layout: str = "packed"
+    dims: ModelDims | None = None  # required by "flops"
 
+    def __post_init__(self) -> None:
+        if self.kind not in COST_MODELS:
+            raise ValueError(f"unknown cost model {self.kind!r}; known: {sorted(COST_MODELS)}")
+        if self.kind == "flops" and self.dims is None:
+            raise ValueError("the flops cost model needs model dimensions")
 
-#: Real model configurations (from their published config.json files).
-PRESETS: dict[str, ModelDims] = {
-    "qwen2.5-0.5b": ModelDims(hidden=896, kv_hidden=128, layers=24),
-    "qwen2.5-1.5b": ModelDims(hidden=1536, kv_hidden=256, layers=28),
-    "qwen2.5-7b": ModelDims(hidden=3584, kv_hidden=512, layers=28),
-    "llama-3-8b": ModelDims(hidden=4096, kv_hidden=1024, layers=32),
-    "llama-3-70b": ModelDims(hidden=8192, kv_hidden=1024, layers=80),
-}
-
-
-def model_dims(cfg: PlanConfig) -> ModelDims:
-    assert cfg.hidden is not None and cfg.kv_hidden is not None and cfg.layers is not None
-    return ModelDims(cfg.hidden, cfg.kv_hidden, cfg.layers)
+    @property
+    def model_dims(self) -> ModelDims:
+        assert self.dims is not None
+        return self.dims
 
 
 def linear_flops_per_token(dims: ModelDims) -> float:
@@ -64,23 +64,72 @@ def sample_flops(lens: np.ndarray, dims: ModelDims) -> np.ndarray:
     return linear_flops_per_token(dims) * s + dims.layers * 4.0 * dims.hidden * s * s
 
 
-def sample_cost(lens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
-    """Cost of each sample alone, unpadded (the ideal's unit)."""
-    if cfg.cost == "flops":
-        return sample_flops(lens, model_dims(cfg))
+def micro_volume(count: np.ndarray, padded_len: np.ndarray, layout: str) -> np.ndarray:
+    """Tokens the model processes for each micro-batch (``rules.volume`` of its shape)."""
+    return volume(count, padded_len, LAYOUT_CODE[layout])
+
+
+def _length_cost(lens: np.ndarray, model: CostModel) -> np.ndarray:
     return np.asarray(lens, dtype=np.float64)
+
+
+def _flops_cost(lens: np.ndarray, model: CostModel) -> np.ndarray:
+    return sample_flops(lens, model.model_dims)
+
+
+def _tokens_micro(
+    count: np.ndarray, tokens: np.ndarray, padded_len: np.ndarray, flops_sum: Any, m: CostModel
+) -> np.ndarray:
+    return np.asarray(tokens, dtype=np.float64)
+
+
+def _padded_micro(
+    count: np.ndarray, tokens: np.ndarray, padded_len: np.ndarray, flops_sum: Any, m: CostModel
+) -> np.ndarray:
+    return micro_volume(count, padded_len, m.layout).astype(np.float64)
+
+
+def _flops_micro(
+    count: np.ndarray, tokens: np.ndarray, padded_len: np.ndarray, flops_sum: Any, m: CostModel
+) -> np.ndarray:
+    if LAYOUT_CODE[m.layout] == PADDED:
+        return count * sample_flops(padded_len, m.model_dims)
+    assert flops_sum is not None
+    return flops_sum + linear_flops_per_token(m.model_dims) * (padded_len - tokens)
+
+
+class _Kind(NamedTuple):
+    sample: Callable[[np.ndarray, CostModel], np.ndarray]
+    micro: Callable[..., np.ndarray]
+    needs_sample_sums: bool  # micro() needs the sum of the samples' own costs (packed flops)
+
+
+#: cost model name -> its sample cost and micro-batch cost
+COST_MODELS: dict[str, _Kind] = {
+    "tokens": _Kind(_length_cost, _tokens_micro, False),
+    "padded": _Kind(_length_cost, _padded_micro, False),
+    "flops": _Kind(_flops_cost, _flops_micro, True),
+}
+
+
+def sample_cost(lens: np.ndarray, model: CostModel) -> np.ndarray:
+    """Cost of each sample alone, unpadded (the ideal's unit).
+
+    >>> sample_cost(np.array([2, 3]), CostModel()).tolist()
+    [2.0, 3.0]
+    """
+    return COST_MODELS[model.kind].sample(lens, model)
 
 
 _PIECE = 1 << 18  # samples per piece of the chunked cost sums (small temporaries, reused)
 
 
-def segment_cost_sums(offsets: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
-    """``segment_sums(offsets, sample_cost(lens, cfg))``, in pieces of whole segments.
+def segment_cost_sums(offsets: np.ndarray, lens: np.ndarray, model: CostModel) -> np.ndarray:
+    """``segment_sums(offsets, sample_cost(lens, model))``, in pieces of whole segments.
 
     The same numbers (each segment is summed on its own), without full-size float temporaries.
 
-    >>> from varpack.plan.config import PlanConfig
-    >>> segment_cost_sums(np.array([0, 2, 3]), np.array([1, 2, 3]), PlanConfig(max_tokens=8)).tolist()
+    >>> segment_cost_sums(np.array([0, 2, 3]), np.array([1, 2, 3]), CostModel()).tolist()
     [3.0, 3.0]
     """
     m = len(offsets) - 1
@@ -93,13 +142,9 @@ def segment_cost_sums(offsets: np.ndarray, lens: np.ndarray, cfg: PlanConfig) ->
         j = min(max(j, i + 1), m)
         a = int(offsets[i])
         b = int(offsets[j]) if j < m else len(lens)  # the last segment runs to the end
-        out[i:j] = np.add.reduceat(sample_cost(lens[a:b], cfg), offsets[i:j] - a)
+        out[i:j] = np.add.reduceat(sample_cost(lens[a:b], model), offsets[i:j] - a)
         i = j
     return out
-
-
-def micro_volume(count: np.ndarray, padded_len: np.ndarray, cfg: PlanConfig) -> np.ndarray:
-    return volume(count, padded_len, LAYOUT_CODE[cfg.layout])
 
 
 def micro_cost(
@@ -107,21 +152,13 @@ def micro_cost(
     tokens: np.ndarray,
     padded_len: np.ndarray,
     flops_sum: np.ndarray | None,
-    cfg: PlanConfig,
+    model: CostModel,
 ) -> np.ndarray:
-    """Cost of each micro-batch under ``cfg.cost`` (float64); ``flops_sum`` needed for flops.
+    """Cost of each micro-batch (float64); ``flops_sum`` is needed where the kind says so.
 
-    >>> from varpack.plan.config import PlanConfig
-    >>> cfg = PlanConfig(max_tokens=64, layout="padded")
-    >>> micro_cost(np.array([2]), np.array([10]), np.array([8]), None, cfg).tolist()
+    >>> micro_cost(np.array([2]), np.array([10]), np.array([8]), None, CostModel("tokens", "padded")).tolist()
     [10.0]
+    >>> micro_cost(np.array([2]), np.array([10]), np.array([8]), None, CostModel("padded", "padded")).tolist()
+    [16.0]
     """
-    if cfg.cost == "tokens":
-        return np.asarray(tokens, dtype=np.float64)
-    if cfg.cost == "padded":
-        return micro_volume(count, padded_len, cfg).astype(np.float64)
-    dims = model_dims(cfg)
-    if LAYOUT_CODE[cfg.layout] == PADDED:
-        return count * sample_flops(padded_len, dims)
-    assert flops_sum is not None
-    return flops_sum + linear_flops_per_token(dims) * (padded_len - tokens)
+    return COST_MODELS[model.kind].micro(count, tokens, padded_len, flops_sum, model)

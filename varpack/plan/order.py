@@ -10,17 +10,21 @@
   pack tightly. A sample is trained within about one window of its random position: a small
   window is close to a plain shuffle, a large one spreads lengths most evenly.
 
-The stream is returned as indices into the input arrays, plus the segment bounds where packing
-restarts (one segment per epoch in curriculum order, one per step in shuffle order; the packer
-then makes each shuffle segment exactly one step of micro-batches).
+Orders are chosen by name from :data:`ORDERS`; each returns an epoch's stream as indices into the
+input arrays, plus the segment bounds where packing restarts. What a segment is depends on the
+batching strategy that asks (``segments``): ``"steps"`` (one segment per step of each window; the
+packer makes each exactly one step of micro-batches), ``"windows"`` (one segment per window, sorted
+by length; pipeline groups are cut from it) or ``"none"`` (a plain permutation, one segment; blocks
+are packed by best fit). Curriculum order is always the input order in one segment.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 from numba import njit
-
-from varpack.plan.config import PlanConfig
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
@@ -28,19 +32,36 @@ def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch])
 
 
-def step_size(cfg: PlanConfig, tokens_per_micro: float | None = None) -> int:
-    """Size of one step: samples (fixed batching) or real tokens (budget batching).
+def step_size(
+    micro_per_step: int,
+    batch_size: int | None,
+    max_tokens: int | None,
+    tokens_per_micro: float | None = None,
+) -> int:
+    """Size of one step: samples (fixed batching: ``batch_size``) or real tokens (a budget).
 
     ``tokens_per_micro`` is the real tokens a micro-batch holds on average (the planner measures
     it by packing the sorted data); steps are sized 2% below it so that packing rarely overflows
     a step (an overflow moves on to the next step, a shortfall is split).
+
+    >>> step_size(4, 8, None), step_size(4, None, 100), step_size(4, None, 100, 50.0)
+    (32, 392, 196)
     """
-    if cfg.batching == "fixed":
-        assert cfg.batch_size is not None
-        return cfg.micro_per_step * cfg.batch_size
-    assert cfg.max_tokens is not None
-    per = cfg.max_tokens if tokens_per_micro is None else tokens_per_micro
-    return max(1, int(0.98 * cfg.micro_per_step * per))
+    if batch_size is not None:
+        return micro_per_step * batch_size
+    assert max_tokens is not None
+    per = max_tokens if tokens_per_micro is None else tokens_per_micro
+    return max(1, int(0.98 * micro_per_step * per))
+
+
+@dataclass(frozen=True)
+class OrderRule:
+    """What an order needs: the seed, the window (in steps), the size of a step and its unit."""
+
+    seed: int = 0
+    window: int = 8
+    step: int = 1  # samples (by_samples) or real tokens in one step
+    by_samples: bool = False
 
 
 def snake(rank: np.ndarray, width: np.ndarray) -> np.ndarray:
@@ -53,69 +74,82 @@ def snake(rank: np.ndarray, width: np.ndarray) -> np.ndarray:
     return np.where(lap % 2 == 0, j, width - 1 - j)
 
 
-def epoch_stream(
-    lens: np.ndarray, cfg: PlanConfig, epoch: int, tokens_per_micro: float | None = None
+def curriculum(
+    lens: np.ndarray, epoch: int, rule: OrderRule, segments: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(index, bounds)`` of one epoch over samples with lengths ``lens`` (input order).
+    """The input order (sorted by length), one segment, every epoch.
 
-    ``bounds`` are the segment starts plus the end: curriculum is one segment, shuffle one
-    segment per step of each window.
-
-    >>> from varpack.plan.config import PlanConfig
-    >>> idx, bounds = epoch_stream(np.array([1, 2, 3]), PlanConfig(max_tokens=8), 0)
+    >>> idx, bounds = curriculum(np.array([1, 2, 3]), 0, OrderRule(), "steps")
     >>> idx.tolist(), bounds.tolist()
     ([0, 1, 2], [0, 3])
     """
     n = len(lens)
-    if cfg.order == "curriculum" or n == 0:
-        return np.arange(n, dtype=np.int64), np.array([0, n], dtype=np.int64)
-    perm = epoch_rng(cfg.seed, epoch).permutation(n)
-    step = step_size(cfg, tokens_per_micro)
+    return np.arange(n, dtype=np.int64), np.array([0, n], dtype=np.int64)
+
+
+def shuffle(
+    lens: np.ndarray, epoch: int, rule: OrderRule, segments: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """A permutation from ``(seed, epoch)``, cut into ``segments`` (see the module doc)."""
+    if len(lens) == 0:
+        return curriculum(lens, epoch, rule, segments)
+    return _SEGMENTS[segments](lens, epoch, rule)
+
+
+def _step_segments(lens: np.ndarray, epoch: int, rule: OrderRule) -> tuple[np.ndarray, np.ndarray]:
+    """Windows sorted and dealt to their steps (:func:`_regroup`): one segment per step."""
+    n = len(lens)
+    perm = epoch_rng(rule.seed, epoch).permutation(n)
     idx, new_seg = _regroup(
         perm,
         np.ascontiguousarray(lens, dtype=np.int64),
-        np.int64(step),
-        np.int64(cfg.shuffle_window * step),
-        cfg.batching == "fixed",
+        np.int64(rule.step),
+        np.int64(rule.window * rule.step),
+        rule.by_samples,
     )
     return idx, np.append(np.flatnonzero(new_seg), n)
 
 
-def _windows(
-    lens: np.ndarray, cfg: PlanConfig, epoch: int, tokens_per_micro: float | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """The epoch's permutation, its lengths, each position's window and the step size."""
+def _plain(lens: np.ndarray, epoch: int, rule: OrderRule) -> tuple[np.ndarray, np.ndarray]:
+    """The epoch's permutation as it is, one segment."""
     n = len(lens)
-    perm = epoch_rng(cfg.seed, epoch).permutation(n).astype(np.int64)
-    plens = lens[perm]
-    step = step_size(cfg, tokens_per_micro)
-    weight = np.ones(n, dtype=np.int64) if cfg.batching == "fixed" else plens
-    window = (np.cumsum(weight, dtype=np.int64) - weight) // (cfg.shuffle_window * step)
-    return perm, plens, window, step
+    return epoch_rng(rule.seed, epoch).permutation(n).astype(np.int64), np.array([0, n], np.int64)
 
 
-def epoch_windows(
-    lens: np.ndarray, cfg: PlanConfig, epoch: int, tokens_per_micro: float | None = None
+def _window_segments(
+    lens: np.ndarray, epoch: int, rule: OrderRule
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(index, bounds)`` like :func:`epoch_stream`, but one segment per window, sorted by length.
+    """One segment per window, sorted by length.
 
     For ``--pp``: (step, rank) groups are cut from a whole sorted window (narrow length ranges,
     little padding) and then dealt to the window's steps (:func:`snake`), so each step still mixes
-    lengths from the whole window. Curriculum: the input order, one segment.
+    lengths from the whole window.
 
-    >>> from varpack.plan.config import PlanConfig
-    >>> cfg = PlanConfig(max_tokens=8, order="shuffle", shuffle_window=1)
-    >>> idx, bounds = epoch_windows(np.array([5, 1, 4, 2, 3]), cfg, 0)
+    >>> idx, bounds = shuffle(np.array([5, 1, 4, 2, 3]), 0, OrderRule(0, 1, 7), "windows")
     >>> sorted(idx.tolist()), int(bounds[0]), int(bounds[-1])
     ([0, 1, 2, 3, 4], 0, 5)
     """
     n = len(lens)
-    if cfg.order == "curriculum" or n == 0:
-        return np.arange(n, dtype=np.int64), np.array([0, n], dtype=np.int64)
-    perm, plens, window, _ = _windows(lens, cfg, epoch, tokens_per_micro)
+    perm = epoch_rng(rule.seed, epoch).permutation(n).astype(np.int64)
+    plens = lens[perm]
+    weight = np.ones(n, dtype=np.int64) if rule.by_samples else plens
+    window = (np.cumsum(weight, dtype=np.int64) - weight) // (rule.window * rule.step)
     order = np.lexsort((plens, window))  # windows are consecutive; each sorted by length
     win = window[order]
     return perm[order], np.append(np.flatnonzero(np.r_[True, win[1:] != win[:-1]]), n)
+
+
+_SEGMENTS: dict[str, Callable[[np.ndarray, int, OrderRule], tuple[np.ndarray, np.ndarray]]] = {
+    "steps": _step_segments,
+    "windows": _window_segments,
+    "none": _plain,
+}
+
+#: order name -> ``fn(lens, epoch, rule, segments) -> (index, bounds)``
+ORDERS: dict[str, Callable[[np.ndarray, int, OrderRule, str], tuple[np.ndarray, np.ndarray]]] = {
+    "curriculum": curriculum,
+    "shuffle": shuffle,
+}
 
 
 @njit(cache=True)

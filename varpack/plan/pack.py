@@ -12,35 +12,54 @@ so it runs in a small numba kernel: about 10 ns per sample. Everything else is v
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
 from varpack.errors import ConfigError
-from varpack.plan.config import PlanConfig
-from varpack.plan.cost import (
-    linear_flops_per_token,
-    micro_cost,
-    model_dims,
-    segment_cost_sums,
-)
-from varpack.plan.rules import LAYOUT_CODE, fits, pad_to
-from varpack.plan.segments import segment_max, segment_sums
-from varpack.plan.shapes import round_up_to
+from varpack.plan.rules import LAYOUT_CODE, fits
 
 
-def oversize_mask(lens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
-    """Samples that do not fit the budget even alone (always none for fixed batching)."""
-    if cfg.batching != "budget":
+@dataclass(frozen=True)
+class PackRule:
+    """What decides whether a sample joins a micro-batch: a sample count (``batch_size``, fixed
+    batching) or the budget rule (:func:`varpack.plan.rules.fits`: layout, multiple, budget)."""
+
+    layout: str = "packed"
+    pad_multiple: int = 1
+    max_tokens: int | None = None  # the budget; None with fixed batching
+    batch_size: int | None = None  # fixed batching
+
+    @property
+    def fixed(self) -> bool:
+        return self.batch_size is not None
+
+    def kernel_args(self) -> tuple[bool, np.int64, int, np.int64, np.int64]:
+        """The scalars the compiled kernels take, in their order."""
+        return (
+            self.fixed,
+            np.int64(self.batch_size or 0),
+            LAYOUT_CODE[self.layout],
+            np.int64(self.pad_multiple),
+            np.int64(self.max_tokens or 0),
+        )
+
+
+def oversize_mask(lens: np.ndarray, rule: PackRule) -> np.ndarray:
+    """Samples that do not fit the budget even alone (always none for fixed batching).
+
+    >>> oversize_mask(np.array([5, 50, 6]), PackRule(max_tokens=20)).tolist()
+    [False, True, False]
+    """
+    if rule.fixed or rule.max_tokens is None:
         return np.zeros(len(lens), dtype=bool)
-    assert cfg.max_tokens is not None
-    code = LAYOUT_CODE[cfg.layout]
+    code = LAYOUT_CODE[rule.layout]
     top = int(lens.max()) if len(lens) else 0
-    if fits(1, top, top, code, cfg.pad_multiple, cfg.max_tokens):  # the rule grows with the length
+    if fits(1, top, top, code, rule.pad_multiple, rule.max_tokens):  # grows with the length
         return np.zeros(len(lens), dtype=bool)
     one = np.ones(len(lens), dtype=np.int64)
-    return ~fits(one, lens, lens, code, cfg.pad_multiple, cfg.max_tokens)
+    return ~fits(one, lens, lens, code, rule.pad_multiple, rule.max_tokens)
 
 
 @njit(cache=True)
@@ -202,7 +221,7 @@ def _pack_free(lens, alone, bounds, fixed, bsize, layout, multiple, budget):  # 
 
 
 def pack(
-    lens: np.ndarray, bounds: np.ndarray, alone: np.ndarray, cfg: PlanConfig, cap: int = 0
+    lens: np.ndarray, bounds: np.ndarray, alone: np.ndarray, rule: PackRule, cap: int = 0
 ) -> tuple[np.ndarray | None, np.ndarray]:
     """Micro-batches of a stream: ``(perm, offsets)``.
 
@@ -214,9 +233,8 @@ def pack(
     micro-batches with the most tokens, at their token midpoint) or, with too few samples, joins
     the next. ``alone[i]`` gives sample ``i`` a micro-batch of its own (``--oversize alone``).
 
-    >>> from varpack.plan.config import PlanConfig
     >>> lens = np.array([3] * 10 + [7] * 4)
-    >>> perm, off = pack(lens, np.array([0, 14]), np.zeros(14, bool), PlanConfig(max_tokens=30))
+    >>> perm, off = pack(lens, np.array([0, 14]), np.zeros(14, bool), PackRule(max_tokens=30))
     >>> off.tolist()
     [0, 10, 14]
     """
@@ -228,115 +246,15 @@ def pack(
             lens,
             np.ascontiguousarray(alone, dtype=np.bool_),
             np.ascontiguousarray(bounds, dtype=np.int64),
-            cfg.batching == "fixed",
-            np.int64(cfg.batch_size or 0),
-            LAYOUT_CODE[cfg.layout],
-            np.int64(cfg.pad_multiple),
-            np.int64(cfg.max_tokens or 0),
+            *rule.kernel_args(),
         )
     return _pack_steps(
         np.ascontiguousarray(lens, dtype=np.int64),
         np.ascontiguousarray(alone, dtype=np.bool_),
         np.ascontiguousarray(bounds, dtype=np.int64),
         np.int64(cap),
-        cfg.batching == "fixed",
-        np.int64(cfg.batch_size or 0),
-        LAYOUT_CODE[cfg.layout],
-        np.int64(cfg.pad_multiple),
-        np.int64(cfg.max_tokens or 0),
+        *rule.kernel_args(),
     )
-
-
-class Micro(NamedTuple):
-    """Per micro-batch figures (arrays of equal length) that costs, rules and stats need.
-
-    ``rows``: rows of the shape (padded layout: samples + ``pad_rows``; blocks: blocks per
-    micro-batch; packed: 1), so a micro-batch's shape is ``(rows, pad_to)``.
-    """
-
-    samples: np.ndarray
-    tokens: np.ndarray
-    max_len: np.ndarray
-    pad_to: np.ndarray
-    cost: np.ndarray
-    rows: np.ndarray
-
-
-def shape_rule(
-    count: np.ndarray,
-    tokens: np.ndarray,
-    longest: np.ndarray,
-    cfg: PlanConfig,
-    lengths: np.ndarray | None = None,
-) -> np.ndarray:
-    """``pad_to`` of micro-batches by the shape rule (the planner's and validate's one rule).
-
-    :func:`varpack.plan.rules.pad_to` (the longest or the total, rounded to ``--pad-multiple``),
-    then up to the smallest of the chosen ``lengths`` (``--max-shapes`` / ``--pack-to``); with
-    ``--batching blocks`` it is the block length.
-
-    >>> from varpack.plan.config import PlanConfig
-    >>> cfg = PlanConfig(max_tokens=64, layout="padded", pad_multiple=4).resolved()
-    >>> shape_rule(np.array([2, 1]), np.array([8, 9]), np.array([5, 9]), cfg, np.array([8, 16])).tolist()
-    [8, 16]
-    """
-    if cfg.batching == "blocks":
-        assert cfg.block_len is not None
-        return np.full(len(count), cfg.block_len, dtype=np.int64)
-    base = np.asarray(
-        pad_to(count, tokens, longest, LAYOUT_CODE[cfg.layout], cfg.pad_multiple), dtype=np.int64
-    )
-    if lengths is None:
-        return base
-    return round_up_to(base, lengths)
-
-
-def summarize(
-    offsets: np.ndarray,
-    lens: np.ndarray,
-    cfg: PlanConfig,
-    *,
-    lengths: np.ndarray | None = None,
-    pad_to: np.ndarray | None = None,
-    pad_rows: np.ndarray | None = None,
-) -> Micro:
-    """Count, real tokens, longest, ``pad_to``, cost and rows of every micro-batch.
-
-    Micro-batch ``i`` holds ``lens[offsets[i]:offsets[i+1]]`` (never empty). ``pad_to`` is the
-    shape rule (:func:`shape_rule`, with the chosen ``lengths``) unless given (a pipeline step's
-    common shape, read from a manifest); ``pad_rows`` adds empty rows to the padded shape.
-
-    >>> from varpack.plan.config import PlanConfig
-    >>> cfg = PlanConfig(max_tokens=16, pad_multiple=4)
-    >>> m = summarize(np.array([0, 2, 3]), np.array([3, 5, 9]), cfg)
-    >>> m.samples.tolist(), m.tokens.tolist(), m.pad_to.tolist()
-    ([2, 1], [8, 9], [8, 12])
-    """
-    lens64 = np.asarray(lens, dtype=np.int64)
-    count = np.diff(offsets).astype(np.int64)
-    tokens = segment_sums(offsets, lens64)
-    longest = segment_max(offsets, lens64)
-    if pad_to is None:
-        padded = shape_rule(count, tokens, longest, cfg, lengths)
-    else:
-        padded = np.asarray(pad_to, dtype=np.int64)
-    if cfg.batching == "blocks":
-        assert cfg.blocks_per_batch is not None
-        rows = np.full(len(count), cfg.blocks_per_batch, dtype=np.int64)
-    elif cfg.layout == "padded":
-        rows = count if pad_rows is None else count + np.asarray(pad_rows, dtype=np.int64)
-    else:
-        rows = np.ones(len(count), dtype=np.int64)
-    flops = None
-    if cfg.cost == "flops" and (cfg.layout == "packed" or cfg.batching == "blocks"):
-        flops = segment_cost_sums(offsets, lens64, cfg)
-    if cfg.batching == "blocks" and cfg.cost == "flops":
-        # Samples never attend across a reset: their own FLOPs plus the linear part of the padding.
-        assert flops is not None
-        cost = flops + linear_flops_per_token(model_dims(cfg)) * (rows * padded - tokens)
-    else:
-        cost = micro_cost(rows, tokens, padded, flops, cfg)
-    return Micro(count, tokens, longest, padded, cost, rows)
 
 
 def complete(

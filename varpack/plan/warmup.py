@@ -4,20 +4,28 @@ Static ``torch.compile`` builds one graph per input shape; a rank that meets a n
 recompiles mid-training (and stalls the other ranks at the next collective). ``--warmup reorder``
 moves, on every rank, one micro-batch of each distinct shape to the front of that rank's plan,
 largest shape first (an out-of-memory error shows at once), and leaves the rest in plan order.
-``--warmup list`` keeps the order and only records each rank's shapes (:func:`rank_shapes`).
+``--warmup list`` keeps the order and only records each rank's shapes (in plan.json).
 
 Representation (all plain arrays): a plan of ``dp`` ranks, each with ``n`` micro-batches in
 execution order (every rank has the same count: ``n = num_steps * grad_accum``), is a ``(dp, n)``
 array of shape ids. Position ``i`` of a rank is step ``i // grad_accum``, micro ``i % grad_accum``.
 Shape ids come from :func:`encode_shapes` and are ordered by size: a larger id is a larger shape.
 Reordering only permutes positions within a rank, so every step keeps ``grad_accum`` micro-batches
-on every rank; but micro-batches change steps, so the planner must recompute each step's global
-tokens and samples (:func:`step_totals`) and its LR factor afterwards.
+on every rank; but micro-batches change steps, so the planner computes each step's global tokens
+and samples and its LR factor after this stage.
+
+The stage (:func:`warm_up`) applies the ``--warmup`` strategy chosen by name from :data:`WARMUPS`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import numpy as np
+
+from varpack.plan.arrays import Placement
+from varpack.plan.config import PlanConfig
 
 _SHIFT = 31  # a shape (rows, pad_to) as one int64 key: rows << 31 | pad_to (both < 2**31)
 
@@ -88,50 +96,6 @@ def warmup_order(shape_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     perm = np.argsort(key, axis=1, kind="stable")
     warmup = np.arange(n)[None, :] < count[:, None]
     return perm, warmup
-
-
-def rank_shapes(shape_ids: np.ndarray, shapes: np.ndarray) -> list[list[list[int]]]:
-    """Each rank's distinct shapes, largest first, as ``[[rows, pad_to], ...]`` (for plan.json).
-
-    ``shape_ids``: ``(dp, n)``; ``shapes``: the table from :func:`encode_shapes`.
-
-    >>> rank_shapes(np.array([[0, 1, 0], [1, 1, 1]]), np.array([[4, 8], [1, 64]]))
-    [[[1, 64], [4, 8]], [[1, 64]]]
-    """
-    ids = np.asarray(shape_ids, np.int64)
-    table = np.asarray(shapes, np.int64)
-    out: list[list[list[int]]] = []
-    for r in range(ids.shape[0]):  # one iteration per rank, not per sample
-        present = np.unique(ids[r])[::-1]
-        out.append(table[present].tolist())
-    return out
-
-
-def step_totals(
-    tokens: np.ndarray, samples: np.ndarray, grad_accum: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Global real tokens and samples of each row's step, after any reordering.
-
-    ``tokens``, ``samples``: ``(dp, n)`` real tokens and sample counts of each micro-batch in
-    (new) execution order. Returns ``(step_tokens, step_samples)``, ``(dp, n)`` ``int64``: the sum
-    over all ranks and the ``grad_accum`` micro-batches of the row's step (the manifest columns).
-
-    >>> st, ss = step_totals(np.array([[1, 2, 3, 4], [10, 20, 30, 40]]), np.ones((2, 4), int), 2)
-    >>> st.tolist(), ss.tolist()
-    ([[33, 33, 77, 77], [33, 33, 77, 77]], [[4, 4, 4, 4], [4, 4, 4, 4]])
-    """
-    t = np.asarray(tokens, np.int64)
-    s = np.asarray(samples, np.int64)
-    dp, n = t.shape
-    if n % grad_accum:
-        raise ValueError(f"{n} micro-batches per rank is not a multiple of grad_accum {grad_accum}")
-    steps = n // grad_accum
-    per_t = t.reshape(dp, steps, grad_accum).sum(axis=(0, 2))
-    per_s = s.reshape(dp, steps, grad_accum).sum(axis=(0, 2))
-    step = np.arange(n) // grad_accum
-    return np.broadcast_to(per_t[step], (dp, n)).copy(), np.broadcast_to(
-        per_s[step], (dp, n)
-    ).copy()
 
 
 def first_new_shape_after_prefix(shape_ids: np.ndarray, warmup_mask: np.ndarray) -> int:
@@ -225,3 +189,29 @@ def reorder_plan(
     new_micro[moved] = pos % grad_accum
     flag[moved] = warm.ravel()
     return new_step, new_micro, flag
+
+
+def _keep(placed: Placement, cfg: PlanConfig) -> Placement:
+    return placed
+
+
+def _reorder(placed: Placement, cfg: PlanConfig) -> Placement:
+    m = placed.micro
+    step, index, warm = reorder_plan(
+        placed.step, placed.rank, placed.micro_index, m.rows, m.pad_to, cfg.dp, cfg.grad_accum,
+        cfg.pp > 1,
+    )  # fmt: skip
+    return dataclasses.replace(placed, step=step, micro_index=index, warmup=warm)
+
+
+#: warm-up name -> ``fn(placement, cfg) -> placement`` (list and none keep the order)
+WARMUPS: dict[str, Callable[[Placement, PlanConfig], Placement]] = {
+    "list": _keep,
+    "none": _keep,
+    "reorder": _reorder,
+}
+
+
+def warm_up(placed: Placement, cfg: PlanConfig) -> Placement:
+    """Stage 5, warm-up: the execution order the ``--warmup`` strategy asks for."""
+    return WARMUPS[cfg.warmup](placed, cfg)

@@ -8,6 +8,11 @@ checked by the config) and, in the padded layout, forms (step, rank) *groups* of
 ``grad_accum`` micro-batches of one shape (:func:`step_groups`), then cuts each group
 (:func:`expand_groups`); :func:`check_pipeline_steps` is the rule ``validate`` applies.
 
+As a batching strategy (:func:`build`): with ``--pp`` in the padded layout, per epoch the order
+stage gives windows sorted by length, :func:`step_groups` cuts them into (step, rank) groups, a
+shuffled order deals each window's groups to its steps in a snake, and the groups are cut into
+``grad_accum`` micro-batches of the group's shape.
+
 Arrays: micro-batches are described by ``offsets`` (``n_mb + 1``) into flat per-sample arrays in
 execution order; a *group* is one (step, rank), its micro-batches contiguous. Lengths in tokens.
 """
@@ -18,6 +23,19 @@ import numba
 import numpy as np
 
 from varpack.errors import ConfigError
+from varpack.plan.arrays import Batches
+from varpack.plan.batching.common import (
+    EpochJoiner,
+    effective_lengths,
+    epoch_order,
+    order_rule,
+    tokens_per_micro,
+)
+from varpack.plan.config import PlanConfig
+from varpack.plan.order import snake
+from varpack.plan.pack import complete
+from varpack.plan.segments import gather_positions, segment_max, segment_sums
+from varpack.plan.shaping import shape_rows
 
 
 def check_pipeline_steps(
@@ -189,3 +207,59 @@ def expand_groups(
     np.cumsum(size, out=offsets[1:])
     rows = -(-n // k) if rows_of is None else np.asarray(rows_of, np.int64)
     return offsets, np.asarray(group_len, np.int64)[g], (rows[g] - size).astype(np.int32)
+
+
+def build(
+    lens: np.ndarray, alone: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None
+) -> Batches:
+    """(step, rank) groups of ``grad_accum`` micro-batches of one shape, all epochs."""
+    k, dp = cfg.grad_accum, cfg.dp
+    eff = effective_lengths(lens, cfg, lengths)
+    fixed = cfg.batching == "fixed"
+    joined = EpochJoiner()
+    orule = order_rule(cfg, tokens_per_micro(eff, np.zeros(len(lens), bool), cfg, cfg.pack_rule()))
+    for epoch in range(cfg.epochs):
+        idx, bounds = epoch_order(lens, cfg, epoch, "windows", orule)
+        perm, starts, bounds = step_groups(
+            eff[idx],
+            bounds,
+            k,
+            None if fixed else cfg.max_tokens,
+            cfg.batch_size if fixed else None,
+        )
+        if perm is not None:
+            idx = idx[perm]
+        if cfg.order == "shuffle":
+            idx, starts = _deal_groups(idx, starts, bounds, dp)
+        starts = complete(
+            starts,
+            lens[idx],
+            dp,
+            lambda o, v: segment_sums(o, v).astype(np.float64),
+            f"epoch {epoch}",
+            min_size=k,
+        )
+        joined.add(epoch, idx, starts, dp)  # a (step, rank) group per rank and step
+    stream, goff, gstep = joined.join()
+    t = segment_max(goff, eff[stream])
+    rows_of = shape_rows(t, cfg) if cfg.max_shapes is not None else None
+    offsets, pad_to, pad_rows = expand_groups(goff, t, k, rows_of)
+    return Batches(stream, offsets, np.repeat(gstep, k), joined.epochs, pad_to, pad_rows, None, k)
+
+
+def _deal_groups(
+    idx: np.ndarray, starts: np.ndarray, bounds: np.ndarray, dp: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deal each window's groups (cut in length order) to its steps in a snake, ``dp`` per step.
+
+    Groups keep their samples; only their order changes, so consecutive ``dp`` groups (a step)
+    come from across the window's lengths.
+    """
+    g = len(starts) - 1
+    win = np.searchsorted(bounds, starts[:-1], side="right") - 1
+    j = np.arange(g) - np.searchsorted(win, win, side="left")
+    per_win = np.bincount(win)[win]
+    slot = snake(j, np.maximum(1, (per_win + dp // 2) // dp))
+    go = np.lexsort((j, slot, win))
+    pos, new_starts = gather_positions(starts[go], np.diff(starts)[go])
+    return idx[pos], new_starts

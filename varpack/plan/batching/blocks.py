@@ -15,6 +15,11 @@ A micro-batch holds ``blocks_per_batch`` blocks (the last one of the plan is com
 blocks, counted as ``pad_rows``). The manifest keeps ``pad_to = T`` and a ``block_index`` list
 parallel to ``sample_ids``: which block of the micro-batch each sample sits in, in order; the
 reader rebuilds the reset table with :func:`reset_table`.
+
+As a batching strategy (:func:`build`), per epoch: the order stage gives a plain permutation (or
+the sorted order), the blocks are packed, a shuffled order renumbers each window's blocks at
+random (best fit sorts them), and blocks are grouped into micro-batches, a multiple of
+``dp x grad_accum`` of them (completed by splitting the fullest micro-batches, or blocks).
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ import numba
 import numpy as np
 
 from varpack.errors import ConfigError
+from varpack.plan.arrays import Batches
+from varpack.plan.batching.common import EpochJoiner, epoch_order, order_rule
+from varpack.plan.config import PlanConfig
+from varpack.plan.pack import complete
+from varpack.plan.segments import segment_sums
 
 #: Default window of the stream packed together, in samples.
 DEFAULT_WINDOW = 8192
@@ -135,37 +145,6 @@ def pack_blocks(lens: np.ndarray, block_len: int, window: int = DEFAULT_WINDOW) 
     return BlockPacking(block, order, fill, np.flatnonzero(a > block_len))
 
 
-def block_batches(
-    lens_in_order: np.ndarray, block_in_order: np.ndarray, blocks_per_batch: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Group blocks into micro-batches of ``blocks_per_batch`` and index samples within them.
-
-    ``lens_in_order``, ``block_in_order``: lengths and block ids of the packed samples in plan
-    order (``lens[order]``, ``block_of_sample[order]``; block ids non-decreasing from 0).
-    Returns ``(offsets, block_index, start, pad_rows)``: micro-batch boundaries into the ordered
-    samples (``n_mb + 1``); each sample's block within its micro-batch (``int32``, the manifest's
-    ``block_index``); its start offset inside its block (the reset table); the empty blocks that
-    complete each micro-batch (``int32``, only the last can be short).
-
-    >>> off, bi, st, pr = block_batches(np.array([6, 4, 3, 2, 5]), np.array([0, 0, 1, 1, 2]), 2)
-    >>> off.tolist(), bi.tolist(), st.tolist(), pr.tolist()
-    ([0, 4, 5], [0, 0, 1, 1, 0], [0, 6, 0, 3, 0], [0, 1])
-    """
-    if blocks_per_batch < 1:
-        raise ConfigError(f"--blocks-per-batch must be >= 1, got {blocks_per_batch}")
-    lens = np.asarray(lens_in_order, np.int64)
-    blk = np.asarray(block_in_order, np.int64)
-    n_blocks = int(blk[-1]) + 1 if blk.size else 0
-    n_mb = -(-n_blocks // blocks_per_batch)
-    first_blocks = np.arange(n_mb + 1, dtype=np.int64) * blocks_per_batch
-    offsets = np.searchsorted(blk, first_blocks, side="left").astype(np.int64)
-    block_index = (blk % blocks_per_batch).astype(np.int32)
-    pad_rows = np.zeros(n_mb, np.int32)
-    if n_mb:
-        pad_rows[-1] = n_mb * blocks_per_batch - n_blocks
-    return offsets, block_index, _starts(lens, blk), pad_rows
-
-
 def _starts(lens: np.ndarray, block: np.ndarray) -> np.ndarray:
     """Offset of each sample inside its block (blocks are contiguous runs)."""
     before = np.cumsum(lens) - lens
@@ -186,32 +165,6 @@ def reset_table(seq_lens: np.ndarray, block_index: np.ndarray) -> np.ndarray:
     [0, 6, 0, 3, 0]
     """
     return _starts(np.asarray(seq_lens, np.int64), np.asarray(block_index, np.int64))
-
-
-def default_block_len(lens: np.ndarray, pad_multiple: int = 1) -> int:
-    """BLoad's choice: the longest sample (rounded up to ``pad_multiple``), so nothing is oversize.
-
-    >>> default_block_len(np.array([3, 94, 20]))
-    94
-    """
-    top = int(np.asarray(lens).max())
-    return -(-top // pad_multiple) * pad_multiple
-
-
-def default_blocks_per_batch(block_len: int, max_tokens: int | None) -> int:
-    """Blocks per micro-batch from the token budget: ``max_tokens // block_len`` (at least 1).
-
-    >>> default_blocks_per_batch(94, 1024), default_blocks_per_batch(94, None)
-    (10, 1)
-    """
-    if max_tokens is None:
-        return 1
-    if max_tokens < block_len:
-        raise ConfigError(
-            f"--block-len {block_len} exceeds --max-tokens {max_tokens}; a micro-batch must hold "
-            "at least one block"
-        )
-    return max_tokens // block_len
 
 
 def check_blocks(
@@ -267,27 +220,76 @@ def check_blocks(
     return out
 
 
-def action_genome_lengths(seed: int = 0) -> np.ndarray:
-    """Reference video data shaped like Action Genome's training set (the BLoad paper's figures).
-
-    7,464 frame counts in [3, 94] summing to exactly 166,785 (mean 22.3), drawn from a clipped
-    lognormal and nudged by +-1 frame to hit the total; both bounds occur. Deterministic in
-    ``seed``. For tests and benchmarks.
-
-    >>> a = action_genome_lengths()
-    >>> a.size, int(a.sum()), int(a.min()), int(a.max())
-    (7464, 166785, 3, 94)
-    """
-    n, total, lo, hi = 7464, 166_785, 3, 94
-    rng = np.random.default_rng(seed)
-    a = np.clip(np.rint(np.exp(np.log(19.2) + 0.55 * rng.standard_normal(n))), lo, hi).astype(
-        np.int64
+def build(
+    lens: np.ndarray, alone: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None
+) -> Batches:
+    """``--batching blocks``: best-fit blocks of whole samples, ``blocks_per_batch`` per row."""
+    t, per = cfg.block_len, cfg.blocks_per_batch
+    assert t is not None and per is not None
+    per_step = cfg.micro_per_step
+    orule = order_rule(cfg)
+    joined, bidx, prows = EpochJoiner(), [], []
+    for epoch in range(cfg.epochs):
+        idx, _ = epoch_order(lens, cfg, epoch, "none", orule)
+        packing = pack_blocks(lens[idx], t, cfg.block_window)
+        blk = packing.block_of_sample[packing.order]
+        fill = packing.block_fill
+        if cfg.order == "shuffle":  # a window's blocks in random order (best fit sorts them)
+            blk, fill, moved = _shuffle_blocks(blk, fill, packing.order, cfg, epoch)
+            idx = idx[packing.order[moved]]
+        else:
+            idx = idx[packing.order]
+        soff, b_index, b_rows = _block_micro_batches(
+            lens[idx], blk, fill, per, per_step, f"epoch {epoch}"
+        )
+        joined.add(epoch, idx, soff, per_step)
+        bidx.append(b_index)
+        prows.append(b_rows)
+    stream, offsets, step = joined.join()
+    return Batches(
+        stream, offsets, step, joined.epochs, None, np.concatenate(prows), np.concatenate(bidx), 0
     )
-    a[0], a[1] = lo, hi
-    while (diff := total - int(a.sum())) != 0:
-        sign = 1 if diff > 0 else -1
-        movable = np.flatnonzero((a < hi) if sign > 0 else (a > lo))
-        movable = movable[movable > 1]
-        pick = rng.choice(movable, size=min(abs(diff), movable.size), replace=False)
-        a[pick] += sign
-    return a
+
+
+def _shuffle_blocks(
+    blk: np.ndarray, fill: np.ndarray, pos: np.ndarray, cfg: PlanConfig, epoch: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Renumber blocks in a random order within each window of the stream (seeded per epoch).
+
+    ``blk``: block of each packed sample in block order, ``pos`` its stream position. Returns the
+    new block ids (non-decreasing after re-ordering), block fills, and the re-ordering of samples.
+    """
+    nb = len(fill)
+    first = np.flatnonzero(np.r_[True, blk[1:] != blk[:-1]])
+    window = pos[first] // cfg.block_window
+    key = np.random.default_rng([cfg.seed, epoch, 1]).random(nb)
+    new_order = np.lexsort((key, window))
+    new_id = np.empty(nb, np.int64)
+    new_id[new_order] = np.arange(nb)
+    moved = np.lexsort((np.arange(len(blk)), new_id[blk]))
+    return new_id[blk][moved], fill[new_order], moved
+
+
+def _block_micro_batches(
+    lens: np.ndarray, blk: np.ndarray, fill: np.ndarray, per: int, per_step: int, where: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks (samples in block order) to micro-batches of ``per`` blocks, a multiple of
+    ``per_step`` of them: ``(sample offsets, block_index, pad_rows)``.
+
+    The count is completed by splitting the fullest micro-batches at a block boundary (two
+    micro-batches with fewer blocks, the rest empty blocks: ``pad_rows``). If that is not enough
+    (one block per micro-batch), blocks themselves are split at a token midpoint, one block each.
+    """
+    nb = len(fill)
+    boff = np.append(np.arange(0, nb, per, dtype=np.int64), nb)
+    sums = lambda o, v: segment_sums(o, v).astype(np.float64)  # noqa: E731
+    try:
+        boff = complete(boff, fill, per_step, sums, where)
+    except ConfigError:
+        # One block per micro-batch, and split blocks (two lighter blocks, both within T).
+        starts = np.searchsorted(blk, np.arange(nb + 1), side="left")
+        soff = complete(starts, lens, per_step, sums, where)
+        return soff, np.zeros(len(lens), np.int32), np.full(len(soff) - 1, per - 1, np.int32)
+    soff = np.searchsorted(blk, boff, side="left")
+    first_block = np.repeat(boff[:-1], np.diff(soff))
+    return soff, (blk - first_block).astype(np.int32), (per - np.diff(boff)).astype(np.int32)

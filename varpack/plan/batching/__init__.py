@@ -1,0 +1,47 @@
+"""Stage 2, order and pack: the micro-batches of every epoch, numbered into steps.
+
+A batching strategy, chosen by name from :data:`BATCHERS` (:func:`batcher_name` maps the config
+to it), runs the epochs: each epoch's stream comes from the order stage
+(:func:`~varpack.plan.batching.common.epoch_order`, the ``--order`` strategy), the strategy cuts
+it into micro-batches and numbers them into steps (``dp x grad_accum`` micro-batches a step):
+
+* ``greedy`` (:mod:`.greedy`): budget or fixed-count micro-batches of consecutive samples;
+* ``pipeline`` (:mod:`.pipeline`): ``--pp`` in the padded layout, (step, rank) groups of one shape;
+* ``blocks`` (:mod:`.blocks`): fixed-length blocks of whole samples (BLoad).
+
+A new way of batching is a new module here and an entry in :data:`BATCHERS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from varpack.plan.arrays import Batches, Selection
+from varpack.plan.batching import blocks, greedy, pipeline
+from varpack.plan.config import PlanConfig
+
+Batcher = Callable[[np.ndarray, np.ndarray, PlanConfig, np.ndarray | None], Batches]
+
+#: strategy name -> ``build(lens, alone, cfg, lengths) -> Batches``
+BATCHERS: dict[str, Batcher] = {
+    "greedy": greedy.build,
+    "pipeline": pipeline.build,
+    "blocks": blocks.build,
+}
+
+
+def batcher_name(cfg: PlanConfig) -> str:
+    """The batching strategy a config asks for."""
+    if cfg.batching == "blocks":
+        return "blocks"
+    if cfg.pp > 1 and cfg.layout == "padded":
+        return "pipeline"
+    return "greedy"
+
+
+def build_batches(chosen: Selection, lengths: np.ndarray | None) -> Batches:
+    """Micro-batches and steps of all epochs over the selected samples."""
+    cfg = chosen.cfg
+    return BATCHERS[batcher_name(cfg)](chosen.lens, chosen.alone, cfg, lengths)

@@ -1,0 +1,106 @@
+"""Stage 1, select: which samples are planned, and how the oversize ones are treated.
+
+Checks the input (non-empty, positive lengths that fit the manifest's int32), fills the
+data-dependent defaults (the block length is the longest sample), then applies the oversize
+strategy chosen by name from :data:`OVERSIZE`: ``error`` (refuse, naming the samples), ``drop``
+(plan the rest; plan.json lists the dropped ones and why) or ``alone`` (each gets a micro-batch
+of its own). Later selections (split documents, mixtures) are strategies of this stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from varpack.errors import ConfigError, InputError
+from varpack.plan.arrays import Selection
+from varpack.plan.config import PlanConfig
+from varpack.plan.pack import oversize_mask
+
+_SHOW_IDS = 5
+
+
+def select(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> Selection:
+    """The samples to plan, from sorted ``ids`` / ``lens`` and a resolved config."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    lens = np.ascontiguousarray(lens, dtype=np.int64)
+    check_input(ids, lens)
+    cfg = cfg.with_block_len(int(lens.max()))
+    over = _oversize(lens, cfg)
+    if not over.any():
+        chosen = Selection(cfg, ids, lens, np.zeros(len(ids), dtype=bool))
+    else:
+        chosen = OVERSIZE[cfg.oversize](ids, lens, over, cfg)
+    check_fills_step(len(chosen.ids), cfg)
+    return chosen
+
+
+def check_input(ids: np.ndarray, lens: np.ndarray) -> None:
+    if len(ids) == 0:
+        raise InputError("the input holds no samples; nothing to plan")
+    if len(ids) != len(lens):
+        raise InputError(f"{len(ids)} sample ids but {len(lens)} lengths")
+    if lens.min() <= 0:
+        raise InputError(
+            f"sample_id {int(ids[np.argmin(lens)])}: non-positive seq_len; lengths must be > 0"
+        )
+    if lens.max() > np.iinfo(np.int32).max:
+        raise InputError(
+            f"sample_id {int(ids[np.argmax(lens)])}: seq_len does not fit int32 (manifest type)"
+        )
+
+
+def check_fills_step(n: int, cfg: PlanConfig) -> None:
+    per_step = cfg.micro_per_step
+    if n < per_step:
+        raise ConfigError(
+            f"{n} samples cannot fill one step of dp x grad_accum = {per_step} micro-batches "
+            "(every rank needs grad_accum micro-batches per step); lower --dp or --grad-accum"
+        )
+
+
+def _limit(cfg: PlanConfig) -> str:
+    return "--block-len" if cfg.batching == "blocks" else "--max-tokens"
+
+
+def _oversize(lens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
+    """Samples that fit no micro-batch even alone."""
+    if cfg.batching == "blocks":
+        return lens > (cfg.block_len or 0)
+    if cfg.batching != "budget":
+        return np.zeros(len(lens), dtype=bool)
+    return oversize_mask(lens, cfg.pack_rule())
+
+
+def _error(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig) -> Selection:
+    where = np.flatnonzero(over)
+    shown = ", ".join(f"{int(ids[i])} ({int(lens[i])} tokens)" for i in where[:_SHOW_IDS])
+    more = f" and {len(where) - _SHOW_IDS} more" if len(where) > _SHOW_IDS else ""
+    limit = _limit(cfg)
+    value = cfg.block_len if cfg.batching == "blocks" else cfg.max_tokens
+    raise ConfigError(
+        f"{len(where)} samples do not fit {limit} {value} even alone: sample_id {shown}{more}; "
+        f"raise {limit}, or pass --oversize drop (skip them)"
+        + (" or --oversize alone (own micro-batch)" if cfg.batching != "blocks" else "")
+    )
+
+
+def _drop(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig) -> Selection:
+    gone = np.flatnonzero(over)
+    reason = f"oversize: longer than {_limit(cfg)} {cfg.block_len or cfg.max_tokens}"
+    dropped = [{"sample_id": int(ids[i]), "seq_len": int(lens[i]), "reason": reason} for i in gone]
+    keep = ~over
+    return Selection(cfg, ids[keep], lens[keep], np.zeros(int(keep.sum()), bool), dropped)
+
+
+def _alone(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig) -> Selection:
+    return Selection(cfg, ids, lens, over)
+
+
+#: oversize strategy name -> ``fn(ids, lens, oversize mask, cfg) -> Selection``
+OVERSIZE: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray, PlanConfig], Selection]] = {
+    "error": _error,
+    "drop": _drop,
+    "alone": _alone,
+}
