@@ -19,11 +19,13 @@ import click
 )
 def inspect(plan: str, as_json: bool, plot_file: str | None) -> None:
     """Show PLAN's padding, balance, time vs ideal, mixing, LR range and shapes (checksums verified)."""
-    from varpack.manifest.inspect import describe, plot, render
+    from varpack.manifest.inspect import describe, render
 
     info = describe(plan)
     click.echo(json.dumps(info, indent=2) if as_json else render(info))
     if plot_file:
+        from varpack.manifest.plot import plot
+
         plot(plan, plot_file)
         if not as_json:
             click.echo(f"plot written to {plot_file}")

@@ -2,8 +2,9 @@
 
 Owns: the format (:mod:`.format`: ``plan.json`` + one Parquet manifest per rank, atomic write,
 checked read), turning the planner's arrays into manifest tables (:mod:`.tables`), the I/O edge
-of ``varpack plan`` (:mod:`.make`: read the input, plan, write), ``inspect`` and its plot, and
-``validate`` (an independent recomputation of every promise a plan makes).
+of ``varpack plan`` (:mod:`.make`: read the input, plan, write), ``inspect`` (:mod:`.inspect`:
+the figures as text or JSON) and its plot (:mod:`.plot`), and ``validate`` (:mod:`.validate`, a
+package: an independent recomputation of every promise a plan makes).
 May import: the ground floor, :mod:`varpack.metadata` and :mod:`varpack.sort` (to read an input),
 and :mod:`varpack.plan` (its rule functions, so that validate checks with the planner's own
 rules). :mod:`varpack.plan` never imports this package.

@@ -1,5 +1,18 @@
 """Distributed sample sort of sequence-length metadata, and its on-disk output.
 
+Owns ``varpack sort``: the global order of the metadata by the chosen keys (ties broken by
+``sample_id``, the same whatever the number of ranks), computed by pure NumPy steps (:mod:`.keys`
+encodes composite keys, :mod:`.splitters` chooses them, :mod:`.bucket` routes rows,
+:mod:`.inputs` shares and reads the input) and driven under MPI by :mod:`.driver`, whose phases
+live in :mod:`.load`, :mod:`.ids`, :mod:`.distribute` and :mod:`.write`; bulk data moves only
+through :mod:`.exchange`. Also owns the output format (:mod:`.output`: Parquet parts with
+``_index.json``, or one memory-mappable file) and the single-process sort (:mod:`.table`).
+
+May import: the ground floor (errors, atomic publication, fingerprints) and
+:mod:`varpack.metadata` (the input contract); mpi4py only in :mod:`.driver` and :mod:`.exchange`,
+and only when a sort runs. Nothing of :mod:`varpack.plan`, :mod:`varpack.manifest`,
+:mod:`varpack.cli` or torch.
+
 Public API:
 
 - :func:`sort_table` — single-process sort of a metadata table by the ``varpack sort`` rule.

@@ -1,0 +1,172 @@
+"""The package's shape, read from its source: layering, no import circles, small modules.
+
+These rules keep varpack's rooms as ``docs/architecture.md`` describes them; each test names the
+module that breaks a rule, so a change that breaks one is easy to find.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "varpack"
+MAX_LINES = 450
+MAX_LOOSE = 6
+
+GROUND = {"errors", "atomic", "console", "fingerprint"}
+#: package -> the varpack packages (or ground-floor modules) it may import
+ALLOWED = {
+    "metadata": GROUND,
+    "sort": GROUND | {"metadata"},
+    "plan": {"errors", "fingerprint"},
+    "manifest": GROUND | {"metadata", "sort", "plan"},
+    "torch": GROUND | {"metadata", "manifest"},
+    "cli": GROUND | {"metadata", "sort", "plan", "manifest"},
+}
+#: third-party packages a varpack package must not import (the plan is pure arrays)
+FORBIDDEN = {"plan": {"pyarrow", "polars", "torch", "mpi4py"}}
+#: distributions whose import name differs, or that are installed for a binary, not an import
+IMPORT_NAME = {"mpich": None}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    name = ".".join(parts)
+    return name.removesuffix(".__init__")
+
+
+def modules() -> Iterator[Path]:
+    yield from sorted(PKG.rglob("*.py"))
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module named by an import statement in ``path`` (module level and inside functions).
+
+    ``from a.b import c`` names ``a.b.c`` when that is a module of varpack, else ``a.b``.
+    """
+    tree = ast.parse(path.read_text())
+    here = module_name(path)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                pkg = here.split(".")
+                pkg = pkg[: len(pkg) - node.level + (1 if path.name == "__init__.py" else 0)]
+                base = ".".join([*pkg, base] if base else pkg)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                names.add(full if _is_module(full) else base)
+    return names
+
+
+def _is_module(name: str) -> bool:
+    rel = Path(*name.split("."))
+    return (ROOT / rel).with_suffix(".py").is_file() or (ROOT / rel / "__init__.py").is_file()
+
+
+def graph() -> dict[str, set[str]]:
+    """varpack module -> the varpack modules it imports."""
+    return {
+        module_name(p): {n for n in imports_of(p) if n == "varpack" or n.startswith("varpack.")}
+        for p in modules()
+    }
+
+
+def test_no_module_over_the_size_limit() -> None:
+    long = {module_name(p): n for p in modules() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_few_loose_modules_at_the_root() -> None:
+    loose = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(loose) <= MAX_LOOSE, loose
+
+
+def test_every_package_says_what_it_owns() -> None:
+    for init in PKG.glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert len(doc.split()) >= 20, f"{init.parent.name}/__init__.py needs its purpose paragraph"
+
+
+def test_no_import_circle() -> None:
+    g = graph()
+    # Tarjan's strongly connected components; any component of 2+ modules is a circle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in g:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles: {circles}"
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_layering(package: str) -> None:
+    """Data flows forward: a package imports only the rooms before it (and the ground floor)."""
+    wrong = []
+    for path in (PKG / package).rglob("*.py"):
+        for name in imports_of(path):
+            room = _room(name) if name.startswith("varpack.") else None
+            if room and room != package and room not in ALLOWED[package]:
+                wrong.append(f"{module_name(path)} imports {name}")
+            top = name.split(".")[0]
+            if top in FORBIDDEN.get(package, set()):
+                wrong.append(f"{module_name(path)} imports {top}")
+    assert not wrong, wrong
+
+
+def test_every_declared_dependency_is_used() -> None:
+    """Each runtime dependency (and the torch / plot extras) is imported somewhere."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = list(project["dependencies"])
+    for extra in ("torch", "plot", "mpi"):
+        declared += project["optional-dependencies"].get(extra, [])
+    used: set[str] = set()
+    for path in [*modules(), *(ROOT / "jobs").glob("*.py")]:
+        used.update(n.split(".")[0] for n in imports_of(path))
+    unused = []
+    for spec in declared:
+        dist = spec.split(">")[0].split("=")[0].split("<")[0].split("[")[0].strip()
+        name = IMPORT_NAME.get(dist, dist.replace("-", "_"))
+        if name is not None and name not in used:
+            unused.append(dist)
+    assert not unused, f"declared but never imported: {unused}"

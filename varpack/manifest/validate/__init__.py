@@ -1,0 +1,113 @@
+"""``varpack validate``: recompute everything a plan promises, independently, from its files.
+
+Owns the checks of a written plan, one module per check family, run by :func:`validate_plan` in
+this order: :mod:`.files` (plan.json's config and layout, checksums and row counts, manifest
+schema, parallel list columns), :mod:`.numbering` (steps and micro-batches numbered alike on
+every rank), :mod:`.rows` (each micro-batch's shape and budget, the shape rules: rows per
+shape, shape bound, pipeline steps, blocks, warm-up prefix, ``shape_lengths``), :mod:`.coverage`
+(every sample exactly once per epoch or dropped, against the fingerprint or ``--metadata``) and
+:mod:`.figures` (step totals and LR factors on every row, per-rank shapes, plan.json's stats).
+Each violation is one line of the :class:`Report` naming the rank, step, row or sample id.
+
+May import: the ground floor (errors, fingerprint), :mod:`varpack.manifest.format` to read the
+plan, and :mod:`varpack.plan`'s rule and figure functions, so that a plan is checked with the
+planner's own rules (one source of truth for each rule). It never imports the planner's
+builders' internals, :mod:`varpack.cli` or torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from varpack.manifest.format import Plan, load_plan
+from varpack.manifest.validate.coverage import check_coverage
+from varpack.manifest.validate.figures import (
+    check_rank_shapes,
+    check_step_columns,
+    combine,
+    compare_stats,
+    recompute_stats,
+)
+from varpack.manifest.validate.files import (
+    RankRows,
+    check_files,
+    check_layout,
+    read_config,
+    read_rank,
+)
+from varpack.manifest.validate.numbering import check_numbering
+from varpack.manifest.validate.report import Report
+from varpack.manifest.validate.rows import check_micro_batches, recompute_lengths, shape_lengths
+from varpack.plan.config import PlanConfig
+from varpack.plan.micro import Micro
+
+__all__ = ["Report", "validate_plan"]
+
+
+def validate_plan(
+    path: str | os.PathLike[str], metadata: tuple[np.ndarray, np.ndarray] | None = None
+) -> Report:
+    """Every check of the module doc; ``metadata`` = (ids, lens) of the input when given."""
+    report = Report()
+    # files: format, version, dp vs rank entries (an unreadable plan is an InputError)
+    plan = load_plan(path)
+    meta = plan.meta
+    cfg = read_config(meta, report)
+    if cfg is None:
+        return report
+    check_layout(meta, cfg, report)
+    lengths = shape_lengths(meta, cfg, report)
+    check_files(plan, cfg.dp, report)
+    # files, numbering, rows: rank by rank
+    read = _read_ranks(plan, cfg, lengths, report)
+    if read is None:  # the later checks need every rank's rows, well numbered
+        return report
+    ranks, micros = read
+    # figures: the step columns
+    whole = combine(ranks, micros, int(meta["num_steps"]), cfg)
+    check_step_columns(ranks, whole, report)
+    # coverage
+    reordered = cfg.warmup == "reorder"
+    check_coverage(
+        meta, whole.ids, whole.lens, whole.sample_step, metadata, report, whole=reordered
+    )
+    # rows: the chosen shape lengths, recomputed
+    if cfg.max_shapes is not None and lengths is not None:
+        recompute_lengths(cfg, lengths, ranks, whole.sample_step, meta, report)
+    # figures: shapes and stats
+    check_rank_shapes(meta, whole, report)
+    stats = recompute_stats(ranks, whole, lengths, cfg)
+    compare_stats(meta.get("stats", {}), stats, report)
+    report.facts = {
+        "samples": int(len(whole.ids)),
+        "steps": whole.num_steps,
+        "dp": cfg.dp,
+        "grad_accum": cfg.grad_accum,
+        "dropped": len(meta.get("dropped") or []),
+        "padding_ratio": stats["padding_ratio"],
+        "time_vs_ideal": stats["time_vs_ideal"],
+    }
+    return report
+
+
+def _read_ranks(
+    plan: Plan, cfg: PlanConfig, lengths: np.ndarray | None, report: Report
+) -> tuple[list[RankRows], list[Micro]] | None:
+    """Each rank's manifest, its numbering and its micro-batches checked; ``None`` at the first
+    rank that cannot be read or is misnumbered (nothing later could be recomputed from it)."""
+    num_steps, k = int(plan.meta["num_steps"]), cfg.grad_accum
+    alone_ok = set(int(i) for i in plan.meta.get("stats", {}).get("oversize_alone", []))
+    ranks: list[RankRows] = []
+    micros: list[Micro] = []
+    for rank in range(cfg.dp):
+        rk = read_rank(plan, rank, cfg, report)
+        if rk is None or not check_numbering(rank, rk, num_steps, k, report):
+            return None
+        micro = check_micro_batches(rank, rk, cfg, lengths, alone_ok, report)
+        if micro is None:
+            return None
+        ranks.append(rk)
+        micros.append(micro)
+    return ranks, micros

@@ -1,0 +1,155 @@
+"""Figures: each step's totals and LR factor, each rank's shapes, and plan.json's stats.
+
+With every rank read, the micro-batches of all ranks are put together (:class:`AllRanks`) and each
+step's global samples and tokens recomputed, with its LR factor (:func:`varpack.plan.lr.lr_factors`)
+and each rank's distinct shapes (:func:`varpack.plan.stats.rank_shapes`). Checks that every row
+carries its step's ``step_tokens``, ``step_samples`` and ``lr_factor``; that plan.json's per-rank
+shapes are the manifests'; and that plan.json's stats are the ones the planner's own assembler
+(:func:`varpack.plan.figures.plan_figures`) gives on the manifests (floats within 1e-6).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from varpack.manifest.validate.files import RankRows
+from varpack.manifest.validate.report import SHOW, Report
+from varpack.plan.config import PlanConfig
+from varpack.plan.cost import sample_cost
+from varpack.plan.figures import plan_figures
+from varpack.plan.lr import lr_factors
+from varpack.plan.micro import Micro
+from varpack.plan.stats import rank_shapes
+
+
+@dataclass
+class AllRanks:
+    """The plan's micro-batches of all ranks, concatenated, with the recomputed step totals."""
+
+    step: np.ndarray  # per micro-batch
+    rank_of: np.ndarray
+    micro: Micro
+    ids: np.ndarray  # per planned sample
+    lens: np.ndarray
+    sample_step: np.ndarray
+    step_samples: np.ndarray  # per step
+    step_tokens: np.ndarray
+    lr: np.ndarray
+    shapes: list[Any]  # per rank: distinct [rows, pad_to], largest first
+    num_steps: int
+
+
+def combine(
+    ranks: list[RankRows], micros: list[Micro], num_steps: int, cfg: PlanConfig
+) -> AllRanks:
+    """All ranks together, and each step's global samples, tokens and LR factor recomputed."""
+    step = np.concatenate([rk.step for rk in ranks])
+    rank_of = np.repeat(np.arange(cfg.dp), [len(rk.step) for rk in ranks])
+    allm = Micro(*(np.concatenate([getattr(m, f) for m in micros]) for f in Micro._fields))
+    step_samples = np.bincount(step, weights=allm.samples, minlength=num_steps).astype(np.int64)
+    step_tokens = np.bincount(step, weights=allm.tokens, minlength=num_steps).astype(np.int64)
+    return AllRanks(
+        step=step,
+        rank_of=rank_of,
+        micro=allm,
+        ids=np.concatenate([rk.ids for rk in ranks]),
+        lens=np.concatenate([rk.lens for rk in ranks]),
+        sample_step=np.concatenate([np.repeat(rk.step, np.diff(rk.offsets)) for rk in ranks]),
+        step_samples=step_samples,
+        step_tokens=step_tokens,
+        lr=lr_factors(
+            step_samples, step_tokens, cfg.lr_scaling, cfg.base_batch_size, cfg.base_unit
+        ),
+        shapes=rank_shapes(rank_of, allm.rows, allm.pad_to, cfg.dp),
+        num_steps=num_steps,
+    )
+
+
+def check_step_columns(ranks: list[RankRows], whole: AllRanks, report: Report) -> None:
+    """Every row carries its step's global tokens, samples and LR factor."""
+    for r, rk in enumerate(ranks):
+        for col, want in (
+            ("step_tokens", whole.step_tokens),
+            ("step_samples", whole.step_samples),
+            ("lr_factor", whole.lr),
+        ):
+            have = rk.table.column(col).to_numpy()
+            bad = np.flatnonzero(have != want[rk.step])
+            if len(bad):
+                report.examples(
+                    f"rank {r}: {col} differs from the recomputed value at rows",
+                    [
+                        f"{i} (step {rk.step[i]}: {have[i]} vs {want[rk.step[i]]})"
+                        for i in bad[:SHOW]
+                    ],
+                    len(bad),
+                )
+
+
+def check_rank_shapes(meta: dict[str, Any], whole: AllRanks, report: Report) -> None:
+    """plan.json's per-rank shapes are the manifests' distinct shapes."""
+    for r, want in enumerate(whole.shapes):
+        if meta["ranks"][r].get("shapes") != want:
+            report.add(
+                f"rank {r}: plan.json shapes are not the manifest's {len(want)} distinct "
+                "shapes [rows, pad_to], largest first"
+            )
+
+
+def recompute_stats(
+    ranks: list[RankRows], whole: AllRanks, lengths: np.ndarray | None, cfg: PlanConfig
+) -> dict[str, Any]:
+    """plan.json's stats, recomputed from the manifests with the planner's own function."""
+    pad_rows = np.concatenate([rk.pad_rows for rk in ranks]) if cfg.uses_pad_rows else None
+    warm = np.concatenate([rk.warmup for rk in ranks])
+    return plan_figures(
+        step=whole.step,
+        rank=whole.rank_of,
+        micro=whole.micro,
+        pad_rows=pad_rows,
+        warm=warm if warm.any() else None,
+        sample_step=whole.sample_step,
+        sample_len=whole.lens,
+        ideal_cost=float(sample_cost(whole.lens, cfg.cost_model()).sum()),
+        lr=whole.lr,
+        step_samples=whole.step_samples,
+        step_tokens=whole.step_tokens,
+        num_steps=whole.num_steps,
+        lengths=lengths,
+        shapes=whole.shapes,
+        cfg=cfg,
+    )
+
+
+def compare_stats(saved: dict[str, Any], stats: dict[str, Any], report: Report) -> None:
+    """One violation per recomputed stat that plan.json does not hold (floats within 1e-6)."""
+    for key, value in stats.items():
+        have = saved.get(key)
+        same = (
+            have == value
+            if not isinstance(value, float)
+            else isinstance(have, int | float) and _close(have, value)
+        )
+        if isinstance(value, dict) and isinstance(have, dict):
+            same = _same_tree(have, value)
+        if not same:
+            report.add(f"plan.json stats {key} = {have!r}, recomputed {value!r}")
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def _same_tree(a: Any, b: Any) -> bool:
+    """Equal JSON values, floats compared with :func:`_close`."""
+    if isinstance(b, float):
+        return isinstance(a, int | float) and _close(a, b)
+    if isinstance(b, dict):
+        return (
+            isinstance(a, dict) and a.keys() == b.keys() and all(_same_tree(a[x], b[x]) for x in b)
+        )
+    return bool(a == b)

@@ -1,0 +1,118 @@
+"""Files and schema: plan.json's config and layout, the rank files, and their columns.
+
+Checks that plan.json's config is valid and its layout matches it; that every rank file has the
+checksum and row count plan.json records; that each manifest has exactly the schema its config
+calls for (the base columns, plus ``pad_rows`` and ``block_index`` where used); and that the list
+columns are parallel (``seq_lens`` and ``block_index`` hold one entry per ``sample_ids`` entry).
+A rank that passes is read into :class:`RankRows`, the arrays every later check works on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from varpack.errors import VarpackError
+from varpack.manifest.format import BASE_SCHEMA, Plan, manifest_schema
+from varpack.manifest.validate.report import Report
+from varpack.plan.config import PlanConfig
+
+
+@dataclass
+class RankRows:
+    """One rank's manifest as arrays: per micro-batch, and per planned sample (``offsets``)."""
+
+    step: np.ndarray
+    micro: np.ndarray
+    offsets: np.ndarray
+    ids: np.ndarray
+    lens: np.ndarray
+    table: pa.Table
+    pad_rows: np.ndarray
+    block_index: np.ndarray | None
+    warmup: np.ndarray
+
+
+def read_config(meta: dict[str, Any], report: Report) -> PlanConfig | None:
+    """plan.json's config, resolved; ``None`` (one violation) if it is invalid."""
+    try:
+        return PlanConfig.from_mapping(meta.get("config", {}), where="plan.json config").resolved()
+    except VarpackError as exc:
+        report.add(f"plan.json config is invalid: {exc}")
+        return None
+
+
+def check_layout(meta: dict[str, Any], cfg: PlanConfig, report: Report) -> None:
+    """plan.json's layout is the config's (dp, pp, cp 1, grad_accum)."""
+    layout = meta.get("layout", {})
+    if layout != {"dp": cfg.dp, "pp": cfg.pp, "cp": 1, "grad_accum": cfg.grad_accum}:
+        report.add(
+            f"plan.json layout {layout} does not match the config (dp {cfg.dp}, pp {cfg.pp}, "
+            f"grad_accum {cfg.grad_accum})"
+        )
+
+
+def check_files(plan: Plan, dp: int, report: Report) -> None:
+    """Checksums and row counts of every rank file against plan.json."""
+    for rank in range(dp):
+        report.problems.extend(plan.verify_rank(rank))
+
+
+def expected_columns(cfg: PlanConfig) -> list[str]:
+    """The manifest columns the config calls for, in schema order."""
+    names = list(BASE_SCHEMA.names)
+    if cfg.uses_pad_rows:
+        names.append("pad_rows")
+    if cfg.batching == "blocks":
+        names.append("block_index")
+    return names
+
+
+def read_rank(plan: Plan, rank: int, cfg: PlanConfig, report: Report) -> RankRows | None:
+    """One rank's manifest, its schema and parallel lists checked; ``None`` if it cannot be used."""
+    try:
+        table = plan.rank_table(rank, verify=False)
+    except (OSError, pa.ArrowException, VarpackError) as exc:
+        report.add(f"rank {rank}: cannot read its manifest ({exc})")
+        return None
+    expected = manifest_schema(expected_columns(cfg))
+    if table.schema != expected:
+        report.add(
+            f"rank {rank}: manifest schema {table.schema.to_string()!r} is not {expected.to_string()!r}"
+        )
+        return None
+    ids_col = table.column("sample_ids").combine_chunks()
+    lens_col = table.column("seq_lens").combine_chunks()
+    off_ids = ids_col.offsets.to_numpy().astype(np.int64)
+    off_lens = lens_col.offsets.to_numpy().astype(np.int64)
+    if not np.array_equal(off_ids, off_lens):
+        bad = np.flatnonzero(np.diff(off_ids) != np.diff(off_lens))
+        report.examples(f"rank {rank}: sample_ids and seq_lens differ in length at rows", bad)
+        return None
+    block_index = None
+    if "block_index" in table.column_names:
+        bcol = table.column("block_index").combine_chunks()
+        off_b = bcol.offsets.to_numpy().astype(np.int64)
+        if not np.array_equal(off_b, off_ids):
+            report.add(f"rank {rank}: block_index lists are not parallel to sample_ids")
+            return None
+        block_index = bcol.flatten().to_numpy().astype(np.int64)
+    pad_rows = (
+        table.column("pad_rows").to_numpy().astype(np.int64)
+        if "pad_rows" in table.column_names
+        else np.zeros(table.num_rows, np.int64)
+    )
+    return RankRows(
+        step=table.column("step").to_numpy(),
+        micro=table.column("micro").to_numpy().astype(np.int64),
+        offsets=off_ids - off_ids[0],
+        ids=ids_col.flatten().to_numpy(),
+        lens=lens_col.flatten().to_numpy().astype(np.int64),
+        table=table,
+        pad_rows=pad_rows,
+        block_index=block_index,
+        warmup=table.column("warmup").to_numpy(zero_copy_only=False).astype(bool),
+    )
