@@ -81,7 +81,9 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_no_module_over_the_size_limit() -> None:
-    long = {module_name(p): n for p in modules() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        module_name(p): n for p in modules() if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from varpack.atomic import atomic_dir, check_output
-from varpack.errors import OutputExistsError
+from varpack.errors import OutputError, OutputExistsError
 from varpack.fingerprint import fingerprint
 
 
@@ -29,10 +29,14 @@ def test_atomic_dir_refuses_existing_output_unless_overwrite(tmp_path: Path) -> 
     (out / "old.txt").write_text("old")
     with pytest.raises(OutputExistsError, match="--overwrite"):
         check_output(out, overwrite=False)
-    with atomic_dir(out, overwrite=True) as tmp:
+    with pytest.raises(OutputError, match="not an output varpack wrote"):
+        check_output(out, overwrite=True)  # a directory varpack did not write is never replaced
+    with atomic_dir(tmp_path / "ours", marker="test") as tmp:
         (tmp / "new.txt").write_text("new")
-    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    with atomic_dir(tmp_path / "ours", overwrite=True, marker="test") as tmp:
+        (tmp / "newer.txt").write_text("newer")
+    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == ["_varpack.json", "newer.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours", "out"]
 
 
 @settings(max_examples=50, deadline=None)

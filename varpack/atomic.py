@@ -1,28 +1,116 @@
-"""Atomic publication of output directories.
+"""Safe publication of outputs: never over an input, all at once, nothing left when interrupted.
 
-Every command writes into a temporary sibling directory and renames it onto the final path only
-after everything succeeded, so a reader never sees a half-written output and a failure leaves
-nothing behind. ``os.replace`` of a directory is atomic on POSIX within one filesystem, which the
-sibling guarantees.
+Every command writes into a temporary sibling of its output (same filesystem, so the final
+``os.replace`` is atomic) and renames it onto the output only after everything succeeded: a
+reader never sees a half-written output and a failure leaves nothing behind. Before any work,
+:func:`check_output` refuses an output that equals, contains or lies inside an input (real paths,
+symlinks followed), an existing output without ``--overwrite``, and, with it, anything varpack
+did not write itself (:func:`is_varpack_output`: a plan, a sort output, or a directory with
+varpack's marker file).
+
+Temporaries are registered while they live and carry a lock file naming their owner (pid and
+host). :func:`interruptible` turns SIGTERM, SIGINT and SIGHUP into :class:`Interrupted`, so the
+cleanup of every ``with`` block runs; a process killed outright (SIGKILL) leaves its temporary,
+and the next run for the same output removes it once its owner is gone (:func:`clean_stale`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import shutil
+import signal
+import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
-from varpack.errors import OutputExistsError
+from varpack.errors import Interrupted, OutputError, OutputExistsError, WriteError
+
+#: marker file of directories varpack writes that have no index of their own (metadata, synth)
+MARKER = "_varpack.json"
+_OWN_INDEXES = {"plan.json": "varpack.plan", "_index.json": "varpack.sorted"}
+_LIVE: set[Path] = set()  # temporaries this process owns
+_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+_HINTS = {
+    errno.ENOSPC: "the disk is full: free space or write elsewhere",
+    errno.EDQUOT: "the disk quota is exhausted: free space or write elsewhere",
+    errno.EROFS: "the filesystem is read-only: write elsewhere",
+    errno.EACCES: "permission denied: write where you may, or fix the permissions",
+    errno.EPERM: "operation not permitted: write where you may, or fix the permissions",
+    errno.EFBIG: "a file grew over the size this system allows (ulimit -f?): raise it or "
+    "write elsewhere",
+}
 
 
-def check_output(path: str | os.PathLike[str], overwrite: bool) -> Path:
-    """Fail early (before any work) when ``path`` exists and ``overwrite`` is false."""
+def write_error(path: str | os.PathLike[str], exc: OSError) -> WriteError:
+    """A one-line error for a failed write of ``path``: what, where, and what to do."""
+    hint = _HINTS.get(exc.errno or 0, "check the path and retry")
+    return WriteError(f"cannot write {path}: {exc.strerror or exc}; {hint}")
+
+
+def _real(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def check_apart(out: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]]) -> None:
+    """Refuse an output that is, contains, or lies inside an input (real paths compared)."""
+    ro = _real(out)
+    for item in inputs:
+        ri = _real(item)
+        if ro == ri:
+            raise OutputError(f"output {out} is the input {item}; choose another output path")
+        if ro in ri.parents:
+            raise OutputError(
+                f"output {out} contains the input {item}; replacing it would delete the input: "
+                "choose another output path"
+            )
+        if ri in ro.parents and ri.is_dir():
+            raise OutputError(
+                f"output {out} lies inside the input directory {item}; its files would be read as "
+                "input next time: write it elsewhere"
+            )
+
+
+def is_varpack_output(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a directory varpack wrote (plan, sort output, or marked directory)."""
+    p = Path(path)
+    if not p.is_dir() or p.is_symlink():
+        return False
+    if (p / MARKER).is_file():
+        return True
+    for name, fmt in _OWN_INDEXES.items():
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if json.loads((p / name).read_text()).get("format") == fmt:
+                return True
+    return False
+
+
+def check_output(
+    path: str | os.PathLike[str],
+    overwrite: bool,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    owned: Callable[[Path], bool] = is_varpack_output,
+) -> Path:
+    """Fail early (before any work) when writing ``path`` is unsafe; see the module doc.
+
+    ``owned(path)`` recognises an output of this command that ``--overwrite`` may replace.
+    """
     out = Path(path)
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"output {out} already exists; pass --overwrite to replace it")
+    check_apart(out, inputs)
+    if out.exists() or out.is_symlink():
+        if not overwrite:
+            raise OutputExistsError(f"output {out} already exists; pass --overwrite to replace it")
+        if not owned(out):
+            raise OutputError(
+                f"output {out} exists and is not an output varpack wrote, so --overwrite will not "
+                "replace it; remove it yourself or choose another output path"
+            )
+    clean_stale(out)
     return out
 
 
@@ -36,18 +124,88 @@ def temp_sibling(path: str | os.PathLike[str], token: str | None = None) -> Path
     return out.parent / f".{out.name}.tmp-{token}"
 
 
+def lock_of(tmp: Path) -> Path:
+    return tmp.with_name(tmp.name + ".lock")
+
+
+def new_temp(
+    path: str | os.PathLike[str], token: str | None = None, directory: bool = True
+) -> Path:
+    """Create (a directory) or reserve (a file) a temporary for ``path``, locked by this process."""
+    tmp = temp_sibling(path, token)
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "output": str(path)}
+    try:
+        lock_of(tmp).write_text(json.dumps(owner) + "\n")
+        _LIVE.add(tmp)
+        if directory:
+            tmp.mkdir()
+    except OSError as exc:
+        drop_temp(tmp)
+        raise write_error(path, exc) from None
+    return tmp
+
+
+def drop_temp(tmp: Path) -> None:
+    """Remove a temporary and its lock."""
+    remove(tmp)
+    with contextlib.suppress(OSError):
+        lock_of(tmp).unlink()
+    _LIVE.discard(tmp)
+
+
+def cleanup_live() -> None:
+    """Remove every temporary this process still owns (on the way out after a signal)."""
+    for tmp in list(_LIVE):
+        drop_temp(tmp)
+
+
+def _owner_gone(lock: Path) -> bool:
+    try:
+        owner = json.loads(lock.read_text())
+    except (OSError, ValueError):
+        return False
+    if owner.get("host") != socket.gethostname():
+        return False  # another machine's process: it cannot be checked from here
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, TypeError, ValueError):
+        return False
+    return False
+
+
+def clean_stale(path: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporaries of ``path`` whose owner process is gone; returns what went."""
+    out = Path(path)
+    gone = []
+    with contextlib.suppress(OSError):
+        for lock in out.parent.glob(f".{out.name}.tmp-*.lock"):
+            tmp = lock.with_name(lock.name.removesuffix(".lock"))
+            if tmp not in _LIVE and _owner_gone(lock):
+                drop_temp(tmp)
+                gone.append(tmp)
+    return gone
+
+
 def publish(tmp: Path, path: str | os.PathLike[str], overwrite: bool) -> None:
     """Move the finished ``tmp`` onto ``path``, replacing an existing output only if allowed."""
     out = Path(path)
-    if out.exists():
-        if not overwrite:
-            raise OutputExistsError(f"output {out} already exists; pass --overwrite to replace it")
-        old = temp_sibling(out, "old-" + uuid.uuid4().hex[:8])
-        os.replace(out, old)
-        os.replace(tmp, out)
-        remove(old)
-    else:
-        os.replace(tmp, out)
+    try:
+        if out.exists():
+            if not overwrite:
+                raise OutputExistsError(
+                    f"output {out} already exists; pass --overwrite to replace it"
+                )
+            old = temp_sibling(out, "old-" + uuid.uuid4().hex[:8])
+            os.replace(out, old)
+            os.replace(tmp, out)
+            remove(old)
+        else:
+            os.replace(tmp, out)
+    except OSError as exc:
+        raise write_error(out, exc) from None
+    drop_temp(tmp)  # only the lock is left to remove
 
 
 def remove(path: Path) -> None:
@@ -59,36 +217,71 @@ def remove(path: Path) -> None:
             path.unlink()
 
 
+def make_parents(out: Path) -> list[Path]:
+    """Create the missing parent directories of ``out``; returns them, deepest first."""
+    made: list[Path] = []
+    parent = out.parent
+    while not parent.exists():
+        made.append(parent)
+        parent = parent.parent
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(out, exc) from None
+    return made
+
+
+def remove_parents(made: list[Path]) -> None:
+    """Remove directories :func:`make_parents` created, if they are still empty."""
+    for d in made:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike[str], overwrite: bool = False) -> Iterator[Path]:
+def atomic_dir(
+    path: str | os.PathLike[str],
+    overwrite: bool = False,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    marker: str | None = None,
+) -> Iterator[Path]:
     """Yield a fresh temporary directory; publish it as ``path`` on success, delete it on failure.
+
+    ``marker``: write :data:`MARKER` naming this kind of output, so that a later ``--overwrite``
+    may replace it (outputs with an index of their own, plan.json or _index.json, need none).
 
     >>> import tempfile, pathlib
     >>> root = pathlib.Path(tempfile.mkdtemp())
     >>> with atomic_dir(root / "out") as tmp:
     ...     _ = (tmp / "a.txt").write_text("x")
-    >>> sorted(p.name for p in (root / "out").iterdir())
-    ['a.txt']
+    >>> sorted(p.name for p in (root / "out").iterdir()), sorted(p.name for p in root.iterdir())
+    (['a.txt'], ['out'])
     """
-    check_output(path, overwrite)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(out)
-    tmp.mkdir()
+    out = check_output(path, overwrite, inputs)
+    made = make_parents(out)
+    tmp = new_temp(out)
     try:
         yield tmp
-    except BaseException:
-        remove(tmp)
-        raise
-    try:
+        if marker is not None:
+            (tmp / MARKER).write_text(json.dumps({"format": f"varpack.{marker}"}) + "\n")
         publish(tmp, out, overwrite)
+    except OSError as exc:
+        drop_temp(tmp)
+        remove_parents(made)
+        raise write_error(out, exc) from None
     except BaseException:
-        remove(tmp)
+        drop_temp(tmp)
+        remove_parents(made)
         raise
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike[str], overwrite: bool = False) -> Iterator[Path]:
+def atomic_file(
+    path: str | os.PathLike[str],
+    overwrite: bool = False,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    owned: Callable[[Path], bool] = is_varpack_output,
+) -> Iterator[Path]:
     """Yield a temporary file name next to ``path``; publish it as ``path`` on success.
 
     On failure the temporary file (if the block created it) is removed and ``path`` is untouched.
@@ -100,20 +293,55 @@ def atomic_file(path: str | os.PathLike[str], overwrite: bool = False) -> Iterat
     >>> sorted(p.name for p in root.iterdir())
     ['a.bin']
     """
-    check_output(path, overwrite)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(out)
+    out = check_output(path, overwrite, inputs, owned)
+    made = make_parents(out)
+    tmp = new_temp(out, directory=False)
     try:
         yield tmp
         publish(tmp, out, overwrite)
-    finally:
-        remove(tmp)
+    except OSError as exc:
+        drop_temp(tmp)
+        remove_parents(made)
+        raise write_error(out, exc) from None
+    except BaseException:
+        drop_temp(tmp)
+        remove_parents(made)
+        raise
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write one file atomically (temporary name in the same directory, then rename)."""
     out = Path(path)
-    tmp = temp_sibling(out)
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    tmp = new_temp(out, directory=False)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise write_error(out, exc) from None
+    finally:
+        drop_temp(tmp)
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    for name in _SIGNALS:  # a second signal must not interrupt the cleanup of the first
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Within the block, SIGTERM, SIGINT and SIGHUP raise :class:`Interrupted` (main thread)."""
+    try:
+        saved: dict[str, Any] = {
+            name: signal.signal(getattr(signal, name), _raise_interrupted) for name in _SIGNALS
+        }
+    except ValueError:  # not the main thread: leave the handlers alone
+        saved = {}
+    try:
+        yield
+    except Interrupted:
+        cleanup_live()
+        raise
+    finally:
+        for name, old in saved.items():
+            signal.signal(getattr(signal, name), old)

@@ -1,13 +1,22 @@
-"""User-facing errors.
+"""User-facing errors, and the exception a signal turns into.
 
-A :class:`VarpackError` is a user mistake or bad input: the CLI prints its message on one line
-to stderr and exits 2, without a traceback. Anything else is a bug and keeps its traceback.
-Messages say what is wrong, where (file, row, sample id, option) and what to do.
+A :class:`VarpackError` is something the user caused or can fix: the CLI prints its message on one
+line to stderr, without a traceback, and exits with its ``exit_code`` (2 for bad input, options
+or output paths; 1 for an environment failure such as a full disk). Anything else is a bug and
+keeps its traceback. Messages say what is wrong, where (file, row, sample id, option) and what to
+do. :class:`Interrupted` is raised by varpack's signal handlers (SIGTERM, SIGINT, SIGHUP) so that
+every ``finally`` and cleanup runs; the CLI reports it in one line and exits ``128 + signal``.
 """
+
+from __future__ import annotations
+
+import signal
 
 
 class VarpackError(Exception):
-    """Bad input, bad option or an existing output: reported in one line, exit code 2."""
+    """Bad input, bad option or an unsafe output: reported in one line, exit code 2."""
+
+    exit_code = 2
 
 
 class InputError(VarpackError):
@@ -20,3 +29,26 @@ class ConfigError(VarpackError):
 
 class OutputExistsError(VarpackError):
     """The output path exists and ``--overwrite`` was not given."""
+
+
+class OutputError(VarpackError):
+    """The output path is unsafe: it overlaps an input, or is not varpack's to replace."""
+
+
+class WriteError(VarpackError):
+    """Writing an output failed in the environment (disk full, read-only, no permission)."""
+
+    exit_code = 1
+
+
+class Interrupted(BaseException):
+    """A termination signal arrived; raised where the program was, so cleanups run."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"interrupted by {self.name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

@@ -135,11 +135,17 @@ def test_any_layout_round_trips(shards: list[list[int]], rg: int, per_shard: int
 
 def test_existing_output_needs_overwrite(tmp_path: Path) -> None:
     write_tokens(tmp_path / "t.parquet", [1, 2])
-    (tmp_path / "out").mkdir()
+    cli("lengths", tmp_path / "t.parquet", tmp_path / "out", "-q")
     result = cli("lengths", tmp_path / "t.parquet", tmp_path / "out", expect=2)
     assert "already exists; pass --overwrite" in result.stderr
     cli("lengths", tmp_path / "t.parquet", tmp_path / "out", "--overwrite", "-q")
     assert read_metadata(tmp_path / "out").num_rows == 2
+    # A directory varpack did not write is never replaced, --overwrite or not.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    result = cli("lengths", tmp_path / "t.parquet", tmp_path / "mine", "--overwrite", expect=2)
+    assert "not an output varpack wrote" in result.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
 # --- bad input -----------------------------------------------------------------------------------

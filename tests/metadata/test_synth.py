@@ -180,9 +180,16 @@ def test_existing_output_needs_overwrite(tmp_path: Path) -> None:
         f"varpack: error: output {out} already exists; pass --overwrite to replace it"
     ]
     assert (out / "keep.txt").read_text() == "mine"
-    cli("synth", out, "-n", "100", "--shards", "2", "--overwrite", "-q")
-    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary left behind
+    # --overwrite never replaces a directory varpack did not write (it may hold anything)
+    result = cli("synth", out, "-n", "100", "--overwrite", expect=2)
+    assert "not an output varpack wrote" in result.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    ours = tmp_path / "ours"
+    cli("synth", ours, "-n", "100", "-q")
+    cli("synth", ours, "-n", "100", "--shards", "2", "--overwrite", "-q")
+    names = ["_varpack.json", "part-00000.parquet", "part-00001.parquet"]
+    assert sorted(p.name for p in ours.iterdir()) == names
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours", "out"]  # no temporary left
 
 
 def test_bad_options_one_line(tmp_path: Path) -> None:

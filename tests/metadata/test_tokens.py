@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import tempfile
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from test_lengths import write_tokens
 from testkit import cli
 
 import varpack.atomic
-from varpack.errors import ConfigError, InputError, OutputExistsError
+from varpack.errors import ConfigError, InputError, OutputExistsError, WriteError
 from varpack.metadata.contract import read_metadata, resolve_files
 from varpack.metadata.lengths import derive_lengths, write_arrow_tokens
 from varpack.metadata.tokens import FORMAT, copy_schema
@@ -157,6 +158,12 @@ def test_existing_copy_needs_overwrite(tmp_path: Path) -> None:
     result = cli(*args, expect=2)
     assert "t.arrow already exists; pass --overwrite" in result.stderr
     assert not (tmp_path / "meta").exists() and (tmp_path / "t.arrow").read_bytes() == b"old"
+    # not a token copy: --overwrite refuses it too
+    result = cli(*args, "--overwrite", expect=2)
+    assert "not an output varpack wrote" in result.stderr
+    assert (tmp_path / "t.arrow").read_bytes() == b"old"
+    (tmp_path / "t.arrow").unlink()
+    cli(*args, "-q")
     cli(*args, "--overwrite", "-q")
     assert read_copy(tmp_path / "t.arrow")[2] == {0: [0], 1: [1, 2]}
 
@@ -177,10 +184,10 @@ def test_failed_copy_publication_takes_the_metadata_back(
 
     def fail_for_files(tmp: Path, path: Path, overwrite: bool) -> None:
         if tmp.is_file():  # the copy is published last, after the metadata directory
-            raise OSError("disk full")
+            raise OSError(errno.ENOSPC, "No space left on device")
         publish(tmp, path, overwrite)
 
     monkeypatch.setattr(varpack.atomic, "publish", fail_for_files)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(WriteError, match="t.arrow: No space left on device; the disk is full"):
         derive_lengths(tmp_path / "t.parquet", tmp_path / "meta", arrow_copy=tmp_path / "t.arrow")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]

@@ -2,8 +2,12 @@
 
 Each command lives in its own module (``varpack.cli.<name>``) and stays thin: it parses options,
 calls the library, prints. Lazy loading keeps ``varpack --help`` fast and means no command pulls
-in torch or MPI unless it runs. A :class:`~varpack.errors.VarpackError` becomes one line on stderr
-and exit code 2, never a traceback.
+in torch or MPI unless it runs. Every failure the user can cause or fix is one line on stderr,
+``varpack: error: <what, where; what to do>``, never a traceback: a usage error (bad flag or
+value) exits 2 with "see --help"; a :class:`~varpack.errors.VarpackError` exits with its code (2
+for bad input, options or output paths, 1 for a failing environment such as a full disk); an
+``OSError`` naming a path exits 1; SIGTERM, SIGINT and SIGHUP remove the partial output and exit
+``128 + signal`` (143, 130, 129).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 import click
 
 from varpack import __version__
-from varpack.errors import VarpackError
+from varpack.errors import Interrupted, VarpackError
 
 #: command name -> "module:attribute"
 COMMANDS = {
@@ -43,15 +47,43 @@ class LazyGroup(click.Group):
         return command
 
     def invoke(self, ctx: click.Context) -> Any:
+        from varpack.atomic import interruptible
+
         try:
-            return super().invoke(ctx)
+            with interruptible():
+                return super().invoke(ctx)
         except VarpackError as exc:
-            fail(str(exc))
+            fail(str(exc), exc.exit_code)
+        except Interrupted as exc:
+            fail(f"{exc}; the partial output was removed", exc.exit_code)
+        except click.UsageError as exc:
+            usage_error(exc)
+        except OSError as exc:
+            what = f"{exc.filename}: " if exc.filename else ""
+            fail(f"{what}{exc.strerror or exc}; check the path and its permissions", 1)
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("standalone_mode", None)
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
+        except click.UsageError as exc:  # raised before invoke (an unknown command, a bad flag)
+            usage_error(exc)
+        except click.exceptions.Abort:
+            fail("interrupted", 130)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+
+
+def usage_error(exc: click.UsageError) -> None:
+    """A bad flag, value or command: one line that says where to look, exit 2."""
+    command = exc.ctx.command_path if exc.ctx else "varpack"
+    fail(f"{exc.format_message().rstrip('.')}; see {command} --help", 2)
 
 
 def fail(message: str, code: int = 2) -> None:
     """Print one error line and exit (the single place that formats user errors)."""
-    click.echo(f"varpack: error: {message}", err=True)
+    one_line = " ".join(str(message).split("\n")).replace("\r", " ")
+    click.echo(f"varpack: error: {one_line}", err=True)
     sys.exit(code)
 
 

@@ -73,10 +73,10 @@ def plan(
     every shape first), --pp P (one shape per pipeline step), --batching blocks (BLoad).
     """
     from varpack.atomic import check_output
-    from varpack.manifest.make import load_toml
+    from varpack.manifest.make import input_paths, load_toml
     from varpack.manifest.make import plan as run_plan
 
-    check_output(out, overwrite)
+    check_output(out, overwrite, input_paths(input))
     values: dict[str, Any] = load_toml(config_file) if config_file else {}
     values.update({k: v for k, v in options.items() if v is not None})
     cfg = PlanConfig.from_mapping(values).resolved()

@@ -88,15 +88,16 @@ def write_plan(
     tables: Iterable[pa.Table],
     overwrite: bool = False,
     rank_extra: Sequence[dict[str, Any]] | None = None,
+    inputs: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write the rank manifests, then ``plan.json`` (with their sha256 and rows), atomically.
 
     ``meta`` holds everything of plan.json except ``format``, ``version`` and ``ranks``, which
     are filled in here. Each table must match :func:`manifest_schema` for its columns.
     ``tables`` may be a generator (one rank in memory at a time); ``rank_extra[r]`` adds keys to
-    rank ``r``'s entry (e.g. its ``shapes``).
+    rank ``r``'s entry (e.g. its ``shapes``). ``inputs``: paths the plan must stay apart from.
     """
-    with atomic_dir(out, overwrite) as tmp:
+    with atomic_dir(out, overwrite, inputs) as tmp:
         # Rank files are written by worker threads (Parquet encoding, compression and hashing
         # release the GIL) while this thread builds the next table; at most WRITERS in flight.
         pending: list[Future[dict[str, Any]]] = []

@@ -35,6 +35,16 @@ def is_sorted_output(path: str | os.PathLike[str]) -> bool:
     return False
 
 
+def input_paths(path: str | os.PathLike[str]) -> list[Path]:
+    """Every path the input consists of (an output must stay apart from all of them)."""
+    from varpack.metadata.contract import resolve_files
+
+    p = Path(path)
+    if is_sorted_output(p):
+        return [p]
+    return [*resolve_files(str(path)), *([p] if p.is_dir() else [])]
+
+
 def read_input(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
     """``(sample_ids, seq_lens)`` int64 in curriculum order (the sort order)."""
     from varpack.metadata.contract import read_metadata
@@ -55,9 +65,13 @@ def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Options from a TOML file: top-level keys, or a ``[plan]`` table (keys use - or _)."""
     p = Path(path)
     try:
-        doc = tomllib.loads(p.read_text())
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"--config {p}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"--config {p}: not UTF-8 text (byte {exc.start}); save the file as UTF-8 TOML"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {p}: invalid TOML ({exc})") from None
     if set(doc) == {"plan"} and isinstance(doc["plan"], dict):
@@ -82,9 +96,10 @@ def plan(
     Fails before any work when ``out`` exists without ``overwrite``, and writes nothing on error.
     Returns the plan arrays and plan.json's content (without ranks).
     """
-    check_output(out, overwrite)
+    inputs = input_paths(input)
+    check_output(out, overwrite, inputs)
     cfg = cfg.resolved()
     ids, lens = read_input(input)
     arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
-    write_plan(out, meta, plan_tables(arrays), overwrite=overwrite, rank_extra=extra)
+    write_plan(out, meta, plan_tables(arrays), overwrite, extra, inputs)
     return arrays, meta

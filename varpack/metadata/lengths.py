@@ -41,7 +41,7 @@ from varpack.metadata.contract import (
     validate_table,
 )
 from varpack.metadata.shards import ShardedWriter, even_sizes
-from varpack.metadata.tokens import TokenCopyWriter
+from varpack.metadata.tokens import TokenCopyWriter, is_token_copy
 
 TASK = TaskID(0)  # the one task of varpack.console.progress
 DEFAULT_COLUMN = "input_ids"
@@ -199,17 +199,19 @@ def derive_lengths(
     """
     if rows_per_shard < 1:
         raise ConfigError(f"--rows-per-shard {rows_per_shard}: need at least one row per shard")
-    check_output(output, overwrite)
+    files = resolve_files(input)
+    inputs = [*files, *_given_dirs(input)]
+    check_output(output, overwrite, inputs)
     if arrow_copy is not None:
         _check_apart(output, arrow_copy)
-        check_output(arrow_copy, overwrite)
-    sources = _sources(input, column, id_column)
+        check_output(arrow_copy, overwrite, inputs, is_token_copy)
+    sources = _sources(input, column, id_column, files)
     total = sum(s.num_rows for s in sources)
     published = False
     try:
-        with _maybe_copy(arrow_copy, overwrite, sources) as copy:
+        with _maybe_copy(arrow_copy, overwrite, sources, inputs) as copy:
             with (
-                atomic_dir(output, overwrite) as tmp,
+                atomic_dir(output, overwrite, inputs, marker="metadata") as tmp,
                 ShardedWriter(tmp, even_sizes(total, rows_per_shard), WRITE_SCHEMA) as writer,
             ):
                 tokens = _stream(sources, column, id_column, writer, copy, quiet)
@@ -234,9 +236,11 @@ def write_arrow_tokens(
     The same streaming pass and checks as ``varpack lengths --arrow-copy`` (ids from
     ``id_column``, or the global row position when it is ``None``), without the metadata.
     """
-    check_output(dst, overwrite)
-    sources = _sources(src, column, id_column)
-    with _maybe_copy(dst, overwrite, sources) as copy:
+    files = resolve_files(src)
+    inputs = [*files, *_given_dirs(src)]
+    check_output(dst, overwrite, inputs, is_token_copy)
+    sources = _sources(src, column, id_column, files)
+    with _maybe_copy(dst, overwrite, sources, inputs) as copy:
         _stream(sources, column, id_column, None, copy, quiet)
     return Path(dst)
 
@@ -245,8 +249,9 @@ def _sources(
     input: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     column: str,
     id_column: str | None,
+    files: Sequence[Path] | None = None,
 ) -> list[Source]:
-    sources = list_sources(resolve_files(input), column, id_column)
+    sources = list_sources(resolve_files(input) if files is None else files, column, id_column)
     if sum(s.num_rows for s in sources) == 0:
         raise InputError(f"{input}: the dataset holds no rows; nothing to do")
     return sources
@@ -263,14 +268,26 @@ def _check_apart(output: str | os.PathLike[str], arrow_copy: str | os.PathLike[s
 
 @contextlib.contextmanager
 def _maybe_copy(
-    path: str | os.PathLike[str] | None, overwrite: bool, sources: Sequence[Source]
+    path: str | os.PathLike[str] | None,
+    overwrite: bool,
+    sources: Sequence[Source],
+    inputs: Sequence[str | os.PathLike[str]],
 ) -> Iterator[TokenCopyWriter | None]:
     """A token copy writer on a temporary name, published as ``path`` on success (or None)."""
     if path is None:
         yield None
         return
-    with atomic_file(path, overwrite) as tmp, TokenCopyWriter(tmp, sources[0].token_type) as copy:
+    with (
+        atomic_file(path, overwrite, inputs, is_token_copy) as tmp,
+        TokenCopyWriter(tmp, sources[0].token_type) as copy,
+    ):
         yield copy
+
+
+def _given_dirs(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The directories named in an input spec (an output must not be written inside them)."""
+    items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+    return [Path(i) for i in items if Path(i).is_dir()]
 
 
 def _stream(

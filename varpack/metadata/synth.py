@@ -321,7 +321,10 @@ def write_synth(
     if tokenized and vocab_size < 1:
         raise ConfigError(f"--vocab-size {vocab_size}: need at least one token id")
     sizes = shard_sizes(num_samples, shards, seed)
-    with atomic_dir(output, overwrite) as tmp, progress("synth", num_samples, quiet) as bar:
+    with (
+        atomic_dir(output, overwrite, marker="synth") as tmp,
+        progress("synth", num_samples, quiet) as bar,
+    ):
         if tokenized:
             files, tokens = _write_tokenized(
                 tmp,

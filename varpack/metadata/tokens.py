@@ -68,6 +68,17 @@ def _contiguous(col: pa.Array | pa.ChunkedArray) -> pa.Array:
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
+def is_token_copy(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a token copy varpack wrote (its schema says so); never raises."""
+    try:
+        with pa.memory_map(str(path)) as source:
+            schema = pa.ipc.open_file(source).schema
+    except (OSError, pa.ArrowException, ValueError):
+        return False
+    meta = schema.metadata or {}
+    return meta.get(b"varpack.format") == FORMAT[b"varpack.format"]
+
+
 class TokenCopyWriter:
     """Append record batches to ``path`` (a temporary name: publishing is the caller's job).
 
