@@ -76,7 +76,7 @@ class LazyGroup(click.Group):
 
 def usage_error(exc: click.UsageError) -> None:
     """A bad flag, value or command: one line that says where to look, exit 2."""
-    command = exc.ctx.command_path if exc.ctx else "varpack"
+    command = " ".join(["varpack", *exc.ctx.command_path.split()[1:]]) if exc.ctx else "varpack"
     fail(f"{exc.format_message().rstrip('.')}; see {command} --help", 2)
 
 

@@ -17,6 +17,9 @@ def _click_type(f: dataclasses.Field[Any], annotation: Any) -> Any:
     """The click type of a config field: its choices, else its annotation without ``None``."""
     if "choices" in f.metadata:
         return click.Choice(f.metadata["choices"])
+    if "bounds" in f.metadata:
+        lo, hi = f.metadata["bounds"]
+        return click.IntRange(lo, hi)
     if isinstance(annotation, types.UnionType):
         (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
     return annotation
@@ -30,7 +33,11 @@ def _option_decorators() -> list[Callable[[Any], Any]]:
     for f in dataclasses.fields(PlanConfig):
         typ = _click_type(f, hints[f.name])
         default = getattr(defaults, f.name)
-        help_text = f.metadata["help"] + ("" if default is None else f" [default: {default}]")
+        help_text = f.metadata["help"]
+        if f.name == "base_batch_size":
+            help_text += " [> 0]"
+        if default is not None:
+            help_text += f" [default: {default}]"
         out.append(
             click.option(
                 f"--{f.name.replace('_', '-')}", f.name, type=typ, default=None, help=help_text

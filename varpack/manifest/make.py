@@ -20,6 +20,7 @@ from varpack.errors import ConfigError, InputError
 from varpack.manifest.format import write_plan
 from varpack.manifest.tables import plan_tables
 from varpack.plan import PlanArrays, PlanConfig, make_plan
+from varpack.plan.select import plan_bytes
 
 
 def is_sorted_output(path: str | os.PathLike[str]) -> bool:
@@ -42,7 +43,7 @@ def input_paths(path: str | os.PathLike[str]) -> list[Path]:
     p = Path(path)
     if is_sorted_output(p):
         return [p]
-    return [*resolve_files(str(path)), *([p] if p.is_dir() else [])]
+    return [*([p] if p.is_dir() else []), *resolve_files(str(path))]
 
 
 def read_input(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -59,6 +60,34 @@ def read_input(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
     ids = table.column("sample_id").to_numpy().astype(np.int64, copy=False)
     lens = table.column("seq_len").to_numpy().astype(np.int64, copy=False)
     return ids, lens
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux ``MemAvailable``), if known."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(num_samples: int, cfg: PlanConfig) -> None:
+    """Refuse, before planning, a plan that would not fit in this machine's memory."""
+    need = plan_bytes(num_samples, cfg)
+    have = available_memory()
+    if have is not None and need > have:
+        rows = num_samples * cfg.epochs
+        raise ConfigError(
+            f"{num_samples:,} samples x --epochs {cfg.epochs} = {rows:,} planned rows need about "
+            f"{need / 2**30:.1f} GiB to plan, and {have / 2**30:.1f} GiB are available: lower "
+            "--epochs (and replay the plan), or plan on a machine with more memory"
+        )
 
 
 def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -100,6 +129,7 @@ def plan(
     check_output(out, overwrite, inputs)
     cfg = cfg.resolved()
     ids, lens = read_input(input)
+    check_memory(len(ids), cfg)
     arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
     write_plan(out, meta, plan_tables(arrays), overwrite, extra, inputs)
     return arrays, meta

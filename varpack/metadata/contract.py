@@ -58,23 +58,29 @@ class Piece:
     file_row_offset: int
 
 
-def resolve_files(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+@dataclass(frozen=True)
+class Listing:
+    """The files of an input spec, and the symbolic links followed to find them."""
+
+    files: list[Path]
+    links: list[Path]
+
+
+def scan_input(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Listing:
     """Expand a file, a directory (recursively, ``*.parquet``) or a glob into a sorted file list.
 
     The order is by path, so it is stable across runs and machines. Hidden files and names
-    starting with ``_`` (``_index.json``, ``_SUCCESS``) are skipped inside directories.
+    starting with ``_`` (``_index.json``, ``_SUCCESS``) are skipped inside directories. Symbolic
+    links to files and directories are followed (a directory reached twice is read once, so a
+    link loop ends); a dangling link is an error naming it, never silently skipped.
     """
     specs = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
     files: list[Path] = []
+    links: list[Path] = []
     for item in specs:
         path = Path(item)
         if path.is_dir():
-            found = [
-                p
-                for p in path.rglob("*.parquet")
-                if p.is_file()
-                and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts)
-            ]
+            found = _walk(path, links)
             if not found:
                 raise InputError(
                     f"{path}: directory holds no *.parquet files; point at a Parquet file, directory or glob"
@@ -82,14 +88,63 @@ def resolve_files(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             files.extend(found)
         elif path.is_file():
             files.append(path)
+            if path.is_symlink():
+                links.append(path)
+        elif path.is_symlink():
+            raise InputError(
+                f"{path}: a symbolic link to nothing ({os.readlink(path)}); fix or remove it"
+            )
         elif glob.has_magic(str(item)):
-            found = [Path(p) for p in glob.glob(str(item), recursive=True) if Path(p).is_file()]
+            matched = [Path(p) for p in glob.glob(str(item), recursive=True)]
+            for m in matched:
+                if m.is_symlink() and not m.exists():
+                    raise InputError(
+                        f"{m}: a symbolic link to nothing ({os.readlink(m)}); fix or remove it"
+                    )
+            found = [m for m in matched if m.is_file()]
             if not found:
                 raise InputError(f"{item}: the pattern matches no file; check the path")
             files.extend(found)
+            links.extend(m for m in found if m.is_symlink())
         else:
             raise InputError(f"{path}: no such file or directory")
-    return sorted(set(files), key=lambda p: str(p))
+    return Listing(sorted(set(files), key=lambda p: str(p)), sorted(set(links), key=str))
+
+
+def resolve_files(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The files of an input spec, sorted by path (see :func:`scan_input`)."""
+    return scan_input(spec).files
+
+
+def _walk(root: Path, links: list[Path]) -> list[Path]:
+    """``*.parquet`` files under ``root``, following links; each real directory read once."""
+    found: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        here = Path(dirpath)
+        st = here.stat()
+        if (st.st_dev, st.st_ino) in seen:  # a link back to a directory already read
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_")))
+        for d in dirnames:
+            if (here / d).is_symlink():
+                links.append(here / d)
+        for name in sorted(filenames):
+            path = here / name
+            if name.startswith((".", "_")):
+                continue
+            if path.is_symlink() and not path.exists():
+                raise InputError(
+                    f"{path}: a symbolic link to nothing ({os.readlink(path)}); fix or remove it"
+                )
+            if not name.endswith(".parquet") or not path.is_file():
+                continue
+            if path.is_symlink():
+                links.append(path)
+            found.append(path)
+    return found
 
 
 def _fragment(path: Path | str, row_groups: list[int] | None = None) -> ds.ParquetFileFragment:
@@ -172,6 +227,14 @@ def validate_table(
     _first_violation(pc.less(ids, 0), ids, where, first_row, "negative sample_id; ids must be >= 0")
     _first_violation(
         pc.less_equal(lens, 0), ids, where, first_row, "non-positive seq_len; lengths must be > 0"
+    )
+    _first_violation(
+        pc.greater(lens, MAX_LEN),
+        ids,
+        where,
+        first_row,
+        f"seq_len over {MAX_LEN:,}, the largest length a plan holds (int32); split the sample "
+        "or drop it from the metadata",
     )
     out = {ID: ids, LEN: lens}
     for key in keys:

@@ -22,12 +22,24 @@ from varpack.plan.micro import MicroRule
 from varpack.plan.models import PRESETS, ModelDims
 from varpack.plan.pack import PackRule
 
+#: Largest length, budget or count a manifest can hold (its int32 columns).
+INT32_MAX = 2**31 - 1
+#: Bound of counts that multiply with lengths (token sums must stay well inside int64).
+COUNT_MAX = 2**20
 
-def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    """A config field: its default, one line of help, and its choices if chosen by name."""
+
+def _opt(
+    default: Any,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    bounds: tuple[int, int] | None = None,
+) -> Any:
+    """A config field: its default, one line of help, its choices or its integer bounds."""
     meta: dict[str, Any] = {"help": help}
     if choices is not None:
         meta["choices"] = choices
+    if bounds is not None:
+        meta["bounds"] = bounds
     return field(default=default, metadata=meta)
 
 
@@ -45,23 +57,28 @@ class PlanConfig:
         None,
         "token budget of one micro-batch (padded tokens: B x T padded, or the packed total); "
         "required with --batching budget",
+        bounds=(1, INT32_MAX),
     )
-    batch_size: int | None = _opt(None, "samples per micro-batch; required with --batching fixed")
+    batch_size: int | None = _opt(
+        None, "samples per micro-batch; required with --batching fixed", bounds=(1, INT32_MAX)
+    )
     layout: str = _opt(
         "packed",
         "packed: one flattened row per micro-batch; padded: B rows padded to the longest",
         ("packed", "padded"),
     )
     pad_multiple: int = _opt(
-        1, "round the padded length (padded) or the packed total (packed) up to this multiple"
+        1,
+        "round the padded length (padded) or the packed total (packed) up to this multiple",
+        bounds=(1, INT32_MAX),
     )
     oversize: str = _opt(
         "error",
         "a sample longer than the budget: error, drop it (listed in plan.json), or alone",
         ("error", "drop", "alone"),
     )
-    dp: int = _opt(1, "data-parallel ranks (one manifest each)")
-    grad_accum: int = _opt(1, "micro-batches per rank per optimizer step")
+    dp: int = _opt(1, "data-parallel ranks (one manifest each)", bounds=(1, COUNT_MAX))
+    grad_accum: int = _opt(1, "micro-batches per rank per optimizer step", bounds=(1, COUNT_MAX))
     cost: str = _opt(
         "tokens",
         "cost model used to balance ranks and to score the plan",
@@ -70,20 +87,30 @@ class PlanConfig:
     model_preset: str | None = _opt(
         None, f"model dimensions for --cost flops: {', '.join(sorted(PRESETS))}"
     )
-    hidden: int | None = _opt(None, "hidden size h for --cost flops")
+    hidden: int | None = _opt(None, "hidden size h for --cost flops", bounds=(1, COUNT_MAX))
     kv_hidden: int | None = _opt(
-        None, "key/value hidden size (kv heads x head dim) for --cost flops"
+        None,
+        "key/value hidden size (kv heads x head dim) for --cost flops",
+        bounds=(1, COUNT_MAX),
     )
-    layers: int | None = _opt(None, "number of transformer layers for --cost flops")
+    layers: int | None = _opt(
+        None, "number of transformer layers for --cost flops", bounds=(1, COUNT_MAX)
+    )
     order: str = _opt(
         "curriculum",
         "curriculum: steps follow the sorted order; shuffle: random order, regrouped in windows",
         ("curriculum", "shuffle"),
     )
-    seed: int = _opt(0, "seed of the shuffle (each epoch reseeded from (seed, epoch))")
-    epochs: int = _opt(1, "number of passes over the data (steps are numbered continuously)")
+    seed: int = _opt(
+        0, "seed of the shuffle (each epoch reseeded from (seed, epoch))", bounds=(0, 2**63 - 1)
+    )
+    epochs: int = _opt(
+        1, "number of passes over the data (steps are numbered continuously)", bounds=(1, COUNT_MAX)
+    )
     shuffle_window: int = _opt(
-        8, "shuffle: regroup samples within windows of this many steps (1 = most random)"
+        8,
+        "shuffle: regroup samples within windows of this many steps (1 = most random)",
+        bounds=(1, INT32_MAX),
     )
     lr_scaling: str = _opt(
         "none",
@@ -102,9 +129,12 @@ class PlanConfig:
         None,
         "at most K distinct shapes per rank (lengths chosen to minimise padding); "
         "padded: B = max-tokens // T, short micro-batches get empty pad_rows",
+        bounds=(1, COUNT_MAX),
     )
     pack_to: int | None = _opt(
-        None, "packed: pad every micro-batch to exactly L tokens (the budget is L)"
+        None,
+        "packed: pad every micro-batch to exactly L tokens (the budget is L)",
+        bounds=(1, INT32_MAX),
     )
     warmup: str = _opt(
         "list",
@@ -113,16 +143,24 @@ class PlanConfig:
         ("list", "reorder", "none"),
     )
     pp: int = _opt(
-        1, "pipeline-parallel stages: one shape per (step, rank); --grad-accum must be a multiple"
+        1,
+        "pipeline-parallel stages: one shape per (step, rank); --grad-accum must be a multiple",
+        bounds=(1, COUNT_MAX),
     )
     block_len: int | None = _opt(
-        None, "--batching blocks: length T of a block (default: the longest sample)"
+        None,
+        "--batching blocks: length T of a block (default: the longest sample)",
+        bounds=(1, INT32_MAX),
     )
     blocks_per_batch: int | None = _opt(
-        None, "--batching blocks: blocks per micro-batch (default: max-tokens // block-len)"
+        None,
+        "--batching blocks: blocks per micro-batch (default: max-tokens // block-len)",
+        bounds=(1, INT32_MAX),
     )
     block_window: int = _opt(
-        8192, "--batching blocks: samples packed together by best fit (stream window)"
+        8192,
+        "--batching blocks: samples packed together by best fit (stream window)",
+        bounds=(1, INT32_MAX),
     )
 
     @property
@@ -172,6 +210,8 @@ class PlanConfig:
                 raise ConfigError(
                     f"{where}: unknown option '{key}' (known: {', '.join(sorted(known))})"
                 )
+            if name in clean:
+                raise ConfigError(f"{where}: option '{key}' is given twice (as - and _); keep one")
             clean[name] = value
         return cls(**clean)
 
@@ -182,11 +222,17 @@ class PlanConfig:
             value = getattr(cfg, name)
             if value not in choices:
                 raise ConfigError(f"--{_flag(name)} {value!r}: choose one of {', '.join(choices)}")
-        for name in ("dp", "grad_accum", "pad_multiple", "epochs", "shuffle_window", "pp"):
-            _positive_int(name, getattr(cfg, name))
-        if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
-            raise ConfigError(f"--seed {cfg.seed!r}: must be an integer >= 0")
+        for f in fields(cfg):
+            if "bounds" in f.metadata:
+                _check_bounds(f.name, getattr(cfg, f.name), f.metadata["bounds"])
         cfg = cfg._resolve_shapes()._resolve_batching()._resolve_model()._resolve_lr()
+        # A step's samples or tokens, and their sums, must stay far inside int64.
+        per_micro = cfg.max_tokens or cfg.batch_size or 1
+        if cfg.micro_per_step * per_micro > 2**52:
+            raise ConfigError(
+                f"--dp {cfg.dp} x --grad-accum {cfg.grad_accum} x {per_micro} per micro-batch "
+                "is beyond what a step's token count can hold; lower one of them"
+            )
         return cfg
 
     @property
@@ -203,9 +249,6 @@ class PlanConfig:
                 f"--grad-accum {cfg.grad_accum} must be a multiple of --pp {cfg.pp} "
                 "(every step's micro-batches fill the pipeline evenly)"
             )
-        if cfg.max_shapes is not None:
-            _positive_int("max_shapes", cfg.max_shapes)
-        _positive_int("block_window", cfg.block_window)
         if cfg.oversize == "alone":
             what = [
                 f
@@ -223,7 +266,6 @@ class PlanConfig:
                     "shape of its own); use --oversize drop or raise the budget"
                 )
         if cfg.pack_to is not None:
-            _positive_int("pack_to", cfg.pack_to)
             if cfg.max_shapes is not None:
                 raise ConfigError(
                     "--pack-to conflicts with --max-shapes (it fixes one shape); give one"
@@ -245,9 +287,6 @@ class PlanConfig:
                 if getattr(cfg, name) is not None:
                     raise ConfigError(f"--{_flag(name)} applies to --batching blocks only")
             return cfg
-        for name in ("block_len", "blocks_per_batch"):
-            if getattr(cfg, name) is not None:
-                _positive_int(name, getattr(cfg, name))
         if cfg.batch_size is not None:
             raise ConfigError(
                 "--batch-size conflicts with --batching blocks; use --blocks-per-batch"
@@ -257,8 +296,6 @@ class PlanConfig:
                 "--batching blocks needs --max-tokens (blocks per micro-batch = max-tokens // "
                 "block-len) or --blocks-per-batch"
             )
-        if cfg.max_tokens is not None:
-            _positive_int("max_tokens", cfg.max_tokens)
         if cfg.block_len is not None and cfg.max_tokens is not None:
             per = cfg.blocks_per_batch or max(cfg.max_tokens // cfg.block_len, 1)
             if per * cfg.block_len > cfg.max_tokens:
@@ -302,7 +339,6 @@ class PlanConfig:
                 raise ConfigError(
                     "--batching budget needs --max-tokens (the token budget of a micro-batch)"
                 )
-            _positive_int("max_tokens", self.max_tokens)
             if self.max_tokens < self.pad_multiple:
                 raise ConfigError(
                     f"--max-tokens {self.max_tokens} is smaller than --pad-multiple {self.pad_multiple}: nothing fits"
@@ -314,7 +350,6 @@ class PlanConfig:
                 )
             if self.batch_size is None:
                 raise ConfigError("--batching fixed needs --batch-size (samples per micro-batch)")
-            _positive_int("batch_size", self.batch_size)
             if self.oversize != "error":
                 raise ConfigError(
                     "--oversize applies to --batching budget only (fixed batches have no budget)"
@@ -355,8 +390,6 @@ class PlanConfig:
             raise ConfigError(
                 f"--cost flops needs --model-preset or all of --hidden --kv-hidden --layers (missing --{_flag(missing[0])})"
             )
-        for name in dims:
-            _positive_int(name, getattr(self, name))
         return self
 
     def _resolve_lr(self) -> PlanConfig:
@@ -389,9 +422,13 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"--{_flag(name)} {value!r}: must be an integer >= 1")
+def _check_bounds(name: str, value: Any, bounds: tuple[int, int]) -> None:
+    """An integer option within its bounds (``None`` means unset and passes)."""
+    if value is None:
+        return
+    lo, hi = bounds
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"--{_flag(name)} {value!r}: must be an integer in [{lo}, {hi}]")
 
 
 #: option name -> the names it may take (each is a key of its stage's registry)
