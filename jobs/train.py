@@ -13,8 +13,13 @@ What it shows, in the order a real trainer needs it:
 - ``--compile static`` compiles with ``dynamic=False`` after ``compile_warmup`` ran every shape;
 - checkpoints hold model, optimizer, LR and loader cursor; ``--resume`` continues exactly.
 
-Attention: flash-attn varlen over ``cu_seqlens`` where installed (CUDA, bf16), else SDPA with the
-block-diagonal causal mask built on the device from ``cu_seqlens``.
+Attention (``--attention``, see ``varpack.torch.attention``): ``auto`` takes the fastest path that
+keeps packed samples apart for this layout and device: flash-attn's or torch's varlen kernel over
+``cu_seqlens``, then FlexAttention with a document ``BlockMask`` (CUDA, bf16), else SDPA with the
+dense block-diagonal mask (CPU); padded batches use SDPA ``is_causal`` and no mask. What the layers
+need is built once per micro-batch. With ``--compile``, the kernels get the row length as
+``max_seqlen`` (constant per shape), so a static compile recompiles nothing after warm-up; the
+count is logged at the end.
 """
 
 from __future__ import annotations
@@ -33,14 +38,16 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from varpack.errors import VarpackError
+from varpack.errors import ConfigError, VarpackError
 from varpack.torch import (
     ParquetTokenDataset,
     PlanLoader,
     VariableBatchSizeLR,
     compile_warmup,
+    compiled_graphs,
     dummy_batch,
     normalise,
+    resolve_backend,
     token_loss_sum,
 )
 from varpack.torch.model import PRESETS, TinyGPT, model_inputs, param_count_str
@@ -69,7 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--collate", choices=["packed", "padded", "blocks"], default=None)
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
-    p.add_argument("--attention", choices=["auto", "mask", "flash"], default="auto")
+    p.add_argument(
+        "--attention",
+        choices=["auto", "varlen", "flex", "flash", "mask", "causal"],
+        default="auto",
+        help="attention backend (causal: SDPA is_causal, padded batches only)",
+    )
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--compile", choices=["none", "static", "dynamic"], default="none")
     p.add_argument(
@@ -153,10 +165,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.compile != "none":
         model = torch.compile(model, dynamic=args.compile == "dynamic")  # type: ignore[assignment]
     attention = args.attention
+    resolved = resolve_backend(attention, device, dtype, loader.layout)  # fails early, one line
+    if resolved == "flex" and device.type != "cuda":
+        raise ConfigError(
+            "--attention flex trains on CUDA only (FlexAttention has no CPU backward)"
+        )
+    # A compiled model must not specialise on the longest sample: give it the row length.
+    max_seqlen = "batch" if args.compile == "none" else "row"
 
     def micro_loss(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        inputs = model_inputs(batch, attention, dtype, max_seqlen=max_seqlen)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            logits = m(**model_inputs(batch, attention, dtype))
+            logits = m(**inputs)
         return normalise(token_loss_sum(logits, batch.labels), batch, world)
 
     if args.compile == "static":
@@ -169,9 +189,10 @@ def main(argv: list[str] | None = None) -> None:
             micro_loss,
         )
         log(rank, f"compile warm-up: {len(shapes)} shapes in {time.perf_counter() - t0:.1f}s")
+    graphs_warm = compiled_graphs()
 
     log(rank, f"model {args.preset} {param_count_str(raw.num_params())} params; plan {loader.num_steps} steps x "
-        f"{loader.grad_accum} micro x dp {world}; layout {loader.layout}; device {device}")  # fmt: skip
+        f"{loader.grad_accum} micro x dp {world}; layout {loader.layout}; attention {resolved}; device {device}")  # fmt: skip
     seen: list[int] = []
     step_loss = torch.zeros((), device=device)
     rank_tokens = win_tokens = tokens_total = 0
@@ -217,6 +238,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.max_steps is not None and step_done >= args.max_steps:
             break
     checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done)
+    if args.compile == "static":
+        log(rank, f"recompiles after warm-up: {compiled_graphs() - graphs_warm}")
+    elif args.compile == "dynamic":
+        log(rank, f"graphs compiled (dynamic shapes): {compiled_graphs() - graphs_warm}")
     elapsed = time.perf_counter() - t_start
     log(
         rank,

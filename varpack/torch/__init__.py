@@ -8,29 +8,38 @@ The only part of varpack that imports torch. The pieces:
 - :class:`VariableBatchSizeLR` (``lr``): the plan's per-step LR factor on top of any scheduler.
 - :func:`normalise`, :func:`token_loss_sum` (``loss``): exact loss normalisation per global step.
 - :func:`compile_warmup` (``warmup``): one forward/backward per shape before training.
-- ``masks``: block-diagonal causal masks from ``cu_seqlens``; ``model``: a small reference GPT.
+- :func:`packed_attention`, :func:`attention_meta` (``attention``): attention that keeps packed
+  samples apart (varlen kernels, FlexAttention, SDPA), inputs built once per batch.
+- ``masks``: block-diagonal masks and FlexAttention block masks; ``model``: a small reference GPT;
+  ``hf``: :func:`~varpack.torch.hf.hf_inputs` for Hugging Face ``transformers`` models.
 """
 
+from varpack.torch.attention import AttentionMeta, attention_meta, packed_attention, resolve_backend
 from varpack.torch.batch import IGNORE_INDEX, BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.dataset import ParquetTokenDataset
 from varpack.torch.loader import PlanLoader, load_lr_factors
 from varpack.torch.loss import normalise, token_loss_sum, token_losses
 from varpack.torch.lr import VariableBatchSizeLR
-from varpack.torch.warmup import compile_warmup, dummy_batch, rank_shapes
+from varpack.torch.warmup import compile_warmup, compiled_graphs, dummy_batch, rank_shapes
 
 __all__ = [
     "IGNORE_INDEX",
+    "AttentionMeta",
     "BlockBatch",
     "PackedBatch",
     "PaddedBatch",
     "ParquetTokenDataset",
     "PlanLoader",
     "VariableBatchSizeLR",
+    "attention_meta",
     "compile_warmup",
+    "compiled_graphs",
     "dummy_batch",
     "load_lr_factors",
     "normalise",
+    "packed_attention",
     "rank_shapes",
+    "resolve_backend",
     "token_loss_sum",
     "token_losses",
 ]

@@ -1,15 +1,14 @@
 """A small GPT-style reference model for tests, benchmarks and ``jobs/train.py``.
 
 Pre-norm decoder blocks with rotary position embeddings driven by ``position_ids`` (so positions
-restart per packed sample), causal self-attention and a GELU MLP. Attention runs
+restart per packed sample), causal self-attention and a GELU MLP. Attention is
+:func:`varpack.torch.attention.packed_attention`: flash-attn or torch's varlen kernel over
+``cu_seqlens``, FlexAttention with a document ``BlockMask``, SDPA ``is_causal`` for padded rows,
+or SDPA with a dense mask on the CPU (see :mod:`varpack.torch.attention`).
 
-- with flash-attn's varlen kernel over ``cu_seqlens`` when flash-attn is importable, the tensors
-  are on CUDA in fp16/bf16, and the batch is packed (no mask is materialised), else
-- with ``scaled_dot_product_attention`` and a boolean mask (block-diagonal causal for packed rows,
-  per-sample ``B x T x T`` for padded ones; see :mod:`varpack.torch.masks`).
-
-The mask is built outside :meth:`TinyGPT.forward` (by :func:`model_inputs`), so the compiled
-model's input shapes depend only on the batch shape, never on how many samples it holds.
+What the layers need is built outside :meth:`TinyGPT.forward` (by :func:`model_inputs`, once per
+batch, as an :class:`~varpack.torch.attention.AttentionMeta`), so the compiled model's input shapes
+depend only on the batch shape, never on how many samples it holds.
 """
 
 from __future__ import annotations
@@ -21,10 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-try:  # optional: flash-attn varlen kernels (GPU only)
-    from flash_attn import flash_attn_varlen_func
-except ImportError:  # pragma: no cover - not installed on CPU machines
-    flash_attn_varlen_func = None
+from varpack.torch.attention import AttentionMeta, attention_meta, packed_attention
 
 
 @dataclass(frozen=True)
@@ -62,29 +58,15 @@ class Attention(nn.Module):
         self.out = nn.Linear(cfg.d_model, cfg.d_model)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        pos: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-        cu_seqlens: torch.Tensor | None,
-        max_seqlen: int | None,
+        self, x: torch.Tensor, pos: torch.Tensor, attn: AttentionMeta | None
     ) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         q, k = _rope(q, pos, self.base), _rope(k, pos, self.base)
-        if cu_seqlens is not None and attn_mask is None:
-            assert flash_attn_varlen_func is not None and b == 1, (
-                "varlen attention needs flash-attn and one packed row"
-            )
-            qs, ks, vs = (z[0].transpose(0, 1) for z in (q, k, v))  # [N, H, Dh]
-            y = flash_attn_varlen_func(
-                qs, ks, vs, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal=True
-            )
-            y = y.transpose(0, 1).unsqueeze(0)
-        elif attn_mask is None:
+        if attn is None:  # one sample per row, no padding
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            y = packed_attention(q, k, v, attn)
         return self.out(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -100,14 +82,18 @@ class Block(nn.Module):
         )
 
     def forward(
-        self, x: torch.Tensor, pos: torch.Tensor, attn_mask: Any, cu: Any, max_len: Any
+        self, x: torch.Tensor, pos: torch.Tensor, attn: AttentionMeta | None
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), pos, attn_mask, cu, max_len)
+        x = x + self.attn(self.ln1(x), pos, attn)
         return x + self.mlp(self.ln2(x))
 
 
 class TinyGPT(nn.Module):
-    """Decoder-only LM; ``forward(input_ids, position_ids, attn_mask=None, ...) -> logits``."""
+    """Decoder-only LM; ``forward(input_ids, position_ids, attn=None) -> logits``.
+
+    ``attn``: the batch's :class:`~varpack.torch.attention.AttentionMeta` (``None``: plain causal
+    attention, one unpadded sample per row).
+    """
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -135,49 +121,29 @@ class TinyGPT(nn.Module):
         return 6 * self.num_params() + 12 * c.n_layers * c.d_model * seq_len
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attn: AttentionMeta | None = None
     ) -> torch.Tensor:
         x = self.embed(input_ids)
         for block in self.blocks:
-            x = block(x, position_ids, attn_mask, cu_seqlens, max_seqlen)
+            x = block(x, position_ids, attn)
         return self.head(self.norm(x))
 
 
-def can_use_flash(batch: Any, dtype: torch.dtype) -> bool:
-    """True when flash-attn varlen can run this batch (installed, CUDA, half precision, packed)."""
-    return (
-        flash_attn_varlen_func is not None
-        and batch.input_ids.is_cuda
-        and dtype in (torch.float16, torch.bfloat16)
-        and hasattr(batch, "cu_seqlens")
-        and batch.input_ids.shape[0] == 1
-    )
-
-
 def model_inputs(
-    batch: Any, attention: str = "auto", dtype: torch.dtype = torch.float32
+    batch: Any,
+    attention: str = "auto",
+    dtype: torch.dtype = torch.float32,
+    max_seqlen: str = "row",
 ) -> dict[str, Any]:
     """Keyword arguments of :meth:`TinyGPT.forward` for a varpack batch.
 
-    ``attention``: ``"flash"`` (varlen over cu_seqlens), ``"mask"`` (SDPA with the batch's
-    block-diagonal / per-sample mask, built on the batch's device) or ``"auto"`` (flash when
-    :func:`can_use_flash`, else mask).
+    ``attention``: a backend of :mod:`varpack.torch.attention` (``auto``, ``flash``, ``varlen``,
+    ``flex``, ``mask``, ``causal``); ``dtype``: the compute dtype (the autocast dtype);
+    ``max_seqlen``: ``"row"`` (constant per shape, for compiled models) or ``"batch"``.
+    The attention inputs are built here, once per batch, on the batch's device.
     """
-    if attention == "auto":
-        attention = "flash" if can_use_flash(batch, dtype) else "mask"
-    kwargs: dict[str, Any] = {"input_ids": batch.input_ids, "position_ids": batch.position_ids}
-    if attention == "flash":
-        kwargs.update(cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen)
-    elif attention == "mask":
-        kwargs["attn_mask"] = batch.attn_mask()
-    else:
-        raise ValueError(f"attention={attention!r}: choose auto, flash or mask")
-    return kwargs
+    meta = attention_meta(batch, attention, dtype=dtype, max_seqlen=max_seqlen)
+    return {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "attn": meta}
 
 
 def param_count_str(n: int) -> str:
@@ -188,4 +154,4 @@ def param_count_str(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K" if n >= 1e3 else str(n)
 
 
-__all__ = ["GPTConfig", "PRESETS", "TinyGPT", "model_inputs", "can_use_flash"]
+__all__ = ["GPTConfig", "PRESETS", "TinyGPT", "model_inputs"]

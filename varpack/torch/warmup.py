@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from varpack.manifest.format import Plan, load_plan
-from varpack.torch.batch import IGNORE_INDEX, BlockBatch, PackedBatch, PaddedBatch
+from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
+from varpack.torch.collate import RowInfo, collate
 from varpack.torch.loader import ManifestRows, PlanLoader, plan_layout
 
 Shape = tuple[int, int]
@@ -130,6 +131,16 @@ def raise_recompile_limit(num_shapes: int) -> None:
         cfg.accumulated_recompile_limit = 4 * num_shapes
 
 
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far (every recompilation adds one).
+
+    The difference before and after a stretch of training is its number of recompilations.
+    """
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def compile_warmup(
     model: torch.nn.Module,
     plan: Plan | PlanLoader | str | os.PathLike[str],
@@ -164,31 +175,26 @@ def compile_warmup(
 def dummy_batch(
     shape: Shape, layout: str = "packed", vocab_size: int = 2
 ) -> PackedBatch | PaddedBatch | BlockBatch:
-    """A batch of ``shape`` with the dtypes the loader yields (tokens zero, one sample per row)."""
+    """A batch of ``shape`` built by the loader's own collate (same dtypes, strides and fields).
+
+    Padded: one full-length sample per row. Packed and blocks: two samples per row (when the row
+    has 2 tokens or more), so ``cu_seqlens`` has the form of a real batch's: a compiled model sees
+    at warm-up what it will see later, and a kernel that slices ``cu_seqlens`` does not specialise
+    on a single segment. Token ids are zero (``vocab_size`` is kept for compatibility).
+    """
     b, t = shape
-    ids = torch.zeros(b, t, dtype=torch.int64)
-    pos = torch.arange(t, dtype=torch.int64).expand(b, t).contiguous()
-    labels = ids.clone()
-    labels[:, 0] = IGNORE_INDEX
-    cu = torch.arange(0, b * t + 1, max(t, 1), dtype=torch.int32)
-    info: dict[str, Any] = dict(
-        step=0, micro=0, lr_factor=1.0, step_tokens=b * t, step_samples=b, is_last_micro=True, warmup=True,
-        epoch=0, sample_ids=torch.arange(b), seq_lens=torch.full((b,), t, dtype=torch.int32),
+    per_row = 2 if layout != "padded" and t >= 2 else 1
+    row_lens = [t // 2, t - t // 2] if per_row == 2 else [t]
+    lens = np.tile(np.asarray(row_lens, dtype=np.int64), b)
+    n = len(lens)
+    block_index = np.repeat(np.arange(b, dtype=np.int32), per_row) if layout == "blocks" else None
+    row = RowInfo(
+        step=0, micro=0, sample_ids=np.arange(n, dtype=np.int64), seq_lens=lens, pad_to=t,
+        lr_factor=1.0, step_tokens=int(lens.sum()), step_samples=n, warmup=True,
+        is_last_micro=True, block_index=block_index,
     )  # fmt: skip
-    if layout == "packed":
-        return PackedBatch(
-            **info, input_ids=ids, position_ids=pos, labels=labels, cu_seqlens=cu, max_seqlen=t
-        )
-    mask = torch.ones(b, t, dtype=torch.int64)
-    if layout == "padded":
-        return PaddedBatch(
-            **info, input_ids=ids, position_ids=pos, labels=labels, attention_mask=mask, pad_rows=0
-        )
-    starts = torch.zeros(b, dtype=torch.int32)
-    resets = torch.zeros(b, t, dtype=torch.bool)
-    resets[:, 0] = True
-    return BlockBatch(
-        **info, input_ids=ids, position_ids=pos, labels=labels, attention_mask=mask,
-        block_index=torch.arange(b, dtype=torch.int32), starts=starts, resets=resets,
-        cu_seqlens=cu, max_seqlen=t, pad_rows=0,
-    )  # fmt: skip
+
+    def fetch(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(int(lens.sum()), dtype=np.int64), lens
+
+    return collate(row, fetch, layout)

@@ -1,0 +1,116 @@
+"""Feed varpack batches to a Hugging Face ``transformers`` causal LM, packed samples kept apart.
+
+Restarting ``position_ids`` alone do not isolate packed samples in general: transformers 5.x
+infers sample boundaries from them only when the model runs without a cache (``use_cache=False``)
+and no mask is given, and even then rebuilds the mask every forward with a host sync. With the
+default ``use_cache`` a Llama's logits differ from each sample run alone by about 0.5 (DESIGN.md).
+:func:`hf_inputs` passes what each ``attn_implementation`` needs explicitly instead:
+
+- ``sdpa``: a 4D boolean mask ``[B, 1, T, T]`` (True = attend), block-diagonal causal; transformers
+  5.x hands a 4D mask to SDPA as it is;
+- ``eager``: the same mask as an additive float ``[B, 1, T, T]`` (0 or the dtype's minimum):
+  eager attention adds the mask to the scores, so a boolean one would be wrong;
+- ``flex_attention``: a FlexAttention ``BlockMask`` (:func:`varpack.torch.masks.document_block_mask`),
+  which transformers passes to ``flex_attention`` untouched;
+- ``flash_attention_2`` / ``_3`` / hub kernels (any name with "flash"): no mask, and
+  ``cu_seq_lens_q/k`` + ``max_length_q/k``, the padding-free varlen path (no unpadding, no sync).
+
+A right-padded batch needs no mask with causal attention (real tokens never see the padding to
+their right, and padding positions are ignored by the labels), except for FlexAttention, which
+gets a causal ``BlockMask``. Blocks batches use their per-block masks, or ``cu_seq_lens`` over the
+flattened view (transformers flattens ``[B, T]`` for the varlen kernel itself).
+
+Every variant adds ``use_cache=False`` (training needs no KV cache). The labels follow the Hugging
+Face convention already; for the exact per-step loss use
+``normalise(token_loss_sum(out.logits, batch.labels), batch, world_size)``.
+
+>>> hf_attention_kind("sdpa"), hf_attention_kind("kernels-community/flash-attn2")
+('bool_mask', 'varlen')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from varpack.errors import ConfigError
+from varpack.torch import masks
+from varpack.torch.attention import batch_layout
+
+KINDS = ("bool_mask", "float_mask", "block_mask", "varlen")
+_BY_NAME = {"sdpa": "bool_mask", "eager": "float_mask", "flex_attention": "block_mask"}
+
+
+def hf_attention_kind(attn_implementation: str) -> str:
+    """What an ``attn_implementation`` needs to keep packed samples apart (one of :data:`KINDS`)."""
+    if attn_implementation in _BY_NAME:
+        return _BY_NAME[attn_implementation]
+    if "flash" in attn_implementation.lower():
+        return "varlen"
+    raise ConfigError(
+        f"attn_implementation={attn_implementation!r}: no packed-sample recipe for it; use sdpa, "
+        f"eager, flex_attention or a flash implementation, or pass kind= one of {', '.join(KINDS)} "
+        "for a custom attention function"
+    )
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean "may attend" mask -> additive float mask: 0 where allowed, the dtype's minimum else.
+
+    >>> additive_mask(torch.tensor([True, False]), torch.float32).tolist()
+    [0.0, -3.4028234663852886e+38]
+    """
+    out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return out.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def _varlen_kwargs(batch: Any, layout: str, max_seqlen: str) -> dict[str, Any]:
+    if layout == "padded":  # one sample per row: the plain causal flash kernel is exact
+        return {}
+    cu = batch.cu_seqlens.to(torch.int32)
+    longest = int(batch.input_ids.shape[1]) if max_seqlen == "row" else int(batch.max_seqlen)
+    return {
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
+
+
+def hf_inputs(
+    batch: Any,
+    attn_implementation: str = "sdpa",
+    *,
+    dtype: torch.dtype = torch.float32,
+    kind: str | None = None,
+    max_seqlen: str = "batch",
+) -> dict[str, Any]:
+    """Keyword arguments for ``model(**kwargs)`` of a ``transformers`` causal LM.
+
+    ``attn_implementation``: the model's (``model.config._attn_implementation``); ``kind``
+    overrides what it implies (for an attention function registered under another name).
+    ``dtype``: the dtype of the additive mask for ``eager`` (the model's compute dtype).
+    ``max_seqlen``: ``"batch"`` (the longest segment) or ``"row"`` (the row length: constant per
+    shape, for a compiled model).
+    """
+    kind = kind or hf_attention_kind(attn_implementation)
+    if kind not in KINDS:
+        raise ConfigError(f"kind={kind!r}: choose one of {', '.join(KINDS)}")
+    layout = batch_layout(batch)
+    kwargs: dict[str, Any] = {
+        "input_ids": batch.input_ids,
+        "position_ids": batch.position_ids,
+        "use_cache": False,
+    }
+    if kind == "varlen":
+        kwargs.update(_varlen_kwargs(batch, layout, max_seqlen))
+    elif kind == "block_mask":
+        kwargs["attention_mask"] = masks.document_block_mask(batch.segment_ids())
+    elif layout != "padded":
+        allowed = masks.causal_mask_from_segments(batch.segment_ids())
+        kwargs["attention_mask"] = allowed if kind == "bool_mask" else additive_mask(allowed, dtype)
+    return kwargs
+
+
+__all__ = ["KINDS", "additive_mask", "hf_attention_kind", "hf_inputs"]
