@@ -185,3 +185,18 @@ def test_real_planner_plans_replay(tmp_path, rng, flags) -> None:
             b = next(iter(loader))
             assert b.resets.sum() == len(b.sample_ids) and b.shape[1] == 48
     assert sorted(seen) == sorted(lens)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("step", 10**9), ("epoch", -3), ("step", 3.7), ("micro", 3), ("step", "2"), ("micro", True)],
+)
+def test_damaged_state_is_refused(setup, key, value) -> None:
+    plan, ds, _, _ = setup
+    loader = PlanLoader(plan, ds, rank=0)
+    state = {**loader.state_dict(), key: value}
+    with pytest.raises(InputError, match=f"loader state {key} .*must be an integer in"):
+        loader.load_state_dict(state)
+    done = {**loader.state_dict(), "step": loader.num_steps, "micro": 0}  # the pass finished
+    loader.load_state_dict(done)
+    assert next(iter(loader)).epoch == 1  # the next pass starts

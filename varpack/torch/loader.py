@@ -309,8 +309,24 @@ class PlanLoader:
                 f"the loader state belongs to another plan (fingerprint {state.get('plan')}, "
                 f"{self.path} is {self.fingerprint}); resume with the plan the run started with"
             )
-        self._epoch = int(state["epoch"])
-        self._next = self.rows.index_of(int(state["step"]), int(state["micro"]))
+        epoch = _state_int(state, "epoch", 0, 2**62)
+        step = _state_int(state, "step", 0, self.num_steps)  # num_steps: the plan is done
+        micro = _state_int(state, "micro", 0, self.grad_accum - 1)
+        if step == self.num_steps and micro:
+            raise InputError(f"loader state step {step} micro {micro}: the plan has {step} steps")
+        self._epoch = epoch
+        self._next = self.rows.index_of(step, micro)
+
+
+def _state_int(state: dict[str, Any], key: str, lo: int, hi: int) -> int:
+    """An integer field of a loader state within ``[lo, hi]`` (not a bool, float or string)."""
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not lo <= value <= hi:
+        raise InputError(
+            f"loader state {key} {value!r}: must be an integer in [{lo}, {hi}]; the checkpoint is "
+            "damaged or belongs to another run"
+        )
+    return int(value)
 
 
 def step_values(steps: np.ndarray, values: np.ndarray, num_steps: int) -> np.ndarray:
