@@ -21,19 +21,7 @@ from varpack.manifest.format import write_plan
 from varpack.manifest.tables import plan_tables
 from varpack.plan import PlanArrays, PlanConfig, make_plan
 from varpack.plan.select import plan_bytes
-
-
-def is_sorted_output(path: str | os.PathLike[str]) -> bool:
-    """A ``varpack sort`` output: a directory with ``_index.json`` or a single-file binary."""
-    from varpack.sort.output import INDEX, MAGIC
-
-    p = Path(path)
-    if p.is_dir():
-        return (p / INDEX).is_file()
-    if p.is_file() and p.suffix != ".parquet":
-        with open(p, "rb") as fh:
-            return fh.read(len(MAGIC)) == MAGIC
-    return False
+from varpack.sort.output import is_sorted_output
 
 
 def input_paths(path: str | os.PathLike[str]) -> list[Path]:

@@ -7,25 +7,23 @@ keys; each rank sorts its rows, the ranks draw a weighted sample and choose spli
 merged. Last, boundary rows are shifted so that rank ``r`` holds exactly global rows
 ``[r*N//P, (r+1)*N//P)`` (``N/P`` rows, ``±1``), and the keys are decoded back into columns.
 
-Collective: the functions taking the :class:`~varpack.sort.driver.Job` call collectives on its
+Collective: the functions taking the :class:`~varpack.sort.job.Job` call collectives on its
 communicator (``Allreduce`` of key ranges, the sample gather, ``Alltoallv`` through
 :mod:`varpack.sort.exchange`, ``exscan``). No user error can arise once the rows are read, so
-they run on every rank outside :meth:`~varpack.sort.driver.Job.phase` (anything escaping is a
+they run on every rank outside :meth:`~varpack.sort.job.Job.phase` (anything escaping is a
 bug, and the driver aborts the job). :func:`local_sort` is pure NumPy.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
 from varpack.sort import bucket, exchange
 from varpack.sort import keys as keymod
+from varpack.sort.job import Job
 from varpack.sort.splitters import choose_splitters, draw_sample
-
-if TYPE_CHECKING:
-    from varpack.sort.driver import Job
 
 
 def sort_rows(

@@ -22,8 +22,8 @@ a module of its own apart from the first:
 
 The phase modules take the :class:`Job` and call collectives on its communicator; the pure NumPy
 steps they use live in :mod:`.keys`, :mod:`.splitters`, :mod:`.bucket`, :mod:`.inputs` and
-:mod:`.output`, and bulk data moves only through :mod:`.exchange`. This module and
-:mod:`.exchange` are the only ones that import mpi4py.
+:mod:`.output`, and bulk data moves only through :mod:`.exchange`. Only :mod:`.job` (the per-rank state and the agreement protocol), :func:`sort_metadata` (for
+``COMM_WORLD``) and :mod:`.exchange` import mpi4py.
 
 A user error on any rank (:class:`~varpack.errors.VarpackError`) is printed by that rank as
 ``rank R: message``; all ranks then exit 2 and rank 0 deletes the temporary output. A bug inside
@@ -38,83 +38,30 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from varpack.atomic import check_output, remove, temp_sibling
-from varpack.errors import VarpackError
+from varpack.atomic import (
+    check_output,
+    drop_temp,
+    is_varpack_output,
+    make_parents,
+    new_temp,
+    remove_parents,
+    temp_sibling,
+)
+from varpack.errors import Interrupted, VarpackError
 from varpack.metadata.contract import resolve_files
 from varpack.sort import keys as keymod
 from varpack.sort.distribute import sort_rows
 from varpack.sort.ids import check_ids
+from varpack.sort.job import Job, SortFailed
 from varpack.sort.load import read_footers, read_rows
+from varpack.sort.output import is_sorted_output
 from varpack.sort.write import index_meta, write_parts, write_single
 
-T = TypeVar("T")
-
-
-class SortFailed(Exception):
-    """Another rank failed (its message is already printed); exit with ``code``."""
-
-    def __init__(self, code: int, message: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class Job:
-    """Per-rank state: the communicator, the temp path to clean, phase timing."""
-
-    def __init__(self, comm: Any, quiet: bool) -> None:
-        from mpi4py import MPI
-
-        self.MPI = MPI
-        self.comm = comm
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
-        self.quiet = quiet or self.rank != 0
-        self.tmp: Path | None = None
-        self.t0 = self.t = time.perf_counter()
-
-    def phase(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on this rank, then agree with all ranks on whether any failed."""
-        code, message, result = 0, "", None
-        try:
-            result = fn()
-        except VarpackError as exc:
-            code, message = 2, str(exc)
-        except Exception:
-            code, message = 1, traceback.format_exc().rstrip()
-        codes = self.comm.allgather(code)
-        if max(codes):
-            self.fail(code, message, codes)
-        return result  # type: ignore[return-value]
-
-    def fail(self, code: int, message: str, codes: list[int]) -> None:
-        if self.rank == 0 and self.tmp is not None:
-            remove(self.tmp)
-        if code:
-            text = f"rank {self.rank}: {message}" if self.size > 1 else message
-            if code == 2:
-                err = VarpackError(text)
-                err.agreed = True  # type: ignore[attr-defined]  # every rank knows: exit cleanly
-                raise err
-            print(text, file=sys.stderr, flush=True)
-            raise SortFailed(code)
-        bad = [r for r, c in enumerate(codes) if c]
-        summary = (
-            f"sort failed on rank {', '.join(map(str, bad))} (message above); nothing was written"
-        )
-        raise SortFailed(max(codes), summary if self.rank == 0 else "")
-
-    def report(self, name: str, rows: int, detail: str = "") -> None:
-        """Rank 0: one progress line for the phase that just ended (times include the waits)."""
-        now = time.perf_counter()
-        dt, self.t = now - self.t, now
-        rate = rows / dt / 1e6 if dt > 0 else float("inf")
-        if not self.quiet:  # plain stderr: one unwrapped line per phase
-            line = f"sort: {name:<9} {rows:>13,} rows {dt:6.2f} s {rate:7.1f} M rows/s {detail}"
-            print(line, file=sys.stderr, flush=True)
+__all__ = ["Job", "SortFailed", "sort_metadata"]
 
 
 def sort_metadata(
@@ -149,12 +96,30 @@ def sort_metadata(
         )
     except (VarpackError, SortFailed):
         raise
+    except Interrupted as exc:
+        _interrupted(job, exc)
+        raise
     except BaseException:
         print(f"rank {job.rank}: {traceback.format_exc().rstrip()}", file=sys.stderr, flush=True)
         if job.tmp is not None:
-            remove(job.tmp)  # best effort: Abort ends every rank, including rank 0
+            drop_temp(job.tmp)  # best effort: Abort ends every rank, including rank 0
         job.comm.Abort(1)
         raise
+
+
+def _interrupted(job: Job, exc: Interrupted) -> None:
+    """A signal on this rank: remove the shared temporary, then end every rank with its code.
+
+    The other ranks may be waiting in a collective that will never complete, so with more than
+    one rank this is an ``Abort`` (the launcher ends them all); alone, the CLI prints the line.
+    """
+    if job.tmp is not None:
+        drop_temp(job.tmp)
+        job.tmp = None
+    if job.size > 1:
+        line = f"varpack: error: rank {job.rank}: {exc}; the partial output was removed"
+        print(line, file=sys.stderr, flush=True)
+        job.comm.Abort(exc.exit_code)
 
 
 def _run(
@@ -200,14 +165,24 @@ def _prepare(
             raise VarpackError(f"--oversample must be >= 1 (got {oversample})")
         if job.rank != 0:
             return [], ""
-        check_output(out, overwrite)
-        files = [str(p) for p in resolve_files(input)]
+        files = resolve_files(input)
+        specs = input if isinstance(input, list | tuple) else [input]
+        dirs = [Path(s) for s in specs if Path(s).is_dir()]
+        check_output(out, overwrite, [*dirs, *files], owned=_sort_output)
         token = uuid.uuid4().hex[:12]
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if not single_file:
-            temp_sibling(out, token).mkdir()
-        return files, token
+        made = make_parents(out)
+        try:
+            job.tmp = new_temp(out, token, directory=not single_file)
+        except BaseException:
+            remove_parents(made)
+            raise
+        return [str(p) for p in files], token
 
     files, token = job.comm.bcast(job.phase(prepare), root=0)
     job.tmp = temp_sibling(out, token)
     return files
+
+
+def _sort_output(path: Path) -> bool:
+    """What ``--overwrite`` may replace: an earlier sort output (either form) or a varpack output."""
+    return is_sorted_output(path) or is_varpack_output(path)

@@ -5,32 +5,24 @@ A sorted copy of each rank's ids is range-partitioned by sampled splitters (one 
 adjacent comparison finds them (:func:`varpack.metadata.contract.first_duplicate`). The smallest
 duplicate over all ranks fails every rank; rank 0 reports all its places (files and rows).
 
-Collective: the functions take the :class:`~varpack.sort.driver.Job` and call collectives on its
-communicator (the exchange, an ``allreduce`` and a ``gather``); the error is raised inside
-:meth:`~varpack.sort.driver.Job.phase` so that all ranks agree on it.
+Collective: the functions take the :class:`~varpack.sort.job.Job` and call collectives on its
+communicator (the exchange, an ``allgather`` and a ``gather``); the error is raised inside
+:meth:`~varpack.sort.job.Job.phase` so that all ranks agree on it.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from varpack.metadata.contract import duplicate_error, first_duplicate
 from varpack.sort.distribute import exchange_sorted
 from varpack.sort.inputs import Segment, locate
-
-if TYPE_CHECKING:
-    from varpack.sort.driver import Job
-
-#: "no duplicate": larger than any id, so a MIN reduction finds the smallest duplicate
-NO_DUP = np.iinfo(np.int64).max
-
+from varpack.sort.job import Job
 
 def check_ids(job: Job, ids: np.ndarray, segments: list[Segment]) -> None:
     """Phase 4: a duplicated id anywhere fails every rank; rank 0 reports all its places."""
     dup = first_duplicate_id(job, ids)
-    if dup == NO_DUP:  # the same on every rank (an allreduce)
+    if dup is None:  # the same on every rank (an allgather)
         return
     places = job.comm.gather(locate(dup, ids, segments), root=0)
 
@@ -41,8 +33,9 @@ def check_ids(job: Job, ids: np.ndarray, segments: list[Segment]) -> None:
     job.phase(report_dup)
 
 
-def first_duplicate_id(job: Job, ids: np.ndarray) -> int:
-    """The smallest duplicated id over all ranks, or ``NO_DUP``.
+def first_duplicate_id(job: Job, ids: np.ndarray) -> int | None:
+    """The smallest duplicated id over all ranks, or ``None`` (every id is a valid value: no
+    in-band "none" sentinel).
 
     A sorted copy of the ids is range-partitioned by sampled splitters (one ``Alltoallv``), so
     equal ids meet on one rank, where a sorted adjacent check finds them.
@@ -51,5 +44,5 @@ def first_duplicate_id(job: Job, ids: np.ndarray) -> int:
     if job.size > 1:
         mine = exchange_sorted(job, mine, {}, 1024)[0]
         mine.sort(kind="stable")  # P sorted runs: timsort merges them in O(n log P)
-    dup = first_duplicate(mine)
-    return int(job.comm.allreduce(NO_DUP if dup is None else dup, op=job.MPI.MIN))
+    found = [d for d in job.comm.allgather(first_duplicate(mine)) if d is not None]
+    return min(found) if found else None

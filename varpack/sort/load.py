@@ -6,15 +6,15 @@ all-gathered and each rank takes an equal share of the rows (:func:`varpack.sort
 ranks agree on which key columns are float (float on any rank is float everywhere) and sum the
 input fingerprint (count, tokens, digest).
 
-Collective: every function here takes the :class:`~varpack.sort.driver.Job` and calls
+Collective: every function here takes the :class:`~varpack.sort.job.Job` and calls
 collectives on its communicator (small ``allgather`` / ``Allreduce`` of counts and flags); the
-local work runs inside :meth:`~varpack.sort.driver.Job.phase` so that an error on one rank is
+local work runs inside :meth:`~varpack.sort.job.Job.phase` so that an error on one rank is
 agreed by all. Nothing here imports mpi4py: the reduction ops come from ``job.MPI``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -23,9 +23,7 @@ from varpack.fingerprint import Fingerprint, fingerprint
 from varpack.metadata.contract import Piece, list_pieces
 from varpack.sort import keys as keymod
 from varpack.sort.inputs import Segment, read_share, share
-
-if TYPE_CHECKING:
-    from varpack.sort.driver import Job
+from varpack.sort.job import Job
 
 
 def read_footers(

@@ -39,6 +39,20 @@ MAGIC = b"VPSORTED"
 HEADER_BYTES = 4096
 
 
+def is_sorted_output(path: str | os.PathLike[str]) -> bool:
+    """A ``varpack sort`` output: a directory with ``_index.json`` or a single-file binary."""
+    p = Path(path)
+    if p.is_dir():
+        return (p / INDEX).is_file()
+    if p.is_file() and p.suffix != ".parquet":
+        try:
+            with open(p, "rb") as fh:
+                return fh.read(len(MAGIC)) == MAGIC
+        except OSError:
+            return False
+    return False
+
+
 def part_name(rank: int) -> str:
     """File name of rank ``rank``'s part.
 

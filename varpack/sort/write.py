@@ -8,9 +8,9 @@ gives, with collective MPI-IO writes in rounds of at most
 :func:`varpack.sort.exchange.max_message_bytes`; rank 0 renames the file into place. The
 on-disk formats are :mod:`varpack.sort.output`'s.
 
-Collective: the writers take the :class:`~varpack.sort.driver.Job` and call collectives on its
+Collective: the writers take the :class:`~varpack.sort.job.Job` and call collectives on its
 communicator (``gather``, ``exscan``, ``allreduce``, and ``MPI.File`` through ``job.MPI``); each
-local step runs inside :meth:`~varpack.sort.driver.Job.phase`, so a failed write on any rank is
+local step runs inside :meth:`~varpack.sort.job.Job.phase`, so a failed write on any rank is
 agreed by all and leaves nothing behind.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -26,9 +26,7 @@ from varpack.atomic import publish
 from varpack.fingerprint import Fingerprint
 from varpack.sort import exchange, output
 from varpack.sort import keys as keymod
-
-if TYPE_CHECKING:
-    from varpack.sort.driver import Job
+from varpack.sort.job import Job
 
 
 def index_meta(

@@ -1,0 +1,84 @@
+"""Per-rank state of a sort and the agreement protocol every phase runs under.
+
+:class:`Job` holds the communicator, the temporary output to clean and the phase timer;
+:meth:`Job.phase` runs a rank's local work and then agrees with every rank on whether any failed,
+so all ranks reach every collective or none does. The phase modules (:mod:`.load`, :mod:`.ids`,
+:mod:`.distribute`, :mod:`.write`) take a :class:`Job`; only the driver creates one.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from varpack.atomic import drop_temp
+from varpack.errors import VarpackError
+
+T = TypeVar("T")
+
+
+class SortFailed(Exception):
+    """Another rank failed (its message is already printed); exit with ``code``."""
+
+    def __init__(self, code: int, message: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Job:
+    """Per-rank state: the communicator, the temp path to clean, phase timing."""
+
+    def __init__(self, comm: Any, quiet: bool) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.quiet = quiet or self.rank != 0
+        self.tmp: Path | None = None  # the shared temporary output (rank 0 owns its lock)
+        self.t0 = self.t = time.perf_counter()
+
+    def phase(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on this rank, then agree with all ranks on whether any failed."""
+        code, message, result = 0, "", None
+        try:
+            result = fn()
+        except VarpackError as exc:
+            code, message = 2, str(exc)
+        except Exception:
+            code, message = 1, traceback.format_exc().rstrip()
+        codes = self.comm.allgather(code)
+        if max(codes):
+            self.fail(code, message, codes)
+        return result  # type: ignore[return-value]
+
+    def fail(self, code: int, message: str, codes: list[int]) -> None:
+        if self.rank == 0 and self.tmp is not None:
+            drop_temp(self.tmp)
+        if code:
+            text = f"rank {self.rank}: {message}" if self.size > 1 else message
+            if code == 2:
+                err = VarpackError(text)
+                err.agreed = True  # type: ignore[attr-defined]  # every rank knows: exit cleanly
+                raise err
+            print(text, file=sys.stderr, flush=True)
+            raise SortFailed(code)
+        bad = [r for r, c in enumerate(codes) if c]
+        summary = (
+            f"sort failed on rank {', '.join(map(str, bad))} (message above); nothing was written"
+        )
+        raise SortFailed(max(codes), summary if self.rank == 0 else "")
+
+    def report(self, name: str, rows: int, detail: str = "") -> None:
+        """Rank 0: one progress line for the phase that just ended (times include the waits)."""
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        rate = rows / dt / 1e6 if dt > 0 else float("inf")
+        if not self.quiet:  # plain stderr: one unwrapped line per phase
+            line = f"sort: {name:<9} {rows:>13,} rows {dt:6.2f} s {rate:7.1f} M rows/s {detail}"
+            print(line, file=sys.stderr, flush=True)
