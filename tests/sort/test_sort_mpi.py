@@ -185,6 +185,8 @@ def test_mpirun_job_entry_matches_single_process(dataset, tmp_path):
         "-n",
         "2",
         sys.executable,
+        "-m",
+        "mpi4py",
         str(job),
         str(dataset),
         str(tmp_path / "a.bin"),

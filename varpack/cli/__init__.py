@@ -76,7 +76,11 @@ class LazyGroup(click.Group):
 
 def usage_error(exc: click.UsageError) -> None:
     """A bad flag, value or command: one line that says where to look, exit 2."""
-    command = " ".join(["varpack", *exc.ctx.command_path.split()[1:]]) if exc.ctx else "varpack"
+    names, ctx = [], exc.ctx
+    while ctx is not None and ctx.parent is not None:  # the root's name may be "python -m varpack"
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    command = " ".join(["varpack", *reversed(names)])
     fail(f"{exc.format_message().rstrip('.')}; see {command} --help", 2)
 
 

@@ -37,7 +37,7 @@ from varpack.errors import VarpackError
     "--oversample",
     default=1024,
     show_default=True,
-    metavar="N",
+    type=click.IntRange(1, 1 << 20),
     help="Splitter samples drawn per rank.",
 )
 def sort(
@@ -78,21 +78,29 @@ def sort(
         if not getattr(exc, "agreed", False):
             raise  # not agreed by all ranks: the group's handler exits (mpi4py aborts the rest)
         click.echo(f"varpack: error: {exc}", err=True)
-        _agreed_exit(2)
+        _agreed_exit(exc.exit_code)
 
 
 def _agreed_exit(code: int) -> None:
-    """Exit after a failure every rank agreed on, without ``MPI_Abort``'s extra noise.
+    """Exit every rank with ``code`` after a failure all ranks agreed on.
 
-    Under ``python -m mpi4py`` a plain ``sys.exit`` turns into ``MPI_Abort``, which prints a second,
-    confusing line after the real message. All ranks reach this point together, so they can
-    finalize MPI cleanly and leave with the code. In-process (tests, size 1) it is ``sys.exit``.
+    Launchers do not carry a code through reliably when ranks exit one by one: mpiexec kills the
+    ranks still running when one exits non-zero, and the run may end with their SIGKILL status.
+    So every rank first prints its line and meets the others; then rank 0 ends the job with
+    ``Abort(code)``, whose status the launcher does pass on (MPI's own "Abort" banner is silenced:
+    the lines above say it all). In-process (tests, size 1) it is ``sys.exit``.
     """
     mpi = sys.modules.get("mpi4py.MPI")
     launched = "mpi4py.run" in sys.modules or (mpi is not None and mpi.COMM_WORLD.Get_size() > 1)
     if mpi is None or not launched or mpi.Is_finalized():
         sys.exit(code)
+    comm = mpi.COMM_WORLD
     sys.stdout.flush()
     sys.stderr.flush()
-    mpi.Finalize()
+    comm.Barrier()  # every rank has printed its line
+    if comm.Get_rank() == 0:
+        from varpack.sort.job import abort_quietly
+
+        abort_quietly(comm, code)
+    comm.Barrier()  # never returns: rank 0's Abort ends this rank too
     os._exit(code)

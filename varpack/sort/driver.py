@@ -56,7 +56,7 @@ from varpack.metadata.contract import resolve_files
 from varpack.sort import keys as keymod
 from varpack.sort.distribute import sort_rows
 from varpack.sort.ids import check_ids
-from varpack.sort.job import Job, SortFailed
+from varpack.sort.job import Job, SortFailed, abort_quietly
 from varpack.sort.load import read_footers, read_rows
 from varpack.sort.output import is_sorted_output
 from varpack.sort.write import index_meta, write_parts, write_single
@@ -110,16 +110,21 @@ def sort_metadata(
 def _interrupted(job: Job, exc: Interrupted) -> None:
     """A signal on this rank: remove the shared temporary, then end every rank with its code.
 
-    The other ranks may be waiting in a collective that will never complete, so with more than
-    one rank this is an ``Abort`` (the launcher ends them all); alone, the CLI prints the line.
+    The other ranks may wait in a collective that will never complete, so with more than one
+    rank this is an ``Abort`` (the launcher ends them all). Launchers forward a signal to every
+    rank; a rank other than 0 waits a moment so that rank 0, if it got the signal too, speaks
+    for all (one line). MPI's own "Abort" banner is silenced: the line above says it all.
     """
     if job.tmp is not None:
         drop_temp(job.tmp)
         job.tmp = None
-    if job.size > 1:
-        line = f"varpack: error: rank {job.rank}: {exc}; the partial output was removed"
-        print(line, file=sys.stderr, flush=True)
-        job.comm.Abort(exc.exit_code)
+    if job.size == 1:
+        return  # the CLI prints the line and exits with the code
+    if job.rank != 0:
+        time.sleep(0.5)
+    line = f"varpack: error: {exc} (rank {job.rank}); the partial output was removed"
+    print(line, file=sys.stderr, flush=True)
+    abort_quietly(job.comm, exc.exit_code)
 
 
 def _run(

@@ -8,6 +8,9 @@ so all ranks reach every collective or none does. The phase modules (:mod:`.load
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import sys
 import time
 import traceback
@@ -42,28 +45,34 @@ class Job:
         self.quiet = quiet or self.rank != 0
         self.tmp: Path | None = None  # the shared temporary output (rank 0 owns its lock)
         self.t0 = self.t = time.perf_counter()
+        if self.size > 1:
+            comm.Barrier()  # every local rank has attached MPI's shared memory by now
+            unlink_shared_memory()
 
     def phase(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on this rank, then agree with all ranks on whether any failed."""
-        code, message, result = 0, "", None
+        code, message, result, user = 0, "", None, False
         try:
             result = fn()
         except VarpackError as exc:
-            code, message = 2, str(exc)
+            code, message, user = exc.exit_code, str(exc), True
         except Exception:
             code, message = 1, traceback.format_exc().rstrip()
         codes = self.comm.allgather(code)
         if max(codes):
-            self.fail(code, message, codes)
+            self.fail(code, message, codes, user)
         return result  # type: ignore[return-value]
 
-    def fail(self, code: int, message: str, codes: list[int]) -> None:
+    def fail(self, code: int, message: str, codes: list[int], user: bool = False) -> None:
+        """Every rank leaves the same way: the failing rank with its message, the others quietly
+        (rank 0 with a summary); rank 0 removes the temporary output."""
         if self.rank == 0 and self.tmp is not None:
             drop_temp(self.tmp)
         if code:
             text = f"rank {self.rank}: {message}" if self.size > 1 else message
-            if code == 2:
+            if user:
                 err = VarpackError(text)
+                err.exit_code = code
                 err.agreed = True  # type: ignore[attr-defined]  # every rank knows: exit cleanly
                 raise err
             print(text, file=sys.stderr, flush=True)
@@ -82,3 +91,39 @@ class Job:
         if not self.quiet:  # plain stderr: one unwrapped line per phase
             line = f"sort: {name:<9} {rows:>13,} rows {dt:6.2f} s {rate:7.1f} M rows/s {detail}"
             print(line, file=sys.stderr, flush=True)
+
+
+#: MPICH's intra-node segments, as this process maps them (``/proc/self/maps``)
+_SHM = re.compile(r"(/dev/shm/mpich_shm_\S+)$", re.MULTILINE)
+
+
+def unlink_shared_memory() -> list[str]:
+    """Unlink the names of the shared-memory segments MPI mapped at start-up; returns them.
+
+    The mappings stay valid, so MPI works on, but the segments now vanish with the last process
+    that maps them: a rank killed outright (SIGKILL, ``Abort``) can no longer leave them behind
+    in ``/dev/shm``, where MPICH itself only removes them at a clean ``Finalize``.
+    """
+    try:
+        with open("/proc/self/maps") as fh:
+            names = sorted(set(_SHM.findall(fh.read())))
+    except OSError:  # not Linux: nothing to do
+        return []
+    for name in names:
+        with contextlib.suppress(OSError):  # another local rank was first
+            os.unlink(name)
+    return names
+
+
+def abort_quietly(comm: Any, code: int) -> None:
+    """End every rank of ``comm`` with exit status ``code`` (the launcher passes it on).
+
+    The lines already printed are what the user should read: wait a moment so the launcher
+    forwards them, then silence MPI's own "Abort" banner.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(0.2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), sys.stderr.fileno())
+    comm.Abort(code)

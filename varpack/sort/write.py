@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from varpack.atomic import publish
+from varpack.errors import WriteError
 from varpack.fingerprint import Fingerprint
 from varpack.sort import exchange, output
 from varpack.sort import keys as keymod
@@ -102,7 +103,15 @@ def write_single(
 
     def write() -> None:
         # collective calls: an I/O error is returned on every rank, so the agreement still holds
-        fh = MPI.File.Open(comm, str(tmp), MPI.MODE_WRONLY | MPI.MODE_CREATE)
+        try:
+            _write_records(MPI.File.Open(comm, str(tmp), MPI.MODE_WRONLY | MPI.MODE_CREATE))
+        except MPI.Exception as exc:
+            raise WriteError(
+                f"cannot write {out}: {exc.Get_error_string().strip()}; check that its directory "
+                "is writable and has room, or write elsewhere"
+            ) from None
+
+    def _write_records(fh: Any) -> None:
         try:
             head = (
                 np.frombuffer(header, dtype=np.uint8)
