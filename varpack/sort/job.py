@@ -47,7 +47,7 @@ class Job:
         self.t0 = self.t = time.perf_counter()
         if self.size > 1:
             comm.Barrier()  # every local rank has attached MPI's shared memory by now
-            unlink_shared_memory()
+        unlink_shared_memory()
 
     def phase(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on this rank, then agree with all ranks on whether any failed."""
