@@ -239,3 +239,9 @@ def test_killed_sort_leaves_a_temporary_the_next_run_removes(
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left and all(name.startswith(".sorted.tmp-") for name in left)  # no cleanup possible
     _rerun_leaves_only_the_output(big_meta, out, ranks)
+
+
+def test_failed_sort_leaves_no_parent_directories(tmp_path: Path) -> None:
+    write_metadata(tmp_path / "in" / "a.parquet", [1, 2, 2], [5, 5, 5])  # a duplicate id
+    cli("sort", tmp_path / "in", tmp_path / "new" / "deep" / "sorted", expect=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]

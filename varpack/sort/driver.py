@@ -103,6 +103,7 @@ def sort_metadata(
         print(f"rank {job.rank}: {traceback.format_exc().rstrip()}", file=sys.stderr, flush=True)
         if job.tmp is not None:
             drop_temp(job.tmp)  # best effort: Abort ends every rank, including rank 0
+            remove_parents(job.made)
         job.comm.Abort(1)
         raise
 
@@ -115,8 +116,9 @@ def _interrupted(job: Job, exc: Interrupted) -> None:
     rank; a rank other than 0 waits a moment so that rank 0, if it got the signal too, speaks
     for all (one line). MPI's own "Abort" banner is silenced: the line above says it all.
     """
-    if job.tmp is not None:
+    if job.tmp is not None:  # any rank may: the temporary is on a shared filesystem
         drop_temp(job.tmp)
+        remove_parents(job.made)
         job.tmp = None
     if job.size == 1:
         return  # the CLI prints the line and exits with the code
@@ -175,12 +177,8 @@ def _prepare(
         dirs = [Path(s) for s in specs if Path(s).is_dir()]
         check_output(out, overwrite, [*dirs, *files], owned=_sort_output)
         token = uuid.uuid4().hex[:12]
-        made = make_parents(out)
-        try:
-            job.tmp = new_temp(out, token, directory=not single_file)
-        except BaseException:
-            remove_parents(made)
-            raise
+        job.made = make_parents(out)
+        job.tmp = new_temp(out, token, directory=not single_file)
         return [str(p) for p in files], token
 
     files, token = job.comm.bcast(job.phase(prepare), root=0)

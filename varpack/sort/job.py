@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from varpack.atomic import drop_temp
+from varpack.atomic import drop_temp, remove_parents
 from varpack.errors import VarpackError
 
 T = TypeVar("T")
@@ -44,6 +44,7 @@ class Job:
         self.size = comm.Get_size()
         self.quiet = quiet or self.rank != 0
         self.tmp: Path | None = None  # the shared temporary output (rank 0 owns its lock)
+        self.made: list[Path] = []  # parent directories rank 0 created for the output
         self.t0 = self.t = time.perf_counter()
         if self.size > 1:
             comm.Barrier()  # every local rank has attached MPI's shared memory by now
@@ -66,8 +67,7 @@ class Job:
     def fail(self, code: int, message: str, codes: list[int], user: bool = False) -> None:
         """Every rank leaves the same way: the failing rank with its message, the others quietly
         (rank 0 with a summary); rank 0 removes the temporary output."""
-        if self.rank == 0 and self.tmp is not None:
-            drop_temp(self.tmp)
+        self.clean()
         if code:
             text = f"rank {self.rank}: {message}" if self.size > 1 else message
             if user:
@@ -82,6 +82,14 @@ class Job:
             f"sort failed on rank {', '.join(map(str, bad))} (message above); nothing was written"
         )
         raise SortFailed(max(codes), summary if self.rank == 0 else "")
+
+    def clean(self) -> None:
+        """Rank 0: remove the temporary output and the parent directories made for it."""
+        if self.rank == 0:
+            if self.tmp is not None:
+                drop_temp(self.tmp)
+            remove_parents(self.made)
+        self.tmp = None
 
     def report(self, name: str, rows: int, detail: str = "") -> None:
         """Rank 0: one progress line for the phase that just ended (times include the waits)."""
