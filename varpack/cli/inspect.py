@@ -15,17 +15,23 @@ import click
     "plot_file",
     type=click.Path(),
     default=None,
-    help="Write a PNG: lengths, tokens per micro-batch, LR factor, per-rank load.",
+    help="Write a figure (PNG, or SVG/PDF by the suffix): lengths, tokens per micro-batch, LR "
+    "factor, per-rank load. Never inside PLAN or over the plan's input; written atomically.",
 )
-def inspect(plan: str, as_json: bool, plot_file: str | None) -> None:
+@click.option("--overwrite", is_flag=True, help="Replace an existing --plot file.")
+def inspect(plan: str, as_json: bool, plot_file: str | None, overwrite: bool) -> None:
     """Show PLAN's padding, balance, time vs ideal, mixing, LR range and shapes (checksums verified)."""
     from varpack.manifest.inspect import describe, render
 
+    if plot_file:  # an unsafe figure path fails before anything is printed
+        from varpack.manifest.plot import check_plot_output
+
+        check_plot_output(plan, plot_file, overwrite)
     info = describe(plan)
     click.echo(json.dumps(info, indent=2) if as_json else render(info))
     if plot_file:
         from varpack.manifest.plot import plot
 
-        plot(plan, plot_file)
+        plot(plan, plot_file, overwrite)
         if not as_json:
             click.echo(f"plot written to {plot_file}")

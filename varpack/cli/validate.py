@@ -14,30 +14,45 @@ import click
     "metadata",
     type=click.Path(),
     default=None,
-    help="The plan's input (metadata or sort output): check sample ids and lengths against it.",
+    help="The plan's input (metadata or sort output): check sample ids and lengths against it "
+    "(about as long as reading it).",
 )
-def validate(plan: str, metadata: str | None) -> None:
+@click.option(
+    "--replay",
+    is_flag=True,
+    help="With --metadata: plan the input again with plan.json's config and compare every "
+    "manifest row, the steps, epochs, shape lengths and dropped samples. Takes about as long, "
+    "and as much memory, as varpack plan on that input.",
+)
+def validate(plan: str, metadata: str | None, replay: bool) -> None:
     """Recompute and check everything PLAN promises; exit 1 with one line per violation.
 
-    Checksums, schema, step and micro numbering, equal micro-batch counts on every rank and step,
-    budgets and padded lengths, every sample exactly once per epoch (or dropped), each step's
-    global tokens, samples and LR factor, and the stats in plan.json.
+    plan.json's keys and their types; rank files that are plain files inside PLAN, exactly the
+    declared ones, readable, with their checksums and row counts; the plan fingerprint, which
+    ties plan.json's config to the manifests (an edited config is caught without reading the
+    input); step and micro numbering, equal micro-batch counts on every rank and step, budgets
+    and padded lengths, every sample exactly once per epoch (or dropped), each step's global
+    tokens, samples and LR factor, and the stats in plan.json.
     """
     from varpack.manifest.validate import validate_plan
 
+    if replay and metadata is None:
+        raise click.UsageError("--replay needs --metadata INPUT, the input the plan was made from")
     reference = None
     if metadata is not None:
         from varpack.manifest.make import read_input
 
         reference = read_input(metadata)
-    report = validate_plan(plan, reference)
+    report = validate_plan(plan, reference, replay=replay)
     if report.problems:
         for line in report.problems:
-            click.echo(f"violation: {line}")
+            click.echo(f"violation: {' '.join(line.split())}")
         click.echo(f"{plan}: {len(report.problems)} violation(s)", err=True)
         sys.exit(1)
     f = report.facts
+    replayed = "; re-planned with its config: same rows" if replay else ""
     click.echo(
         f"OK {plan}: {f['samples']} planned samples ({f['dropped']} dropped), {f['steps']} steps x {f['dp']} ranks x "
         f"{f['grad_accum']} micro-batches; padding {100 * f['padding_ratio']:.2f}%, time {f['time_vs_ideal']:.3f}x ideal"
+        f"{replayed}"
     )

@@ -1,7 +1,8 @@
 """The plan artifact: its on-disk format, and everything that reads a plan without the planner.
 
 Owns: the format (:mod:`.format`: ``plan.json`` + one Parquet manifest per rank, atomic write,
-checked read), turning the planner's arrays into manifest tables (:mod:`.tables`), the I/O edge
+checked read; :mod:`.schema`: plan.json's keys and types and the plan fingerprint;
+:mod:`.rankfiles`: rank files as plain declared files inside the plan), turning the planner's arrays into manifest tables (:mod:`.tables`), the I/O edge
 of ``varpack plan`` (:mod:`.make`: read the input, plan, write), ``inspect`` (:mod:`.inspect`:
 the figures as text or JSON) and its plot (:mod:`.plot`), and ``validate`` (:mod:`.validate`, a
 package: an independent recomputation of every promise a plan makes).

@@ -2,8 +2,11 @@
 
 This module is the contract between ``varpack plan`` and every reader (``inspect``, ``validate``,
 :mod:`varpack.torch`). Writing is atomic: the whole directory appears at once, and ``plan.json``,
-which carries the checksums of the rank files, is written last. Reading refuses a plan whose
-format, version, layout or checksums do not match.
+which carries the checksums of the rank files and the plan fingerprint over config, input and
+checksums (:func:`varpack.manifest.schema.plan_fingerprint`), is written last. Reading refuses,
+in one line each, a plan whose format, version, keys and their types
+(:mod:`varpack.manifest.schema`), fingerprint or checksums do not match, a rank file that is not a
+plain file inside the plan directory (:mod:`varpack.manifest.rankfiles`), and an unreadable one.
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ import pyarrow.parquet as pq
 from varpack.atomic import atomic_dir
 from varpack.errors import InputError
 from varpack.fingerprint import sha256_file
+from varpack.manifest.rankfiles import file_problem, name_problem, undeclared
+from varpack.manifest.schema import (
+    FINGERPRINT_KEY,
+    fingerprint_problem,
+    meta_problems,
+    plan_fingerprint,
+)
 
 FORMAT = "varpack.plan"
 VERSION = 1
@@ -117,6 +127,7 @@ def write_plan(
             for rank, entry in enumerate(entries)
         ]
         doc = {"format": FORMAT, "version": VERSION, **meta, "ranks": ranks}
+        doc[FINGERPRINT_KEY] = plan_fingerprint(doc)
         (tmp / PLAN_JSON).write_text(json.dumps(doc, indent=2) + "\n")
     return Path(out)
 
@@ -145,9 +156,21 @@ class Plan:
             raise InputError(f"{self.path}: rank {rank} is outside the plan's dp={self.dp} ranks")
         return dict(self.meta["ranks"][rank])
 
-    def verify_rank(self, rank: int) -> list[str]:
-        """Problems with one rank file (missing, wrong sha256, wrong row count); empty if fine."""
+    def rank_path(self, rank: int) -> Path:
+        """Rank ``rank``'s manifest path, refused unless it is a plain file inside the plan."""
         entry = self.rank_entry(rank)
+        problem = file_problem(self.path, rank, entry["file"])
+        if problem is not None:
+            raise InputError(problem)
+        return self.path / entry["file"]
+
+    def verify_rank(self, rank: int) -> list[str]:
+        """Problems with one rank file (outside the plan, missing, wrong sha256, unreadable,
+        wrong row count); empty if fine."""
+        entry = self.rank_entry(rank)
+        problem = file_problem(self.path, rank, entry["file"])
+        if problem is not None:
+            return [problem]  # never hash or open a file the plan does not own
         path = self.path / entry["file"]
         if not path.is_file():
             return [f"{path}: rank {rank} manifest is missing"]
@@ -156,22 +179,43 @@ class Plan:
             problems.append(
                 f"{path}: sha256 does not match plan.json; the file changed after planning"
             )
-        rows = pq.ParquetFile(path).metadata.num_rows
+        try:
+            rows = pq.ParquetFile(path).metadata.num_rows
+        except (OSError, pa.ArrowException) as exc:
+            return [*problems, _unreadable(path, rank, exc)]
         if rows != entry["rows"]:
             problems.append(f"{path}: {rows} rows, plan.json says {entry['rows']}")
         return problems
 
     def rank_table(self, rank: int, verify: bool = True) -> pa.Table:
         """The manifest of ``rank`` (rows in execution order), checked against plan.json."""
+        path = self.rank_path(rank)
         if verify:
             problems = self.verify_rank(rank)
             if problems:
                 raise InputError(problems[0] + "; re-run varpack plan")
-        return pq.read_table(self.path / self.rank_entry(rank)["file"])
+        try:
+            return pq.read_table(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(_unreadable(path, rank, exc) + "; re-run varpack plan") from None
+
+    def undeclared_files(self) -> list[str]:
+        """One problem per ``*.parquet`` file in the plan directory that plan.json does not name."""
+        return [
+            f"{self.path / name}: a manifest that plan.json does not declare; remove it (or "
+            "re-run varpack plan into an empty directory)"
+            for name in undeclared(self.path, [r["file"] for r in self.meta["ranks"]])
+        ]
 
 
-def load_plan(path: str | os.PathLike[str], verify: bool = False) -> Plan:
-    """Open a plan directory; check format, version and layout (and every checksum if ``verify``)."""
+def _unreadable(path: Path, rank: int, exc: Exception) -> str:
+    """One line for a rank file Parquet cannot read (truncated, not Parquet)."""
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{path}: rank {rank} manifest is unreadable (truncated or not Parquet: {reason})"
+
+
+def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """plan.json's content, with its format and version checked (not yet its keys)."""
     root = Path(path)
     doc_path = root / PLAN_JSON
     if not doc_path.is_file():
@@ -180,6 +224,8 @@ def load_plan(path: str | os.PathLike[str], verify: bool = False) -> Plan:
         meta = json.loads(doc_path.read_text())
     except (OSError, ValueError) as exc:
         raise InputError(f"{doc_path}: unreadable ({exc}); re-run varpack plan") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{doc_path}: not a JSON object; not a varpack plan")
     if meta.get("format") != FORMAT:
         raise InputError(f"{doc_path}: format {meta.get('format')!r} is not {FORMAT!r}")
     if meta.get("version") != VERSION:
@@ -187,15 +233,39 @@ def load_plan(path: str | os.PathLike[str], verify: bool = False) -> Plan:
             f"{doc_path}: plan version {meta.get('version')!r}, this varpack reads version {VERSION}; "
             "re-run varpack plan with this version"
         )
-    layout = meta.get("layout") or {}
-    if not isinstance(layout.get("dp"), int) or len(meta.get("ranks", [])) != layout["dp"]:
-        raise InputError(
-            f"{doc_path}: layout dp does not match the {len(meta.get('ranks', []))} rank files"
+    return meta
+
+
+def load_plan(path: str | os.PathLike[str], verify: bool = False, full: bool = False) -> Plan:
+    """Open a plan directory; check format, version, plan.json's keys and types (``full``: also
+    those inspect shows), and its fingerprint; with ``verify``, every rank file and its checksum
+    too. Any problem is an :class:`InputError` of one line."""
+    meta = read_meta(path)
+    where = Path(path)
+    problems = meta_problems(meta, full=full)
+    if problems:
+        more = (
+            f" (and {len(problems) - 1} more; varpack validate lists them)"
+            if len(problems) > 1
+            else ""
         )
-    plan = Plan(root, meta)
+        raise InputError(f"{where}: {problems[0]}{more}; re-run varpack plan")
+    for rank, entry in enumerate(meta["ranks"]):
+        bad = name_problem(rank, entry["file"])
+        if bad is not None:
+            raise InputError(f"{where}: {bad}")
+    plan = Plan(Path(path), meta)
     if verify:
         for rank in range(plan.dp):
             problems = plan.verify_rank(rank)
             if problems:
                 raise InputError(problems[0] + "; re-run varpack plan")
+        extra = plan.undeclared_files()
+        if extra:
+            raise InputError(extra[0])
+    # from plan.json alone, so cheap enough for every reader; after the files, so that a changed
+    # manifest is named as such, and with verified files the config is the culprit
+    mismatch = fingerprint_problem(meta, manifests_ok=verify)
+    if mismatch is not None:
+        raise InputError(f"{where}: {mismatch}")
     return plan

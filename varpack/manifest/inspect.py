@@ -15,7 +15,7 @@ from varpack.manifest.format import load_plan
 
 def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The plan's layout, config, input, stats and per-rank shape counts (JSON-ready)."""
-    plan = load_plan(path, verify=True)
+    plan = load_plan(path, verify=True, full=True)  # every key shown below checked first
     meta = plan.meta
     return {
         "plan": str(path),

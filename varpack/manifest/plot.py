@@ -5,14 +5,21 @@ step, and each rank's load per step relative to the step mean. The plot reads th
 scores micro-batches with the plan's own cost model (:func:`varpack.plan.micro.summarize`,
 :func:`varpack.plan.stats.step_loads`). matplotlib is imported only when a plot is drawn (the
 ``plot`` extra).
+
+The figure is an output like any other (:mod:`varpack.atomic`): it must stay apart from the plan
+and the plan's input, replaces an existing file only with ``--overwrite``, and is written under a
+temporary name then renamed, so an interrupted plot leaves no half-written image.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
+from varpack.atomic import atomic_file, check_output
+from varpack.errors import ConfigError, VarpackError
 from varpack.manifest.format import load_plan
 from varpack.plan.config import PlanConfig
 from varpack.plan.micro import summarize
@@ -30,15 +37,52 @@ def _thin(n: int) -> np.ndarray:
     )
 
 
-def plot(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
+#: image formats the figure may be written in (by the file's suffix)
+FORMATS = ("png", "svg", "pdf")
+
+
+def _plot_inputs(path: str | os.PathLike[str]) -> list[Path]:
+    """What the figure must stay apart from: the plan directory, and its input where it exists."""
+    inputs = [Path(path)]
+    try:
+        source = load_plan(path).meta.get("input", {}).get("source")
+    except VarpackError:  # an unreadable plan is reported by the plot itself, once
+        source = None
+    if isinstance(source, str) and source and os.path.exists(source):
+        inputs.append(Path(source))
+    return inputs
+
+
+def _replaceable(out: Path) -> bool:
+    """``--overwrite`` replaces a plain file (an earlier figure), never a directory or a link."""
+    return out.is_file() and not out.is_symlink()
+
+
+def check_plot_output(
+    path: str | os.PathLike[str], out: str | os.PathLike[str], overwrite: bool
+) -> str:
+    """Refuse, before any work, an unsafe figure path; returns its image format."""
+    check_output(out, overwrite, _plot_inputs(path), owned=_replaceable)
+    fmt = Path(out).suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise ConfigError(
+            f"--plot {out}: name the figure with an image suffix ({', '.join('.' + f for f in FORMATS)})"
+        )
+    return fmt
+
+
+def plot(
+    path: str | os.PathLike[str], out: str | os.PathLike[str], overwrite: bool = False
+) -> None:
     """Length histogram, tokens per micro-batch, LR factor per step, per-rank load per step."""
+    fmt = check_plot_output(path, out, overwrite)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    plan = load_plan(path, verify=True)
+    plan = load_plan(path, verify=True, full=True)
     cfg = PlanConfig.from_mapping(plan.meta["config"]).resolved()
     steps, ranks, tokens, costs, lens_all = [], [], [], [], []
     lr = np.ones(plan.num_steps)
@@ -93,5 +137,8 @@ def plot(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
         f"{path}: {plan.num_steps} steps, dp {plan.dp}, time {plan.meta['stats']['time_vs_ideal']:.3f}x ideal"
     )
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        with atomic_file(out, overwrite, _plot_inputs(path), owned=_replaceable) as tmp:
+            fig.savefig(tmp, dpi=100, format=fmt)  # the temporary name has no image suffix
+    finally:
+        plt.close(fig)

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from varpack.errors import ConfigError, InputError
 from varpack.manifest.format import Plan, load_plan
+from varpack.manifest.schema import FINGERPRINT_KEY
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
 from varpack.torch.dataset import fetch_flat
@@ -39,7 +40,12 @@ STATE_VERSION = 1
 
 
 def plan_fingerprint(plan: Plan) -> str:
-    """Identity of a plan: sha256 over every rank file's checksum, the layout and the step count."""
+    """Identity of a plan: the fingerprint ``varpack plan`` recorded (over config, input and every
+    rank file's checksum; :func:`~varpack.manifest.format.load_plan` checks it against plan.json), else
+    sha256 over every rank file's checksum, the layout and the step count."""
+    recorded = plan.meta.get(FINGERPRINT_KEY)
+    if isinstance(recorded, str):
+        return recorded[:32]  # the length a loader state has always carried
     doc = {
         "ranks": [(r["file"], r["sha256"], r["rows"]) for r in plan.meta["ranks"]],
         "layout": plan.meta["layout"],

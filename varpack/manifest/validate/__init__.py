@@ -1,18 +1,21 @@
 """``varpack validate``: recompute everything a plan promises, independently, from its files.
 
 Owns the checks of a written plan, one module per check family, run by :func:`validate_plan` in
-this order: :mod:`.files` (plan.json's config and layout, checksums and row counts, manifest
-schema, parallel list columns), :mod:`.numbering` (steps and micro-batches numbered alike on
-every rank), :mod:`.rows` (each micro-batch's shape and budget, the shape rules: rows per
-shape, shape bound, pipeline steps, blocks, warm-up prefix, ``shape_lengths``), :mod:`.coverage`
-(every sample exactly once per epoch or dropped, against the fingerprint or ``--metadata``) and
-:mod:`.figures` (step totals and LR factors on every row, per-rank shapes, plan.json's stats).
+this order: :mod:`.files` (plan.json's keys and types, rank files as plain declared files inside
+the plan, config and layout, checksums and row counts, the plan fingerprint, manifest schema,
+parallel list columns), :mod:`.numbering` (steps and micro-batches numbered alike on every rank),
+:mod:`.rows` (each micro-batch's shape and budget, the shape rules: rows per shape, shape bound,
+pipeline steps, blocks, warm-up prefix, ``shape_lengths``), :mod:`.coverage` (every sample
+exactly once per epoch or dropped, against the fingerprint or ``--metadata``), :mod:`.figures`
+(step totals and LR factors on every row, per-rank shapes, plan.json's stats) and, when asked,
+:mod:`.replay` (the input planned again with plan.json's config gives the same rows).
 Each violation is one line of the :class:`Report` naming the rank, step, row or sample id.
 
 May import: the ground floor (errors, fingerprint), :mod:`varpack.manifest.format` to read the
 plan, and :mod:`varpack.plan`'s rule and figure functions, so that a plan is checked with the
-planner's own rules (one source of truth for each rule). It never imports the planner's
-builders' internals, :mod:`varpack.cli` or torch.
+planner's own rules (one source of truth for each rule); replay calls the planner's entry point
+:func:`varpack.plan.make_plan`. It never imports the planner's builders' internals,
+:mod:`varpack.cli` or torch.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import os
 
 import numpy as np
 
-from varpack.manifest.format import Plan, load_plan
-from varpack.manifest.validate.coverage import check_coverage
+from varpack.manifest.format import Plan
+from varpack.manifest.validate.coverage import Locator, check_coverage
 from varpack.manifest.validate.figures import (
     check_rank_shapes,
     check_step_columns,
@@ -33,11 +36,14 @@ from varpack.manifest.validate.figures import (
 from varpack.manifest.validate.files import (
     RankRows,
     check_files,
+    check_fingerprint,
     check_layout,
+    open_plan,
     read_config,
     read_rank,
 )
 from varpack.manifest.validate.numbering import check_numbering
+from varpack.manifest.validate.replay import check_replay
 from varpack.manifest.validate.report import Report
 from varpack.manifest.validate.rows import check_micro_batches, recompute_lengths, shape_lengths
 from varpack.plan.config import PlanConfig
@@ -47,31 +53,49 @@ __all__ = ["Report", "validate_plan"]
 
 
 def validate_plan(
-    path: str | os.PathLike[str], metadata: tuple[np.ndarray, np.ndarray] | None = None
+    path: str | os.PathLike[str],
+    metadata: tuple[np.ndarray, np.ndarray] | None = None,
+    replay: bool = False,
 ) -> Report:
-    """Every check of the module doc; ``metadata`` = (ids, lens) of the input when given."""
+    """Every check of the module doc; ``metadata`` = (ids, lens) of the input when given;
+    ``replay``: plan ``metadata`` again with plan.json's config and compare (needs it)."""
+    if replay and metadata is None:
+        raise ValueError("replay needs the input's metadata")
     report = Report()
-    # files: format, version, dp vs rank entries (an unreadable plan is an InputError)
-    plan = load_plan(path)
+    # files: plan.json's keys and types, where the rank files are (not a plan: an InputError)
+    plan = open_plan(path, report)
+    if plan is None:  # nothing may be read: keys missing or rank files outside the plan
+        return report
     meta = plan.meta
     cfg = read_config(meta, report)
     if cfg is None:
         return report
     check_layout(meta, cfg, report)
     lengths = shape_lengths(meta, cfg, report)
-    check_files(plan, cfg.dp, report)
+    files_ok = check_files(plan, cfg.dp, report)
+    check_fingerprint(meta, files_ok, replay, report)
     # files, numbering, rows: rank by rank
     read = _read_ranks(plan, cfg, lengths, report)
     if read is None:  # the later checks need every rank's rows, well numbered
         return report
     ranks, micros = read
+    if replay:
+        assert metadata is not None
+        check_replay(meta, [rk.table for rk in ranks], metadata, report)
     # figures: the step columns
     whole = combine(ranks, micros, int(meta["num_steps"]), cfg)
     check_step_columns(ranks, whole, report)
     # coverage
     reordered = cfg.warmup == "reorder"
     check_coverage(
-        meta, whole.ids, whole.lens, whole.sample_step, metadata, report, whole=reordered
+        meta,
+        whole.ids,
+        whole.lens,
+        whole.sample_step,
+        metadata,
+        report,
+        whole=reordered,
+        locate=Locator(ranks),
     )
     # rows: the chosen shape lengths, recomputed
     if cfg.max_shapes is not None and lengths is not None:

@@ -10,12 +10,45 @@ the count is over the whole plan: each sample once per epoch, wherever it sits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from varpack.fingerprint import fingerprint
-from varpack.manifest.validate.report import Report
+from varpack.manifest.validate.files import RankRows
+from varpack.manifest.validate.report import SHOW, Report
+
+
+@dataclass
+class Locator:
+    """Where a planned sample sits in the manifests: its rank, step and row.
+
+    Positions index the whole plan's samples, rank 0's first (as :func:`.figures.combine` puts
+    them together); only the few positions a violation names are ever located.
+    """
+
+    ranks: list[RankRows]
+
+    def __call__(self, positions: np.ndarray) -> str:
+        starts = np.cumsum([0] + [len(rk.ids) for rk in self.ranks])
+        places = []
+        for pos in positions[:SHOW]:
+            r = int(np.searchsorted(starts, pos, side="right") - 1)
+            rk = self.ranks[r]
+            row = int(np.searchsorted(rk.offsets, pos - starts[r], side="right") - 1)
+            places.append(f"rank {r} step {rk.step[row]} row {row}")
+        more = f" and {len(positions) - SHOW} more places" if len(positions) > SHOW else ""
+        return " and ".join(places) + more
+
+
+def _placed(sample: int, mask: np.ndarray, locate: Callable[[np.ndarray], str] | None) -> str:
+    """``sample 12 at rank 0 step 3 row 5 and rank 1 step 7 row 2`` (or its count of places)."""
+    positions = np.flatnonzero(mask)
+    if locate is None:
+        return f"sample {sample} ({len(positions)} times)"
+    return f"sample {sample} at {locate(positions)}"
 
 
 def check_coverage(
@@ -26,9 +59,11 @@ def check_coverage(
     metadata: tuple[np.ndarray, np.ndarray] | None,
     report: Report,
     whole: bool = False,
+    locate: Callable[[np.ndarray], str] | None = None,
 ) -> None:
     """Every sample exactly once per epoch (or dropped). ``whole``: ``--warmup reorder`` may move a
-    few micro-batches of a later epoch into the prefix, so count over the whole plan instead."""
+    few micro-batches of a later epoch into the prefix, so count over the whole plan instead.
+    ``locate`` names where positions of ``ids`` sit (rank, step, row), for samples planned twice."""
     dropped = meta.get("dropped") or []
     d_ids = np.array([int(d["sample_id"]) for d in dropped], dtype=np.int64)
     d_lens = np.array([int(d["seq_len"]) for d in dropped], dtype=np.int64)
@@ -51,18 +86,25 @@ def check_coverage(
         off = np.flatnonzero(times != len(epochs))
         if len(off):
             report.examples(
-                f"samples not planned exactly {len(epochs)} times (once per epoch)", uniq[off]
+                f"{len(off)} sample ids not planned exactly {len(epochs)} times (once per epoch)",
+                [_placed(i, ids == i, locate) for i in uniq[off[:SHOW]]],
+                len(off),
             )
         ids, lens, steps = uniq, lens[first], np.zeros(len(uniq), np.int64)
         ranges = [(0, 1)]
+        locate = None  # positions now index the unique ids, not the manifests
     for e, (lo, hi) in enumerate(ranges):
         sel = (steps >= lo) & (steps < hi)
         e_ids, e_lens = ids[sel], lens[sel]
         order = np.argsort(e_ids, kind="stable")
         s_ids = e_ids[order]
-        dup = np.flatnonzero(s_ids[1:] == s_ids[:-1])
-        if len(dup):
-            report.examples(f"epoch {e}: samples planned more than once", np.unique(s_ids[dup]))
+        twice = np.unique(s_ids[np.flatnonzero(s_ids[1:] == s_ids[:-1])])
+        if len(twice):
+            report.examples(
+                f"epoch {e}: {len(twice)} sample ids planned more than once",
+                [_placed(i, sel & (ids == i), locate) for i in twice[:SHOW]],
+                len(twice),
+            )
         both = np.intersect1d(s_ids, d_ids)
         if len(both):
             report.examples(f"epoch {e}: samples both planned and listed as dropped", both)

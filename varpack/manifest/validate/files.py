@@ -1,22 +1,31 @@
-"""Files and schema: plan.json's config and layout, the rank files, and their columns.
+"""Files and schema: plan.json's keys, config and layout, the rank files, and their columns.
 
-Checks that plan.json's config is valid and its layout matches it; that every rank file has the
-checksum and row count plan.json records; that each manifest has exactly the schema its config
-calls for (the base columns, plus ``pad_rows`` and ``block_index`` where used); and that the list
-columns are parallel (``seq_lens`` and ``block_index`` hold one entry per ``sample_ids`` entry).
-A rank that passes is read into :class:`RankRows`, the arrays every later check works on.
+Checks that plan.json has every key with its JSON type (:func:`varpack.manifest.schema.meta_problems`,
+one line naming the key and what was expected); that each rank file is a plain file inside the
+plan directory and no undeclared ``*.parquet`` file lies beside them (nothing outside the plan is
+ever opened); that plan.json's config is valid and its layout matches it; that every rank file is
+readable with the checksum and row count plan.json records; that the recorded plan fingerprint
+fits the config, input and checksums (a config edited after planning); that each manifest has
+exactly the schema its config calls for (the base columns, plus ``pad_rows`` and ``block_index``
+where used); and that the list columns are parallel (``seq_lens`` and ``block_index`` hold one
+entry per ``sample_ids`` entry). A rank that passes is read into :class:`RankRows`, the arrays
+every later check works on.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from varpack.errors import VarpackError
-from varpack.manifest.format import BASE_SCHEMA, Plan, manifest_schema
+from varpack.manifest.format import BASE_SCHEMA, Plan, manifest_schema, read_meta
+from varpack.manifest.rankfiles import duplicate_names, file_problem
+from varpack.manifest.schema import FINGERPRINT_KEY, fingerprint_problem, meta_problems
 from varpack.manifest.validate.report import Report
 from varpack.plan.config import PlanConfig
 
@@ -34,6 +43,45 @@ class RankRows:
     pad_rows: np.ndarray
     block_index: np.ndarray | None
     warmup: np.ndarray
+
+
+def open_plan(path: str | os.PathLike[str], report: Report) -> Plan | None:
+    """The plan, if plan.json's keys and types are right and every rank file may be read (a
+    plain file inside the plan directory, declared once); else ``None`` with the violations.
+    A directory that is not a plan at all (no plan.json, another format or version) is an
+    :class:`~varpack.errors.InputError`."""
+    meta = read_meta(path)
+    problems = meta_problems(meta, full=True)
+    if problems:
+        report.problems.extend(problems)
+        return None
+    plan = Plan(Path(path), meta)
+    names = [r["file"] for r in meta["ranks"]]
+    unsafe = [p for r, n in enumerate(names) if (p := file_problem(plan.path, r, n)) is not None]
+    twice = duplicate_names(names)
+    report.problems.extend(unsafe)
+    for name in twice:
+        report.add(f"plan.json declares {name} for more than one rank")
+    report.problems.extend(plan.undeclared_files())
+    return None if unsafe or twice else plan
+
+
+def check_fingerprint(meta: dict[str, Any], files_ok: bool, replay: bool, report: Report) -> None:
+    """plan.json's recorded fingerprint fits its config, input and checksums; a plan without one
+    passes only when ``--replay`` re-plans it (nothing else ties its config to its rows)."""
+    if FINGERPRINT_KEY not in meta:
+        if not replay:
+            report.add(
+                f"plan.json has no {FINGERPRINT_KEY} (made by an older varpack, or removed), so "
+                "its config cannot be checked against the manifests; re-run varpack plan, or "
+                "validate with --metadata INPUT --replay"
+            )
+        return
+    problem = fingerprint_problem(meta, manifests_ok=files_ok)
+    if problem is not None and not replay:
+        problem += "; --metadata INPUT --replay tells whether this config reproduces the rows"
+    if problem is not None:
+        report.add(problem)
 
 
 def read_config(meta: dict[str, Any], report: Report) -> PlanConfig | None:
@@ -55,10 +103,12 @@ def check_layout(meta: dict[str, Any], cfg: PlanConfig, report: Report) -> None:
         )
 
 
-def check_files(plan: Plan, dp: int, report: Report) -> None:
-    """Checksums and row counts of every rank file against plan.json."""
+def check_files(plan: Plan, dp: int, report: Report) -> bool:
+    """Checksums and row counts of every rank file against plan.json; ``True`` if all match."""
+    before = len(report.problems)
     for rank in range(dp):
         report.problems.extend(plan.verify_rank(rank))
+    return len(report.problems) == before
 
 
 def expected_columns(cfg: PlanConfig) -> list[str]:
