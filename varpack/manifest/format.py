@@ -174,15 +174,15 @@ class Plan:
         path = self.path / entry["file"]
         if not path.is_file():
             return [f"{path}: rank {rank} manifest is missing"]
+        try:
+            rows = pq.ParquetFile(path).metadata.num_rows
+        except (OSError, pa.ArrowException) as exc:
+            return [_unreadable(path, rank, exc)]  # one line: its checksum cannot match either
         problems = []
         if sha256_file(path) != entry["sha256"]:
             problems.append(
                 f"{path}: sha256 does not match plan.json; the file changed after planning"
             )
-        try:
-            rows = pq.ParquetFile(path).metadata.num_rows
-        except (OSError, pa.ArrowException) as exc:
-            return [*problems, _unreadable(path, rank, exc)]
         if rows != entry["rows"]:
             problems.append(f"{path}: {rows} rows, plan.json says {entry['rows']}")
         return problems

@@ -72,10 +72,10 @@ def validate_plan(
         return report
     check_layout(meta, cfg, report)
     lengths = shape_lengths(meta, cfg, report)
-    files_ok = check_files(plan, cfg.dp, report)
-    check_fingerprint(meta, files_ok, replay, report)
+    bad_files = check_files(plan, cfg.dp, report)
+    check_fingerprint(meta, not bad_files, replay, report)
     # files, numbering, rows: rank by rank
-    read = _read_ranks(plan, cfg, lengths, report)
+    read = _read_ranks(plan, cfg, lengths, bad_files, report)
     if read is None:  # the later checks need every rank's rows, well numbered
         return report
     ranks, micros = read
@@ -117,7 +117,7 @@ def validate_plan(
 
 
 def _read_ranks(
-    plan: Plan, cfg: PlanConfig, lengths: np.ndarray | None, report: Report
+    plan: Plan, cfg: PlanConfig, lengths: np.ndarray | None, bad_files: set[int], report: Report
 ) -> tuple[list[RankRows], list[Micro]] | None:
     """Each rank's manifest, its numbering and its micro-batches checked; ``None`` at the first
     rank that cannot be read or is misnumbered (nothing later could be recomputed from it)."""
@@ -126,7 +126,7 @@ def _read_ranks(
     ranks: list[RankRows] = []
     micros: list[Micro] = []
     for rank in range(cfg.dp):
-        rk = read_rank(plan, rank, cfg, report)
+        rk = read_rank(plan, rank, cfg, report, reported=rank in bad_files)
         if rk is None or not check_numbering(rank, rk, num_steps, k, report):
             return None
         micro = check_micro_batches(rank, rk, cfg, lengths, alone_ok, report)

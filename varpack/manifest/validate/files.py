@@ -103,12 +103,16 @@ def check_layout(meta: dict[str, Any], cfg: PlanConfig, report: Report) -> None:
         )
 
 
-def check_files(plan: Plan, dp: int, report: Report) -> bool:
-    """Checksums and row counts of every rank file against plan.json; ``True`` if all match."""
-    before = len(report.problems)
+def check_files(plan: Plan, dp: int, report: Report) -> set[int]:
+    """Checksums and row counts of every rank file against plan.json; the ranks whose file has
+    a problem (empty if all match)."""
+    bad = set()
     for rank in range(dp):
-        report.problems.extend(plan.verify_rank(rank))
-    return len(report.problems) == before
+        problems = plan.verify_rank(rank)
+        report.problems.extend(problems)
+        if problems:
+            bad.add(rank)
+    return bad
 
 
 def expected_columns(cfg: PlanConfig) -> list[str]:
@@ -121,12 +125,18 @@ def expected_columns(cfg: PlanConfig) -> list[str]:
     return names
 
 
-def read_rank(plan: Plan, rank: int, cfg: PlanConfig, report: Report) -> RankRows | None:
-    """One rank's manifest, its schema and parallel lists checked; ``None`` if it cannot be used."""
+def read_rank(
+    plan: Plan, rank: int, cfg: PlanConfig, report: Report, reported: bool = False
+) -> RankRows | None:
+    """One rank's manifest, its schema and parallel lists checked; ``None`` if it cannot be used.
+
+    ``reported``: the file already has a violation (:func:`check_files`); an unreadable one is
+    then not reported twice."""
     try:
         table = plan.rank_table(rank, verify=False)
     except (OSError, pa.ArrowException, VarpackError) as exc:
-        report.add(f"rank {rank}: cannot read its manifest ({exc})")
+        if not reported:
+            report.add(f"rank {rank}: cannot read its manifest ({exc})")
         return None
     expected = manifest_schema(expected_columns(cfg))
     if table.schema != expected:
