@@ -19,6 +19,7 @@ from varpack.sort.distribute import exchange_sorted
 from varpack.sort.inputs import Segment, locate
 from varpack.sort.job import Job
 
+
 def check_ids(job: Job, ids: np.ndarray, segments: list[Segment]) -> None:
     """Phase 4: a duplicated id anywhere fails every rank; rank 0 reports all its places."""
     dup = first_duplicate_id(job, ids)
