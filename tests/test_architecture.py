@@ -7,6 +7,8 @@ module that breaks a rule, so a change that breaks one is easy to find.
 from __future__ import annotations
 
 import ast
+import re
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,3 +174,23 @@ def test_every_declared_dependency_is_used() -> None:
         if name is not None and name not in used:
             unused.append(dist)
     assert not unused, f"declared but never imported: {unused}"
+
+
+def test_every_imported_package_is_declared() -> None:
+    """Each third-party import of the package and its jobs is a runtime dependency or extra.
+
+    polars, for one, is a dev extra (the sort tests' and benchmarks' reference), so the package
+    itself may not import it (docs/polars.md says why pyarrow and NumPy cover it).
+    """
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = list(project["dependencies"])
+    for extra in ("torch", "plot", "mpi"):
+        declared += project["optional-dependencies"].get(extra, [])
+    names = {re.split(r"[<>=\[ ]", spec)[0].replace("-", "_") for spec in declared}
+    undeclared = sorted(
+        f"{module_name(path)} imports {top}"
+        for path in [*modules(), *(ROOT / "jobs").glob("*.py")]
+        for top in {n.split(".")[0] for n in imports_of(path)}
+        if top != "varpack" and top not in sys.stdlib_module_names and top not in names
+    )
+    assert not undeclared, undeclared

@@ -5,7 +5,7 @@ Owns: reading and validating sharded length metadata (:mod:`.contract`: ``sample
 the memory-mappable token copy (:mod:`.tokens`), synthetic datasets (:mod:`.synth`), shard
 writing (:mod:`.shards`) and the length summary ``varpack check`` prints (:mod:`.summary`).
 May import: the ground floor (``varpack.errors``, ``atomic``, ``console``, ``fingerprint``),
-pyarrow, NumPy, polars. Nothing else in varpack; every later stage reads metadata through here.
+pyarrow and NumPy. Nothing else in varpack; every later stage reads metadata through here.
 """
 
 from varpack.metadata.contract import ID, LEN, Piece, read_metadata, resolve_files
