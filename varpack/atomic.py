@@ -257,22 +257,13 @@ def atomic_dir(
     >>> sorted(p.name for p in (root / "out").iterdir()), sorted(p.name for p in root.iterdir())
     (['a.txt'], ['out'])
     """
-    out = check_output(path, overwrite, inputs)
-    made = make_parents(out)
-    tmp = new_temp(out)
-    try:
-        yield tmp
+
+    def mark(tmp: Path) -> None:
         if marker is not None:
             (tmp / MARKER).write_text(json.dumps({"format": f"varpack.{marker}"}) + "\n")
-        publish(tmp, out, overwrite)
-    except OSError as exc:
-        drop_temp(tmp)
-        remove_parents(made)
-        raise write_error(out, exc) from None
-    except BaseException:
-        drop_temp(tmp)
-        remove_parents(made)
-        raise
+
+    with _atomic(path, overwrite, inputs, is_varpack_output, True, mark) as tmp:
+        yield tmp
 
 
 @contextlib.contextmanager
@@ -293,19 +284,33 @@ def atomic_file(
     >>> sorted(p.name for p in root.iterdir())
     ['a.bin']
     """
+    with _atomic(path, overwrite, inputs, owned, False, lambda tmp: None) as tmp:
+        yield tmp
+
+
+@contextlib.contextmanager
+def _atomic(
+    path: str | os.PathLike[str],
+    overwrite: bool,
+    inputs: Iterable[str | os.PathLike[str]],
+    owned: Callable[[Path], bool],
+    directory: bool,
+    finish: Callable[[Path], None],
+) -> Iterator[Path]:
+    """Check, make the parents and a locked temporary, yield it, ``finish`` it and publish it; on
+    any failure remove the temporary and the parents made, an OS error becoming one line."""
     out = check_output(path, overwrite, inputs, owned)
     made = make_parents(out)
-    tmp = new_temp(out, directory=False)
+    tmp = new_temp(out, directory=directory)
     try:
         yield tmp
+        finish(tmp)
         publish(tmp, out, overwrite)
-    except OSError as exc:
+    except BaseException as exc:
         drop_temp(tmp)
         remove_parents(made)
-        raise write_error(out, exc) from None
-    except BaseException:
-        drop_temp(tmp)
-        remove_parents(made)
+        if isinstance(exc, OSError):
+            raise write_error(out, exc) from None
         raise
 
 

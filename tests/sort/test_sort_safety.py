@@ -245,3 +245,14 @@ def test_failed_sort_leaves_no_parent_directories(tmp_path: Path) -> None:
     write_metadata(tmp_path / "in" / "a.parquet", [1, 2, 2], [5, 5, 5])  # a duplicate id
     cli("sort", tmp_path / "in", tmp_path / "new" / "deep" / "sorted", expect=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_oversample_range_is_a_usage_line_naming_the_command(meta: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "varpack", "sort", str(meta), str(tmp_path / "s"), "--oversample", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    line = _one_line(proc.stderr)
+    assert "1<=x<=1048576" in line and line.endswith("see varpack sort --help")
+    assert not (tmp_path / "s").exists()

@@ -44,11 +44,9 @@ from typing import Any
 
 from varpack.atomic import (
     check_output,
-    drop_temp,
     is_varpack_output,
     make_parents,
     new_temp,
-    remove_parents,
     temp_sibling,
 )
 from varpack.errors import Interrupted, VarpackError
@@ -101,9 +99,7 @@ def sort_metadata(
         raise
     except BaseException:
         print(f"rank {job.rank}: {traceback.format_exc().rstrip()}", file=sys.stderr, flush=True)
-        if job.tmp is not None:
-            drop_temp(job.tmp)  # best effort: Abort ends every rank, including rank 0
-            remove_parents(job.made)
+        job.clean(any_rank=True)  # best effort: Abort ends every rank, including rank 0
         job.comm.Abort(1)
         raise
 
@@ -116,10 +112,7 @@ def _interrupted(job: Job, exc: Interrupted) -> None:
     rank; a rank other than 0 waits a moment so that rank 0, if it got the signal too, speaks
     for all (one line). MPI's own "Abort" banner is silenced: the line above says it all.
     """
-    if job.tmp is not None:  # any rank may: the temporary is on a shared filesystem
-        drop_temp(job.tmp)
-        remove_parents(job.made)
-        job.tmp = None
+    job.clean(any_rank=True)
     if job.size == 1:
         return  # the CLI prints the line and exits with the code
     if job.rank != 0:

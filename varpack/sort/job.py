@@ -83,9 +83,11 @@ class Job:
         )
         raise SortFailed(max(codes), summary if self.rank == 0 else "")
 
-    def clean(self) -> None:
-        """Rank 0: remove the temporary output and the parent directories made for it."""
-        if self.rank == 0:
+    def clean(self, any_rank: bool = False) -> None:
+        """Remove the temporary output and the parent directories made for it: rank 0 after an
+        agreed failure, or ``any_rank`` when this rank alone ends the job (the temporary lies on
+        a filesystem every rank shares; only rank 0 made parents)."""
+        if self.rank == 0 or any_rank:
             if self.tmp is not None:
                 drop_temp(self.tmp)
             remove_parents(self.made)
