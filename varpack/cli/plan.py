@@ -78,8 +78,14 @@ def plan(
 
     Shapes: --max-shapes K (at most K shapes per rank), --pack-to L, --warmup reorder (compile
     every shape first), --pp P (one shape per pipeline step), --batching blocks (BLoad).
+
+    Documents longer than the budget: --oversize error (the default: a split cuts an SFT sample
+    from its prompt, so varpack splits only when asked), drop, alone (bounded by
+    --max-alone-tokens), or split (pieces of --split-len tokens; `varpack check INPUT
+    --max-tokens N` previews each choice).
     """
     from varpack.atomic import check_output
+    from varpack.manifest.inspect import token_line
     from varpack.manifest.make import input_paths, load_toml
     from varpack.manifest.make import plan as run_plan
 
@@ -88,11 +94,13 @@ def plan(
     values.update({k: v for k, v in options.items() if v is not None})
     cfg = PlanConfig.from_mapping(values).resolved()
     arrays, meta = run_plan(input, out, cfg, overwrite=overwrite)
+    for note in arrays.notes:
+        click.echo(note, err=True)
     if not quiet:
         s = meta["stats"]
         click.echo(
             f"{out}: {meta['input']['num_samples']} samples -> {meta['num_steps']} steps x {cfg.dp} ranks x "
             f"{cfg.grad_accum} micro-batches; padding {100 * s['padding_ratio']:.2f}%, "
             f"time {s['time_vs_ideal']:.3f}x ideal, imbalance max {s['imbalance_max']:.3f}, "
-            f"mixing {s['mixing']:.3f}, dropped {s['dropped']}"
+            f"mixing {s['mixing']:.3f}; {token_line(s['tokens'])}"
         )

@@ -35,13 +35,16 @@ def rank_tables(
     pad_rows: np.ndarray | None = None,
     block_index: np.ndarray | None = None,
     stream_lens: np.ndarray | None = None,
+    sample_offsets: np.ndarray | None = None,
+    split: bool = False,
 ) -> Iterator[pa.Table]:
     """Yield rank 0..dp-1's manifest: one row per micro-batch, in (step, micro) order.
 
     ``stream`` maps stream positions to rows of ``ids``/``lens``; micro-batch ``i`` is stream
     positions ``offsets[i]:offsets[i+1]``. Optional: ``warmup`` flags and ``pad_rows`` per
     micro-batch, ``block_index`` per stream position (the manifest's optional columns);
-    ``stream_lens`` = ``lens[stream]`` if already at hand (saves a random gather).
+    ``stream_lens`` = ``lens[stream]`` if already at hand (saves a random gather). ``split``:
+    the ``sample_offsets`` column, from ``sample_offsets`` per row of ``ids`` (None: all 0).
     """
     order = np.lexsort((micro, step, rank))  # every rank holds the same number of micro-batches
     per_rank = len(order) // dp
@@ -73,6 +76,10 @@ def rank_tables(
                 pa.ListArray.from_arrays(off32, pa.array(block_index[pos].astype(np.int32)))
             )
             names.append("block_index")
+        if split:
+            offs = np.zeros(len(rows), np.int64) if sample_offsets is None else sample_offsets[rows]
+            columns.append(pa.ListArray.from_arrays(off32, pa.array(offs, pa.int64())))
+            names.append("sample_offsets")
         yield pa.Table.from_arrays(columns, schema=manifest_schema(names))
 
 
@@ -95,4 +102,6 @@ def plan_tables(p: PlanArrays) -> Iterator[pa.Table]:
         pad_rows=p.pad_rows,
         block_index=p.block_index,
         stream_lens=p.stream_lens,
+        sample_offsets=p.sample_offsets,
+        split=p.cfg.oversize == "split",
     )

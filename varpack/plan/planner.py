@@ -4,7 +4,8 @@ Pure (arrays and a config in, arrays and dicts out); reading the input and writi
 the plan artifact's job (:mod:`varpack.manifest.make`). :func:`plan_arrays` runs the stages in
 order, each a function in its own module, passing small dataclasses (:mod:`.arrays`) between:
 
-1. **select** (:mod:`.select`): input checks, oversize samples dropped, kept alone or refused;
+1. **select** (:mod:`.select`): input checks, oversize samples dropped, kept alone, split into
+   pieces (:mod:`.split`) or refused;
 2. **order + pack** (:mod:`.batching`): per epoch, the stream in ``--order`` (curriculum or
    windowed shuffle, :mod:`.order`) cut into micro-batches by a batching strategy (greedy budget
    or count, pipeline groups, blocks) and numbered into steps;
@@ -72,6 +73,9 @@ def _finish(chosen: Selection, batches: Batches, shaped: Shapes, placed: Placeme
         block_index=batches.block_index,
         warmup=placed.warmup,
         stream_lens=shaped.stream_lens,
+        sample_offsets=chosen.offsets,
+        group=chosen.group,
+        notes=chosen.notes,
     )
 
 

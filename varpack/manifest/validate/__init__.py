@@ -5,8 +5,10 @@ this order: :mod:`.files` (plan.json's keys and types, rank files as plain decla
 the plan, config and layout, checksums and row counts, the plan fingerprint, manifest schema,
 parallel list columns), :mod:`.numbering` (steps and micro-batches numbered alike on every rank),
 :mod:`.rows` (each micro-batch's shape and budget, the shape rules: rows per shape, shape bound,
-pipeline steps, blocks, warm-up prefix, ``shape_lengths``), :mod:`.coverage` (every sample
-exactly once per epoch or dropped, against the fingerprint or ``--metadata``), :mod:`.figures`
+pipeline steps, blocks, warm-up prefix, ``shape_lengths``), :mod:`.pieces` (``--oversize
+split``: pieces tile their documents, never two of one document in a micro-batch),
+:mod:`.coverage` (every sample exactly once per epoch or dropped, against the fingerprint or
+``--metadata``), :mod:`.figures`
 (step totals and LR factors on every row, per-rank shapes, plan.json's stats) and, when asked,
 :mod:`.replay` (the input planned again with plan.json's config gives the same rows).
 Each violation is one line of the :class:`Report` naming the rank, step, row or sample id.
@@ -43,6 +45,7 @@ from varpack.manifest.validate.files import (
     read_rank,
 )
 from varpack.manifest.validate.numbering import check_numbering
+from varpack.manifest.validate.pieces import documents, recompute_tokens
 from varpack.manifest.validate.replay import check_replay
 from varpack.manifest.validate.report import Report
 from varpack.manifest.validate.rows import check_micro_batches, recompute_lengths, shape_lengths
@@ -85,17 +88,23 @@ def validate_plan(
     # figures: the step columns
     whole = combine(ranks, micros, int(meta["num_steps"]), cfg)
     check_step_columns(ranks, whole, report)
-    # coverage
+    # coverage (split: the pieces tile their documents, which are then covered)
     reordered = cfg.warmup == "reorder"
+    split = cfg.oversize == "split"
+    ids, lens, steps = (
+        documents(meta, cfg, ranks, whole.sample_step, reordered, report)
+        if split
+        else (whole.ids, whole.lens, whole.sample_step)
+    )
     check_coverage(
         meta,
-        whole.ids,
-        whole.lens,
-        whole.sample_step,
+        ids,
+        lens,
+        steps,
         metadata,
         report,
         whole=reordered,
-        locate=Locator(ranks),
+        locate=None if split else Locator(ranks),
     )
     # rows: the chosen shape lengths, recomputed
     if cfg.max_shapes is not None and lengths is not None:
@@ -103,6 +112,7 @@ def validate_plan(
     # figures: shapes and stats
     check_rank_shapes(meta, whole, report)
     stats = recompute_stats(ranks, whole, lengths, cfg)
+    stats["tokens"] = recompute_tokens(meta, ranks, len(meta.get("epochs") or [0]), split)
     compare_stats(meta.get("stats", {}), stats, report)
     report.facts = {
         "samples": int(len(whole.ids)),
@@ -112,6 +122,7 @@ def validate_plan(
         "dropped": len(meta.get("dropped") or []),
         "padding_ratio": stats["padding_ratio"],
         "time_vs_ideal": stats["time_vs_ideal"],
+        "tokens": stats["tokens"],
     }
     return report
 

@@ -6,9 +6,9 @@ plan directory and no undeclared ``*.parquet`` file lies beside them (nothing ou
 ever opened); that plan.json's config is valid and its layout matches it; that every rank file is
 readable with the checksum and row count plan.json records; that the recorded plan fingerprint
 fits the config, input and checksums (a config edited after planning); that each manifest has
-exactly the schema its config calls for (the base columns, plus ``pad_rows`` and ``block_index``
-where used); and that the list columns are parallel (``seq_lens`` and ``block_index`` hold one
-entry per ``sample_ids`` entry). A rank that passes is read into :class:`RankRows`, the arrays
+exactly the schema its config calls for (the base columns, plus ``pad_rows``, ``block_index``
+and ``sample_offsets`` where used); and that the list columns are parallel (``seq_lens``,
+``block_index`` and ``sample_offsets`` hold one entry per ``sample_ids`` entry). A rank that passes is read into :class:`RankRows`, the arrays
 every later check works on.
 """
 
@@ -43,6 +43,7 @@ class RankRows:
     pad_rows: np.ndarray
     block_index: np.ndarray | None
     warmup: np.ndarray
+    sample_offsets: np.ndarray | None = None  # per planned sample (--oversize split)
 
 
 def open_plan(path: str | os.PathLike[str], report: Report) -> Plan | None:
@@ -122,6 +123,8 @@ def expected_columns(cfg: PlanConfig) -> list[str]:
         names.append("pad_rows")
     if cfg.batching == "blocks":
         names.append("block_index")
+    if cfg.oversize == "split":
+        names.append("sample_offsets")
     return names
 
 
@@ -160,6 +163,13 @@ def read_rank(
             report.add(f"rank {rank}: block_index lists are not parallel to sample_ids")
             return None
         block_index = bcol.flatten().to_numpy().astype(np.int64)
+    sample_offsets = None
+    if "sample_offsets" in table.column_names:
+        ocol = table.column("sample_offsets").combine_chunks()
+        if not np.array_equal(ocol.offsets.to_numpy().astype(np.int64), off_ids):
+            report.add(f"rank {rank}: sample_offsets lists are not parallel to sample_ids")
+            return None
+        sample_offsets = ocol.flatten().to_numpy().astype(np.int64)
     pad_rows = (
         table.column("pad_rows").to_numpy().astype(np.int64)
         if "pad_rows" in table.column_names
@@ -175,4 +185,5 @@ def read_rank(
         pad_rows=pad_rows,
         block_index=block_index,
         warmup=table.column("warmup").to_numpy(zero_copy_only=False).astype(bool),
+        sample_offsets=sample_offsets,
     )

@@ -22,9 +22,13 @@ from varpack.plan.arrays import Batches, Selection
 from varpack.plan.batching import blocks, greedy, pipeline
 from varpack.plan.config import PlanConfig
 
-Batcher = Callable[[np.ndarray, np.ndarray, PlanConfig, np.ndarray | None], Batches]
+Batcher = Callable[
+    [np.ndarray, np.ndarray, PlanConfig, np.ndarray | None, np.ndarray | None], Batches
+]
 
-#: strategy name -> ``build(lens, alone, cfg, lengths) -> Batches``
+#: strategy name -> ``build(lens, alone, cfg, lengths, group) -> Batches``; ``group`` numbers
+#: the pieces of split documents (``--oversize split``, greedy only), which never share a
+#: micro-batch
 BATCHERS: dict[str, Batcher] = {
     "greedy": greedy.build,
     "pipeline": pipeline.build,
@@ -44,4 +48,4 @@ def batcher_name(cfg: PlanConfig) -> str:
 def build_batches(chosen: Selection, lengths: np.ndarray | None) -> Batches:
     """Micro-batches and steps of all epochs over the selected samples."""
     cfg = chosen.cfg
-    return BATCHERS[batcher_name(cfg)](chosen.lens, chosen.alone, cfg, lengths)
+    return BATCHERS[batcher_name(cfg)](chosen.lens, chosen.alone, cfg, lengths, chosen.group)
