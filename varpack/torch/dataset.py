@@ -269,17 +269,25 @@ class ParquetTokenDataset:
             self._cache.popitem(last=False)
         return entry
 
-    def get_flat(self, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def get_flat(
+        self,
+        sample_ids: np.ndarray,
+        offsets: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Tokens of ``sample_ids`` concatenated in the given order, and each sample's length.
 
-        One read per distinct row group; the copy is a vectorised segment gather.
+        With ``offsets`` and ``lengths`` (the pieces of split documents, ``--oversize split``),
+        the tokens ``[offset, offset + length)`` of each sample instead of all of them. One read
+        per distinct row group; the copy is a vectorised segment gather.
         """
         ids = np.asarray(sample_ids, dtype=np.int64)
         if len(ids) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         rows = self.rows(ids)
+        piece = None if offsets is None else (ids, offsets, lengths)
         if self.ipc:
-            return self._gather_ipc(rows)
+            return self._gather_ipc(rows, piece)
         groups = np.searchsorted(self._rg_start, rows, side="right") - 1
         order = np.argsort(groups, kind="stable")
         uniq, first = np.unique(groups[order], return_index=True)
@@ -295,6 +303,8 @@ class ParquetTokenDataset:
             src_start[sel] = offsets[local]
             lens[sel] = offsets[local + 1] - offsets[local]
             tables.append((sel, values))
+        if piece is not None:
+            src_start, lens = _slice(src_start, lens, piece)
         if len(tables) == 1:  # one row group (the usual case with Arrow IPC): one gather
             return tables[0][1][segment_gather_index(src_start, lens)], lens
         dst = np.zeros(len(ids) + 1, dtype=np.int64)
@@ -305,9 +315,11 @@ class ParquetTokenDataset:
             out[segment_gather_index(dst[sel], lens[sel])] = values[idx]
         return out, lens
 
-    def _gather_ipc(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _gather_ipc(self, rows: np.ndarray, piece: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """One gather per file (usually one file) straight from the mapping."""
         starts, lens = self._tok_start[rows], self._tok_len[rows].astype(np.int64)
+        if piece is not None:
+            starts, lens = _slice(starts, lens, piece)
         if len(self.files) == 1:
             return self._view(0)[segment_gather_index(starts, lens)], lens
         files = np.searchsorted(self._file_start, rows, side="right") - 1
@@ -337,6 +349,23 @@ def _whole(mapped: pa.MemoryMappedFile) -> pa.Buffer:
     return buf
 
 
+def _slice(
+    starts: np.ndarray, lens: np.ndarray, piece: tuple[np.ndarray, Any, Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where the pieces ``(ids, offsets, lengths)`` of samples at ``starts`` / ``lens`` lie."""
+    ids, offsets, lengths = piece
+    offs = np.asarray(offsets, dtype=np.int64)
+    want = np.asarray(lengths, dtype=np.int64)
+    bad = (offs < 0) | (offs + want > lens)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise InputError(
+            f"sample id {int(ids[k])} has {int(lens[k])} tokens; the plan's piece at offset "
+            f"{int(offs[k])} of {int(want[k])} tokens lies outside it; was the plan made from this data?"
+        )
+    return starts + offs, want
+
+
 def segment_gather_index(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Concatenated ranges ``[s, s + l)`` for every (start, length), vectorised.
 
@@ -351,15 +380,36 @@ def segment_gather_index(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + shift
 
 
-def fetch_flat(dataset: Any, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def fetch_flat(
+    dataset: Any,
+    sample_ids: np.ndarray,
+    offsets: np.ndarray | None = None,
+    lengths: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Tokens of ``sample_ids`` concatenated, and their lengths, from any dataset keyed by id.
 
-    Uses ``dataset.get_flat`` when it exists (batched reads); otherwise one ``dataset[id]`` each
-    (a dict, a Hugging Face dataset indexed by id, ...), converting tensors or lists to NumPy.
+    Uses ``dataset.get_flat`` when it exists (batched reads; with pieces it is called as
+    ``get_flat(ids, offsets, lengths)``); otherwise one ``dataset[id]`` each (a dict, a Hugging
+    Face dataset indexed by id, ...), converting tensors or lists to NumPy. With ``offsets`` and
+    ``lengths`` each sample is the piece ``tokens[offset:offset + length]`` of its document.
     """
     if hasattr(dataset, "get_flat"):
-        flat, lens = dataset.get_flat(sample_ids)
-        return np.asarray(flat), np.asarray(lens, dtype=np.int64)
+        got = (
+            dataset.get_flat(sample_ids)
+            if offsets is None
+            else dataset.get_flat(sample_ids, offsets, lengths)
+        )
+        return np.asarray(got[0]), np.asarray(got[1], dtype=np.int64)
+    flat, lens = _fetch_each(dataset, sample_ids)
+    if offsets is None:
+        return flat, lens
+    starts = np.cumsum(lens) - lens
+    starts, lens = _slice(starts, lens, (sample_ids, offsets, lengths))
+    return flat[segment_gather_index(starts, lens)], lens
+
+
+def _fetch_each(dataset: Any, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One ``dataset[id]`` per sample, concatenated."""
     parts = []
     for sid in sample_ids.tolist():
         try:
