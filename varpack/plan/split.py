@@ -113,16 +113,18 @@ def token_figures(
     >>> token_figures(100, 10, 30, 1, 4)["kept_share"]
     0.9
     """
-    share = 1.0 / total if total else 0.0
+    def share(x: int) -> float:
+        return x / total if total else 0.0
+
     kept = total - dropped
     return {
         "total": total,
         "kept": kept,
         "split": split,
         "dropped": dropped,
-        "kept_share": kept * share,
-        "split_share": split * share,
-        "dropped_share": dropped * share,
+        "kept_share": share(kept),
+        "split_share": share(split),
+        "dropped_share": share(dropped),
         "documents_split": documents_split,
         "pieces": num_pieces,
     }
