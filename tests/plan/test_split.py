@@ -51,9 +51,7 @@ def test_split_units_merge_is_the_full_sort(rng):
     assert (u.lens <= 17).all() and ((u.group >= 0) == (lens.max() > 0))[0]
     assert ((u.group >= 0) == np.isin(u.ids, ids[lens > 17])).all()
     same = u.ids[o][1:] == u.ids[o][:-1]
-    assert np.array_equal(
-        u.offsets[o][1:][same], (u.offsets[o] + u.lens[o])[:-1][same]
-    )
+    assert np.array_equal(u.offsets[o][1:][same], (u.offsets[o] + u.lens[o])[:-1][same])
 
 
 @pytest.mark.parametrize("cap", [0, 4])
