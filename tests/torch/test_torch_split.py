@@ -72,7 +72,9 @@ def test_pieces_are_slices_of_their_documents(corpus, source, layout, positions,
             offs = row.sample_offsets
             assert offs is not None
             sl = batch.seq_lens.numpy().astype(np.int64)
-            want = [truth[int(s)][o : o + n] for s, o, n in zip(row.sample_ids, offs, sl)]
+            want = [
+                truth[int(s)][o : o + n] for s, o, n in zip(row.sample_ids, offs, sl, strict=True)
+            ]
             for s, o, n in zip(row.sample_ids, offs, sl, strict=True):
                 seen[int(s)][o : o + n] += 1
             if layout == "packed":

@@ -113,6 +113,7 @@ def token_figures(
     >>> token_figures(100, 10, 30, 1, 4)["kept_share"]
     0.9
     """
+
     def share(x: int) -> float:
         return x / total if total else 0.0
 
