@@ -21,6 +21,7 @@ from varpack.manifest.format import write_plan
 from varpack.manifest.tables import plan_tables
 from varpack.plan import PlanArrays, PlanConfig, make_plan
 from varpack.plan.select import plan_bytes
+from varpack.plan.split import unit_count
 from varpack.sort.output import is_sorted_output
 
 
@@ -117,7 +118,8 @@ def plan(
     check_output(out, overwrite, inputs)
     cfg = cfg.resolved()
     ids, lens = read_input(input)
-    check_memory(len(ids), cfg)
+    split = cfg.split_len if cfg.oversize == "split" else None
+    check_memory(unit_count(lens, split), cfg)  # pieces are planned rows too
     arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
     write_plan(out, meta, plan_tables(arrays), overwrite, extra, inputs)
     return arrays, meta

@@ -39,6 +39,18 @@ def fit_len(max_tokens: int, pad_multiple: int) -> int:
     return (max_tokens // pad_multiple) * pad_multiple
 
 
+def unit_count(lens: np.ndarray, split_len: int | None) -> int:
+    """Units the planner will see: documents, each split one counted as its pieces.
+
+    >>> unit_count(np.array([3, 10, 25]), 8), unit_count(np.array([3]), None)
+    (7, 1)
+    """
+    if split_len is None:
+        return len(lens)
+    long = lens[lens > split_len]
+    return len(lens) + int((-(-long // split_len) - 1).sum())
+
+
 def pieces(ids: np.ndarray, lens: np.ndarray, split_len: int) -> Units:
     """The pieces of documents ``ids`` / ``lens`` (all longer than ``split_len``), sorted.
 
