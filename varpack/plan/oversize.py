@@ -124,7 +124,7 @@ def preview(
 
     >>> p = preview(np.array([3, 10, 25]), 8)
     >>> p["oversize"]["documents"], p["split"]["pieces"], p["alone"]["largest"]
-    (2, 5, 25)
+    (2, 6, 25)
     """
     lens = np.asarray(lens, dtype=np.int64)
     top = fit_len(max_tokens, pad_multiple)
