@@ -58,7 +58,13 @@ def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | No
         from varpack.sort.output import is_sorted_output
 
         carry_source = None if is_sorted_output(metadata) else metadata
-    report = validate_plan(plan, reference, replay=replay, carry_source=carry_source)
+    report = validate_plan(
+        plan,
+        reference,
+        replay=replay,
+        carry_source=carry_source,
+        carry_required=carry_from is not None,
+    )
     if report.problems:
         for line in report.problems:
             click.echo(f"violation: {' '.join(line.split())}")
@@ -68,11 +74,8 @@ def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | No
     replayed = "; re-planned with its config: same rows" if replay else ""
     carried = report.facts.get("carried")
     if carried:
-        checked = (
-            "checked against the metadata"
-            if carry_source
-            else "not checked: give --metadata or --carry-from META"
-        )
+        why = f.get("carry_unchecked")
+        checked = f"not checked: {why}" if why else "checked against the metadata"
         replayed += f"; carried {', '.join(carried)} ({checked})"
     click.echo(
         f"OK {plan}: {f['samples']} planned samples ({f['dropped']} dropped), {f['steps']} steps x {f['dp']} ranks x "

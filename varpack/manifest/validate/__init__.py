@@ -59,10 +59,12 @@ def validate_plan(
     metadata: tuple[np.ndarray, np.ndarray] | None = None,
     replay: bool = False,
     carry_source: str | os.PathLike[str] | None = None,
+    carry_required: bool = True,
 ) -> Report:
     """Every check of the module doc; ``metadata`` = (ids, lens) of the input when given;
     ``replay``: plan ``metadata`` again with plan.json's config and compare (needs it);
-    ``carry_source``: metadata holding the carried columns, to check their values against."""
+    ``carry_source``: metadata holding the carried columns, to check their values against
+    (``carry_required``: a violation if it does not hold them, else a note in the facts)."""
     if replay and metadata is None:
         raise ValueError("replay needs the input's metadata")
     report = Report()
@@ -101,8 +103,9 @@ def validate_plan(
         whole=reordered,
         locate=Locator(ranks),
     )
+    unchecked = "give --metadata or --carry-from META"
     if carry_source is not None:
-        check_carried(meta, ranks, str(carry_source), report)
+        unchecked = check_carried(meta, ranks, str(carry_source), report, carry_required)
     # rows: the chosen shape lengths, recomputed
     if cfg.max_shapes is not None and lengths is not None:
         recompute_lengths(cfg, lengths, ranks, whole.sample_step, meta, report)
@@ -119,6 +122,7 @@ def validate_plan(
         "padding_ratio": stats["padding_ratio"],
         "time_vs_ideal": stats["time_vs_ideal"],
         "carried": [name for name, _ in carried_columns(meta)],
+        "carry_unchecked": unchecked,
     }
     return report
 

@@ -23,18 +23,30 @@ from varpack.manifest.validate.files import RankRows
 from varpack.manifest.validate.report import SHOW, Report
 
 
-def check_carried(meta: dict[str, Any], ranks: list[RankRows], source: str, report: Report) -> None:
-    """The carried values of every rank equal the metadata's at ``source``, per sample id."""
+def check_carried(
+    meta: dict[str, Any],
+    ranks: list[RankRows],
+    source: str,
+    report: Report,
+    required: bool = True,
+) -> str | None:
+    """The carried values of every rank equal the metadata's at ``source``, per sample id.
+
+    Returns why they were not checked (``None``: checked, or nothing carried). ``required``:
+    metadata that cannot be read or lacks a carried column is a violation; otherwise (the
+    plan's input given as ``--metadata``, which need not hold them) only the reason."""
     names = [name for name, _ in carried_columns(meta)]
     if not names:
-        return
+        return None
     ids = np.concatenate([rk.ids for rk in ranks]).astype(np.int64)
     try:
         meta_ids, table = read_carry_source(source, names)
         want = join(ids, meta_ids, table, source)
     except VarpackError as exc:
+        if not required:
+            return f"{source} does not hold them; give --carry-from META"
         report.add(f"carried columns cannot be checked against {source}: {exc}")
-        return
+        return None
     locate = Locator(ranks)
     for k, name in enumerate(names):
         have = pa.concat_arrays([rk.carry[name] for rk in ranks])
@@ -54,3 +66,5 @@ def check_carried(meta: dict[str, Any], ranks: list[RankRows], source: str, repo
             )
         if len(bad) > SHOW:
             report.add(f"({len(bad) - SHOW:,} more carried {name} values differ)")
+    return None
+    return None
