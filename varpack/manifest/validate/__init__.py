@@ -103,7 +103,7 @@ def validate_plan(
         whole=reordered,
         locate=Locator(ranks),
     )
-    unchecked = "give --metadata or --carry-from META"
+    unchecked: str | None = "give --metadata or --carry-from META"
     if carry_source is not None:
         unchecked = check_carried(meta, ranks, str(carry_source), report, carry_required)
     # rows: the chosen shape lengths, recomputed
