@@ -98,8 +98,11 @@ def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"--config {p}: invalid TOML ({exc})") from None
     if set(doc) == {"plan"} and isinstance(doc["plan"], dict):
         doc = doc["plan"]
-    doc = {str(k).replace("-", "_"): v for k, v in doc.items()}
-    carry = {k: doc.pop(k) for k in CARRY_KEYS if k in doc}
+    carry = {
+        str(k).replace("-", "_"): doc.pop(k)
+        for k in list(doc)
+        if str(k).replace("-", "_") in CARRY_KEYS
+    }
     _check_carry_keys(carry, p)
     for key, value in doc.items():
         if isinstance(value, dict):
@@ -107,7 +110,7 @@ def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
                 f"--config {p}: unexpected table [{key}]; options are plain keys (or one [plan] table)"
             )
     PlanConfig.from_mapping(doc, where=f"--config {p}")  # unknown keys fail here
-    return {**doc, **carry}
+    return {**{str(k).replace("-", "_"): v for k, v in doc.items()}, **carry}
 
 
 def _check_carry_keys(carry: dict[str, Any], p: Path) -> None:
