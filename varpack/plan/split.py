@@ -72,48 +72,52 @@ def pieces(ids: np.ndarray, lens: np.ndarray, split_len: int) -> Units:
 def split_units(ids: np.ndarray, lens: np.ndarray, split_len: int) -> Units | None:
     """Every document as units: those longer than ``split_len`` in pieces (``None``: none is).
 
-    ``ids`` / ``lens`` are sorted by (length, id); so is the result, by (length, id, offset): a
-    merge of the whole documents with the pieces (one pass, no sort of the whole input).
+    ``ids`` / ``lens`` are sorted by (length, id); so is the result, by (length, id, offset): one
+    merge pass of the whole documents with the pieces (no sort, no gather of the whole input).
     """
     long = lens > split_len
     if not long.any():
         return None
-    keep = ~long
     part = pieces(ids[long], lens[long], split_len)
-    take = _merge(lens[keep], ids[keep], part.lens, part.ids, part.offsets)
-    n_whole = int(keep.sum())
-    whole = np.flatnonzero(keep)
-    src_ids = np.concatenate((ids[whole], part.ids))
-    src_lens = np.concatenate((lens[whole], part.lens))
-    src_offs = np.concatenate((np.zeros(n_whole, np.int64), part.offsets))
-    src_group = np.concatenate((np.full(n_whole, -1, np.int64), part.group))
-    return Units(src_ids[take], src_lens[take], src_offs[take], src_group[take])
+    n = len(ids) - int(long.sum()) + len(part.ids)
+    out = Units(
+        np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    )
+    _merge(
+        np.ascontiguousarray(ids, np.int64),
+        np.ascontiguousarray(lens, np.int64),
+        long,
+        part.ids,
+        part.lens,
+        part.offsets,
+        part.group,
+        out.ids,
+        out.lens,
+        out.offsets,
+        out.group,
+    )
+    return out
 
 
 @njit(cache=True)
-def _merge(lens_a, ids_a, lens_b, ids_b, offs_b):  # type: ignore[no-untyped-def]
-    """Positions (``a`` first, then ``b`` shifted by ``len(a)``) of the merge of two runs sorted
-    by (length, id[, offset]); a whole document and a piece never share an id."""
-    na, nb = len(lens_a), len(lens_b)
-    out = np.empty(na + nb, dtype=np.int64)
+def _merge(ids, lens, long, pid, plen, poff, pgroup, o_ids, o_lens, o_offs, o_group):  # type: ignore[no-untyped-def]
+    """Merge the whole documents (``ids``/``lens`` where not ``long``) with the pieces, both
+    sorted by (length, id[, offset]), into the ``o_*`` arrays; a document and a piece never
+    share an id."""
+    na, nb = len(ids), len(pid)
     i = j = k = 0
-    while i < na and j < nb:
-        if lens_a[i] < lens_b[j] or (lens_a[i] == lens_b[j] and ids_a[i] < ids_b[j]):
-            out[k] = i
+    while True:
+        while i < na and long[i]:
+            i += 1
+        if i >= na and j >= nb:
+            break
+        if j >= nb or (i < na and (lens[i] < plen[j] or (lens[i] == plen[j] and ids[i] < pid[j]))):
+            o_ids[k], o_lens[k], o_offs[k], o_group[k] = ids[i], lens[i], 0, -1
             i += 1
         else:
-            out[k] = na + j
+            o_ids[k], o_lens[k], o_offs[k], o_group[k] = pid[j], plen[j], poff[j], pgroup[j]
             j += 1
         k += 1
-    while i < na:
-        out[k] = i
-        i += 1
-        k += 1
-    while j < nb:
-        out[k] = na + j
-        j += 1
-        k += 1
-    return out
 
 
 def token_figures(
