@@ -247,7 +247,8 @@ class PlanConfig:
             if "bounds" in f.metadata:
                 _check_bounds(f.name, getattr(cfg, f.name), f.metadata["bounds"])
         cfg = cfg._resolve_shapes()._resolve_batching()._resolve_model()._resolve_lr()
-        cfg = resolve_oversize(cfg)
+        fill = resolve_oversize(cfg)  # the default split length, where it applies
+        cfg = cfg if fill is None else dataclasses.replace(cfg, split_len=fill)
         # A step's samples or tokens, and their sums, must stay far inside int64.
         per_micro = cfg.max_tokens or cfg.batch_size or 1
         if cfg.micro_per_step * per_micro > 2**52:

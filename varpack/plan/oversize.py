@@ -9,16 +9,41 @@ batchers do not keep the pieces of one document apart.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from varpack.errors import ConfigError
 from varpack.plan.split import alone_volume, fit_len
 
-if TYPE_CHECKING:
-    from varpack.plan.config import PlanConfig
+
+class Options(Protocol):
+    """The options these rules read (a :class:`~varpack.plan.config.PlanConfig`; typed by its
+    shape, since the config module calls these rules)."""
+
+    @property
+    def oversize(self) -> str: ...
+    @property
+    def split_len(self) -> int | None: ...
+    @property
+    def split_positions(self) -> str: ...
+    @property
+    def max_alone_tokens(self) -> int | None: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def pad_multiple(self) -> int: ...
+    @property
+    def batching(self) -> str: ...
+    @property
+    def layout(self) -> str: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def max_shapes(self) -> int | None: ...
+    @property
+    def pack_to(self) -> int | None: ...
+
 
 #: Default bound of a lone micro-batch, in budgets, and the size above which it is a warning.
 ALONE_BOUND = 4
@@ -26,8 +51,9 @@ ALONE_WARN = 2
 _SHOW = 5
 
 
-def resolve_oversize(cfg: PlanConfig) -> PlanConfig:
-    """Check the oversize options against the rest; fill the default split length."""
+def resolve_oversize(cfg: Options) -> int | None:
+    """Check the oversize options against the rest; the default split length to fill in
+    (``None``: nothing to fill)."""
     if cfg.oversize != "split":
         given = "--split-len" if cfg.split_len is not None else None
         if cfg.split_positions != "restart":
@@ -56,20 +82,20 @@ def resolve_oversize(cfg: PlanConfig) -> PlanConfig:
                 f"{cfg.max_tokens}; give a bound of at least the budget"
             )
     if cfg.oversize != "split":
-        return cfg
+        return None
     assert cfg.max_tokens is not None
     top = fit_len(cfg.max_tokens, cfg.pad_multiple)
     if cfg.split_len is None:
-        return dataclasses.replace(cfg, split_len=top)
+        return top
     if cfg.split_len > top:
         raise ConfigError(
             f"--split-len {cfg.split_len} exceeds {top}, the longest piece that fits --max-tokens "
             f"{cfg.max_tokens} alone; lower --split-len (or leave it out for {top})"
         )
-    return cfg
+    return None
 
 
-def _conflict(cfg: PlanConfig) -> str | None:
+def _conflict(cfg: Options) -> str | None:
     """The first option that ``--oversize alone`` / ``split`` cannot be combined with."""
     if cfg.batching == "blocks":
         return "--batching blocks"
@@ -85,13 +111,13 @@ def _conflict(cfg: PlanConfig) -> str | None:
     return None
 
 
-def alone_bound(cfg: PlanConfig) -> int:
+def alone_bound(cfg: Options) -> int:
     """The largest lone micro-batch ``--oversize alone`` accepts, in tokens."""
     assert cfg.max_tokens is not None
     return cfg.max_alone_tokens or ALONE_BOUND * cfg.max_tokens
 
 
-def check_alone(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> list[str]:
+def check_alone(ids: np.ndarray, lens: np.ndarray, cfg: Options) -> list[str]:
     """Refuse lone samples above the bound; the warning line for those above 2 x the budget."""
     assert cfg.max_tokens is not None
     vol = alone_volume(lens, cfg.pad_multiple)
