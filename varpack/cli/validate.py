@@ -51,8 +51,13 @@ def validate(plan: str, metadata: str | None, replay: bool) -> None:
         sys.exit(1)
     f = report.facts
     replayed = "; re-planned with its config: same rows" if replay else ""
+    fill = f.get("budget_fill")
+    fill_text = "" if fill is None else f"budget fill {100 * fill:.1f}%, "
     click.echo(
-        f"OK {plan}: {f['samples']} planned samples ({f['dropped']} dropped), {f['steps']} steps x {f['dp']} ranks x "
-        f"{f['grad_accum']} micro-batches; padding {100 * f['padding_ratio']:.2f}%, time {f['time_vs_ideal']:.3f}x ideal"
-        f"{replayed}"
+        f"OK {plan}: {f['samples']:,} planned samples ({f['dropped']:,} dropped), {f['steps']:,} steps x {f['dp']} ranks x "
+        f"{f['grad_accum']} micro-batches; {fill_text}padding {100 * f['padding_ratio']:.2f}%, "
+        f"time {f['time_vs_ideal']:.3f}x ideal{replayed}"
     )
+    from varpack.plan.stats import TIME_VS_IDEAL_LEGEND
+
+    click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
