@@ -11,7 +11,11 @@ What it shows, in the order a real trainer needs it:
   gradient of the step's mean token loss;
 - ``VariableBatchSizeLR`` scales a warm-up + cosine schedule by the plan's per-step LR factor;
 - ``--compile static`` compiles with ``dynamic=False`` after ``compile_warmup`` ran every shape;
-- checkpoints hold model, optimizer, LR and loader cursor; ``--resume`` continues exactly.
+- checkpoints hold model, optimizer, LR and loader cursor; ``--resume`` continues exactly and
+  logs "resumed at step S of N (epoch E)";
+- before anything is built, ``check_vocab`` compares the plan's token ids (this rank's samples)
+  with the model's vocabulary: one line, exit 2, instead of an error deep inside the model;
+- the final line gives the global tokens (every rank) and the per-rank tokens, each named.
 
 Attention (``--attention``, see ``varpack.torch.attention``): ``auto`` takes the fastest path that
 keeps packed samples apart for this layout and device: flash-attn's or torch's varlen kernel over
