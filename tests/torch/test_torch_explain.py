@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch.nn")
 
@@ -99,7 +101,7 @@ def test_check_vocab_names_the_largest_id_and_its_sample(tmp_path) -> None:
     with pytest.raises(InputError, match=f"token id {top} \\(sample id {holder}\\).* has {top}"):
         check_vocab(loader, top)
     # chunked: the same answer one sample at a time, each sample read once
-    assert token_range(truth, np.array([12, 10, 11, 10]), chunk=1) == (
+    assert token_range(truth, np.array([12, 10, 11, 10]), np.array([3, 5, 7, 5]), 4) == (
         min(int(t.min()) for t in truth.values()),
         top,
         holder,
@@ -156,3 +158,32 @@ def test_len_counts_micro_batches_and_steps_counts_what_is_left(tmp_path, rng) -
     assert again.steps == n - 2
     assert sum(b.is_last_micro for b in again) == n - 2
     assert again.steps == n  # the pass is over: the next one has every step
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 20), min_size=0, max_size=40),
+    st.integers(1, 50),
+    st.integers(0, 2**31),
+)
+def test_token_range_reads_every_sample_in_chunks(lens: list[int], chunk: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    data = {i: rng.integers(0, 10_000, n) for i, n in enumerate(lens)}
+    reads: list[int] = []
+
+    class Counting(dict):
+        def __getitem__(self, key):
+            reads.append(int(key))
+            return super().__getitem__(key)
+
+    order = rng.permutation(len(lens)).tolist() * 2  # every sample twice (two epochs)
+    got = token_range(
+        Counting(data), np.array(order, np.int64), np.array([lens[i] for i in order]), chunk
+    )
+    assert sorted(reads) == list(range(len(lens)))  # each distinct sample read once
+    if not lens:
+        assert got == (0, -1, None)
+        return
+    flat = np.concatenate(list(data.values()))
+    assert got[:2] == (int(flat.min()), int(flat.max()))
+    assert int(data[got[2]].max()) == got[1]

@@ -308,7 +308,9 @@ class ParquetTokenDataset:
             missing = int(ids[np.argmax(bad)])
             raise InputError(
                 f"sample id {missing} is not in the tokenized dataset {self.files[0]}"
-                f"{' (and others)' if len(self.files) > 1 else ''}; was the plan made from this data?"
+                f"{' (and others)' if len(self.files) > 1 else ''} (ids from "
+                f"{'column ' + repr(self.id_column) if self.id_column else 'row numbers'}); was the "
+                "plan made from this data, with the same ids (varpack lengths --id-column)?"
             )
         return self._row_of[pos_c]
 
