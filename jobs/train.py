@@ -158,7 +158,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.vocab_size:
         cfg = type(cfg)(**{**cfg.__dict__, "vocab_size": args.vocab_size})
     # Before building anything: a token id >= the vocabulary would fail deep inside the model.
-    check_vocab(loader, cfg.vocab_size, "--vocab-size (or a --preset with a larger vocabulary)")
+    # Every rank checks its own samples, and all stop together (no rank left waiting in DDP).
+    all_or_none(
+        lambda: check_vocab(loader, cfg.vocab_size, "--vocab-size (or a larger --preset)"), device
+    )
     raw = TinyGPT(cfg).to(device)
     model: torch.nn.Module = raw
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, foreach=False)
@@ -291,6 +294,29 @@ def checkpoint(
         save_checkpoint(path, state)
     if dist.is_initialized():
         dist.barrier()
+
+
+def all_or_none(check: Any, device: torch.device) -> None:
+    """Run ``check`` on every rank; if it raised a :class:`VarpackError` on any rank, raise on all
+    (the rank's own error, or one naming the rank that failed), so that none waits forever in
+    a collective the others never reach."""
+    error: VarpackError | None = None
+    try:
+        check()
+    except VarpackError as exc:
+        error = exc
+    if not dist.is_initialized():
+        if error is not None:
+            raise error
+        return
+    failed = torch.tensor(
+        [dist.get_world_size() if error is None else dist.get_rank()], device=device
+    )
+    dist.all_reduce(failed, op=dist.ReduceOp.MIN)  # the lowest failing rank, or world size
+    if error is not None:
+        raise error
+    if int(failed) < dist.get_world_size():
+        raise InputError(f"rank {int(failed)} stopped before training (its error line says why)")
 
 
 def done_line(

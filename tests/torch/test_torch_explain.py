@@ -187,3 +187,34 @@ def test_token_range_reads_every_sample_in_chunks(lens: list[int], chunk: int, s
     flat = np.concatenate(list(data.values()))
     assert got[:2] == (int(flat.min()), int(flat.max()))
     assert int(data[got[2]].max()) == got[1]
+
+
+@pytest.mark.slow
+def test_two_ranks_stop_together_when_one_rank_has_a_bad_token_id(tmp_path) -> None:
+    """Only one rank's samples hold the bad id: both ranks exit with one line, neither hangs."""
+    lens = {i: 8 for i in range(8)}
+    truth = write_tokens(tmp_path / "tok.parquet", list(lens), list(lens.values()), vocab=200)
+    truth[5][3] = 300  # beyond the tiny preset's 256 entries
+    write_tokens_exact(tmp_path / "tok.parquet", truth)
+    plan = make_plan(tmp_path / "plan", lens, dp=2, micros=[[0, 1], [5, 6], [2, 3], [4, 7]])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(ROOT / "jobs" / "train.py"), "--plan", str(plan), "--data",
+           str(tmp_path / "tok.parquet"), "--out", str(tmp_path / "run")]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert proc.returncode != 0
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("varpack: error: ")]
+    assert len(errors) == 2, proc.stderr[-3000:]
+    assert any("token id 300 (sample id 5)" in x for x in errors)
+    assert any("stopped before training" in x for x in errors)
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def write_tokens_exact(path: Path, data: dict[int, np.ndarray]) -> None:
+    table = pa.table(
+        {
+            "sample_id": pa.array(list(data), pa.int64()),
+            "input_ids": pa.array([v.tolist() for v in data.values()], pa.list_(pa.int32())),
+        }
+    )
+    pq.write_table(table, path)
