@@ -168,20 +168,25 @@ class CPBatch:
     seq_lens: np.ndarray
     placement: np.ndarray
 
-    def to(self, device: torch.device | str) -> CPBatch:
+    @property
+    def num_tokens(self) -> int:
+        """Tokens this CP rank computes."""
+        return int(self.input_ids.shape[1])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> CPBatch:
         m = self.meta
 
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
+            return None if t is None else t.to(device, non_blocking=non_blocking)
 
         meta = dataclasses.replace(
             m, local_mask=move(m.local_mask), dist_mask=move(m.dist_mask), gather=move(m.gather)
         )
         return dataclasses.replace(
             self,
-            input_ids=self.input_ids.to(device),
-            position_ids=self.position_ids.to(device),
-            targets=self.targets.to(device),
+            input_ids=self.input_ids.to(device, non_blocking=non_blocking),
+            position_ids=self.position_ids.to(device, non_blocking=non_blocking),
+            targets=self.targets.to(device, non_blocking=non_blocking),
             meta=meta,
         )
 
