@@ -88,3 +88,13 @@ def test_replay_of_a_cp_plan(cp_plan, tmp_path):
     meta = write_metadata(tmp_path / "meta" / "part-0.parquet", np.arange(len(lens)), lens)
     res = cli("validate", cp_plan, "--metadata", meta.parent, "--replay", expect=None)
     assert res.exit_code == 0, res.stdout
+
+
+def test_inspect_shows_and_plots_the_cp_load(cp_plan, tmp_path):
+    out = cli("inspect", cp_plan).stdout
+    assert "estimated time" in out and "CP memory" in out and "CP imbalance" in out
+    info = json.loads(cli("inspect", cp_plan, "--json").stdout)
+    assert info["cp"]["cp"] == 4 and info["layout"]["cp"] == 4
+    pytest.importorskip("matplotlib")
+    cli("inspect", cp_plan, "--plot", tmp_path / "cp.png")
+    assert (tmp_path / "cp.png").stat().st_size > 10_000
