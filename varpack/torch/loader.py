@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from varpack.errors import ConfigError, InputError
-from varpack.manifest.format import Plan, load_plan
+from varpack.manifest.format import CARRY_PREFIX, Plan, load_plan
 from varpack.manifest.schema import FINGERPRINT_KEY
 from varpack.torch import cp as cp_mod
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
@@ -122,6 +122,11 @@ class ManifestRows:
         self.block, self.block_off = np.zeros(0, np.int32), np.zeros(n + 1, np.int64)
         if self.has_blocks:
             self.block, self.block_off = _flat(col("block_index"))
+        self.carry = {
+            name[len(CARRY_PREFIX) :]: _carried(col(name))
+            for name in table.column_names
+            if name.startswith(CARRY_PREFIX)
+        }
         if n and np.any(np.diff(self.step) < 0):
             raise InputError("manifest rows are not in step order; re-run varpack plan")
         # The last micro-batch of a step is where DDP must synchronise gradients.
@@ -148,6 +153,7 @@ class ManifestRows:
             block_index=self.block[self.block_off[i] : self.block_off[i + 1]]
             if self.has_blocks
             else None,
+            carry={k: v[a:b] for k, v in self.carry.items()} if self.carry else None,
         )
 
     def index_of(self, step: int, micro: int) -> int:
@@ -164,6 +170,20 @@ def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     arr = column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks)
     offsets = arr.offsets.to_numpy().astype(np.int64)
     return arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+def _carried(column: pa.ChunkedArray) -> np.ndarray:
+    """A carried list column's flat values, parallel to ``sample_ids`` (same offsets, checked
+    by ``varpack validate``): numbers as they are, strings as an object array of ``str`` built
+    from the column's distinct values (one Python string per distinct value, not per sample)."""
+    arr = column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks)
+    offsets = arr.offsets.to_numpy()
+    values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
+    if not pa.types.is_string(values.type):
+        return values.to_numpy(zero_copy_only=False)
+    encoded = values.dictionary_encode()
+    names = np.array(encoded.dictionary.to_pylist(), dtype=object)
+    return names[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
 class MicroBatches(Dataset[Any]):
