@@ -107,3 +107,13 @@ def test_cost_overlaps_communication_with_local_compute():
     assert cp_load(off, lens, pl, slow).cost.tolist() == [8.0]  # max(4, 4) + 4
     slower = CPModel(2, 100, comm_bw=0.5, kv_bytes=1.0)
     assert cp_load(off, lens, pl, slower).cost.tolist() == [12.0]  # comm 8 + 4
+
+
+def test_full_rollback_when_one_shard_would_overflow_another_rank():
+    # N=3, C=5, 15 tokens = C * N exactly (found by searching a Python mirror of the kernel):
+    # after a first rollback, sharding the fullest rank's longest local sample would overflow
+    # another rank, so every local sample placed so far becomes distributed at once.
+    lens, off = np.array([4, 3, 5, 3]), np.array([0, 4])
+    out = place(lens, off, cap=5, n=3)
+    assert out.tolist() == [-1, -1, -1, -1]
+    assert cp_load(off, lens, out, CPModel(3, 5)).memory.tolist() == [[15, 15, 15]]
