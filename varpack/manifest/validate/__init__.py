@@ -8,7 +8,8 @@ parallel list columns), :mod:`.numbering` (steps and micro-batches numbered alik
 pipeline steps, blocks, warm-up prefix, ``shape_lengths``), :mod:`.coverage` (every sample
 exactly once per epoch or dropped, against the fingerprint or ``--metadata``), :mod:`.carried`
 (each carried ``carry.COL`` value is the metadata's, when the metadata is given), :mod:`.figures`
-(step totals and LR factors on every row, per-rank shapes, plan.json's stats) and, when asked,
+(step totals and LR factors on every row, per-rank shapes, plan.json's stats), :mod:`.cp`
+(``--cp``: placement once per sample, in range, within each CP rank's capacity) and, when asked,
 :mod:`.replay` (the input planned again with plan.json's config gives the same rows).
 Each violation is one line of the :class:`Report` naming the rank, step, row or sample id.
 
@@ -28,6 +29,7 @@ import numpy as np
 from varpack.manifest.format import Plan, carried_columns
 from varpack.manifest.validate.carried import check_carried
 from varpack.manifest.validate.coverage import Locator, check_coverage
+from varpack.manifest.validate.cp import check_cp
 from varpack.manifest.validate.figures import (
     check_rank_shapes,
     check_step_columns,
@@ -113,6 +115,7 @@ def validate_plan(
     check_rank_shapes(meta, whole, report)
     stats = recompute_stats(ranks, whole, lengths, cfg)
     compare_stats(meta.get("stats", {}), stats, report)
+    check_cp(meta, ranks, whole, cfg, report)
     report.facts = {
         "samples": int(len(whole.ids)),
         "steps": whole.num_steps,
