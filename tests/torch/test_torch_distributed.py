@@ -21,7 +21,7 @@ from testkit import cli, write_metadata  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(nproc: int, *args: object, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def torchrun(nproc: int, *args: object, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(ROOT / "jobs" / "train.py"), *map(str, args)]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
