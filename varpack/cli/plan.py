@@ -112,7 +112,6 @@ def plan(
     the torch reader hands to the trainer as batch.carry["source"].
     """
     from varpack.atomic import check_output
-    from varpack.manifest.inspect import token_line
     from varpack.manifest.make import input_paths, load_toml
     from varpack.manifest.make import plan as run_plan
 
@@ -127,10 +126,23 @@ def plan(
     for note in arrays.notes:
         click.echo(note, err=True)
     if not quiet:
-        s = meta["stats"]
-        click.echo(
-            f"{out}: {meta['input']['num_samples']} samples -> {meta['num_steps']} steps x {cfg.dp} ranks x "
-            f"{cfg.grad_accum} micro-batches; padding {100 * s['padding_ratio']:.2f}%, "
-            f"time {s['time_vs_ideal']:.3f}x ideal, imbalance max {s['imbalance_max']:.3f}, "
-            f"mixing {s['mixing']:.3f}; {token_line(s['tokens'])}"
-        )
+        from varpack.plan.stats import TIME_VS_IDEAL_LEGEND
+
+        click.echo(summary_line(out, meta, cfg))
+        click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
+
+
+def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig) -> str:
+    """The one-line summary of a new plan (thousands separators; budget fill when known)."""
+    from varpack.manifest.inspect import token_line
+
+    s = meta["stats"]
+    fill = s.get("budget_fill")
+    fill_text = "" if fill is None else f"budget fill {100 * fill:.1f}%, "
+    return (
+        f"{out}: {meta['input']['num_samples']:,} samples -> {meta['num_steps']:,} steps x {cfg.dp} ranks x "
+        f"{cfg.grad_accum} micro-batches; {s['real_tokens']:,} tokens, {fill_text}"
+        f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal, "
+        f"imbalance max {s['imbalance_max']:.3f}, mixing {s['mixing']:.3f}, dropped {s['dropped']:,}; "
+        f"{token_line(s.get('tokens'))}"
+    )

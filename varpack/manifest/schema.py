@@ -26,6 +26,7 @@ from typing import Any
 
 from varpack.errors import VarpackError
 from varpack.plan.config import PlanConfig
+from varpack.plan.context import OPTIONAL_KEYS
 
 #: plan.json's key for the fingerprint of config + input + manifests
 FINGERPRINT_KEY = "plan_fingerprint"
@@ -145,7 +146,10 @@ def _config_spec() -> Spec:
             keys[f.name] = nullable(simple[base])
         else:
             keys[f.name] = simple[hint]
-    return obj("an object of plan options", keys)
+    # long-context options appear only where used (plan.json keeps the bytes of other plans)
+    optional = {k: v for k, v in keys.items() if k in OPTIONAL_KEYS}
+    required = {k: v for k, v in keys.items() if k not in OPTIONAL_KEYS}
+    return obj("an object of plan options", required, optional)
 
 
 _RANK = obj(
@@ -213,6 +217,7 @@ _STATS = obj(
         "pad_row_tokens": integer(),
         "pp_extra_padding": integer(),
         "pp_extra_padding_ratio": NUMBER,
+        "budget_fill": nullable(NUMBER),
         "blocks": obj("an object of block figures", {}),
         "tokens": obj(
             "an object of token figures (kept, split, dropped)",

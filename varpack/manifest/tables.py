@@ -39,6 +39,7 @@ def rank_tables(
     pad_rows: np.ndarray | None = None,
     block_index: np.ndarray | None = None,
     stream_lens: np.ndarray | None = None,
+    cp_placement: np.ndarray | None = None,
     sample_offsets: np.ndarray | None = None,
     split: bool = False,
     carry: Carried | None = None,
@@ -47,10 +48,11 @@ def rank_tables(
 
     ``stream`` maps stream positions to rows of ``ids``/``lens``; micro-batch ``i`` is stream
     positions ``offsets[i]:offsets[i+1]``. Optional: ``warmup`` flags and ``pad_rows`` per
-    micro-batch, ``block_index`` per stream position (the manifest's optional columns);
-    ``stream_lens`` = ``lens[stream]`` if already at hand (saves a random gather). ``split``:
-    the ``sample_offsets`` column, from ``sample_offsets`` per row of ``ids`` (None: all 0);
-    ``carry``: carried metadata columns aligned with ``ids`` (one ``carry.COL`` list column each).
+    micro-batch, ``block_index`` and ``cp_placement`` per stream position (the manifest's
+    optional columns); ``stream_lens`` = ``lens[stream]`` if already at hand (saves a random
+    gather); ``carry``: carried metadata columns aligned with ``ids`` (one ``carry.COL`` list
+    column each); ``split``: the ``sample_offsets`` column, from ``sample_offsets`` per row of
+    ``ids`` (None: all 0).
     """
     order = np.lexsort((micro, step, rank))  # every rank holds the same number of micro-batches
     per_rank = len(order) // dp
@@ -82,6 +84,9 @@ def rank_tables(
                 pa.ListArray.from_arrays(off32, pa.array(block_index[pos].astype(np.int32)))
             )
             names.append("block_index")
+        if cp_placement is not None:
+            columns.append(pa.ListArray.from_arrays(off32, pa.array(cp_placement[pos], pa.int32())))
+            names.append("cp_placement")
         if split:
             offs = np.zeros(len(rows), np.int64) if sample_offsets is None else sample_offsets[rows]
             columns.append(pa.ListArray.from_arrays(off32, pa.array(offs, pa.int64())))
@@ -113,6 +118,7 @@ def plan_tables(p: PlanArrays, carry: Carried | None = None) -> Iterator[pa.Tabl
         pad_rows=p.pad_rows,
         block_index=p.block_index,
         stream_lens=p.stream_lens,
+        cp_placement=p.cp_placement,
         sample_offsets=p.sample_offsets,
         split=p.cfg.oversize == "split",
         carry=carry,

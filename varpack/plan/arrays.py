@@ -103,6 +103,8 @@ class PlanArrays:
     block_index: np.ndarray | None = None  # per stream position (--batching blocks)
     warmup: np.ndarray | None = None  # per micro-batch (--warmup reorder)
     stream_lens: np.ndarray | None = None  # lens[stream] (kept: gathering it again is costly)
+    cp_placement: np.ndarray | None = None  # per stream position (--cp): CP rank, -1 distributed
+    cp_cost: np.ndarray | None = None  # per micro-batch (--cp): time of its slowest CP rank
     # --oversize split: each unit's offset in its document and split document number (None
     # when nothing is split; ``offsets`` above is the micro-batches' bounds)
     sample_offsets: np.ndarray | None = None

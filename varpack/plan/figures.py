@@ -16,9 +16,11 @@ from varpack.fingerprint import Fingerprint, fingerprint
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import sample_cost
+from varpack.plan.cp_cost import cp_load, cp_model
+from varpack.plan.cp_stage import cp_figures
 from varpack.plan.micro import Micro, shape_rule
 from varpack.plan.split import token_figures
-from varpack.plan.stats import chunked_sum, plan_stats, rank_shapes, shape_stats
+from varpack.plan.stats import budget_fill, chunked_sum, plan_stats, rank_shapes, shape_stats
 
 _PIECE = 1 << 20  # samples per piece of the input fingerprint
 
@@ -57,13 +59,15 @@ def plan_meta(
     meta = {
         "config": cfg.to_dict(),
         "input": input_info,
-        "layout": {"dp": cfg.dp, "pp": cfg.pp, "cp": 1, "grad_accum": cfg.grad_accum},
+        "layout": {"dp": cfg.dp, "pp": cfg.pp, "cp": cfg.cp, "grad_accum": cfg.grad_accum},
         "num_steps": p.num_steps,
         "epochs": p.epochs,
         "shape_lengths": None if p.lengths is None else p.lengths.tolist(),
         "stats": stats,
         "dropped": p.dropped,
     }
+    if p.cp_placement is not None:
+        meta["cp"] = _cp_block(p)
     return meta, [{"shapes": s} for s in shapes_of]
 
 
@@ -75,6 +79,15 @@ def plan_token_figures(p: PlanArrays, total: int) -> dict[str, int | float]:
     piece = p.group >= 0
     docs = int(p.group.max()) + 1 if piece.any() else 0
     return token_figures(total, dropped, int(p.lens[piece].sum()), docs, int(piece.sum()))
+
+
+def _cp_block(p: PlanArrays) -> dict[str, Any]:
+    """plan.json's ``cp`` figures (estimated time, memory and balance of the CP groups)."""
+    assert p.cp_placement is not None
+    model = cp_model(p.cfg)
+    lens = p.lens[p.stream] if p.stream_lens is None else p.stream_lens
+    load = cp_load(p.offsets, lens, p.cp_placement, model)
+    return cp_figures(p.step, p.rank, p.cp_placement, load, model, p.cfg.dp)
 
 
 def plan_figures(
@@ -115,9 +128,18 @@ def plan_figures(
         layout=cfg.layout,
         shapes=shapes,
     )
+    stats["budget_fill"] = budget_fill(stats["real_tokens"], len(step), budget_tokens(cfg))
     stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
     stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
     return stats
+
+
+def budget_tokens(cfg: PlanConfig) -> int | None:
+    """The token budget of one micro-batch: ``--max-tokens``, or ``block_len x blocks_per_batch``
+    with blocks; ``None`` for fixed batching without ``--max-tokens`` (no token budget)."""
+    if cfg.batching == "blocks" and cfg.block_len is not None and cfg.blocks_per_batch is not None:
+        return cfg.block_len * cfg.blocks_per_batch
+    return cfg.max_tokens
 
 
 def plan_shape_stats(

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from varpack.errors import ConfigError, InputError
 from varpack.manifest.format import CARRY_PREFIX, Plan, load_plan
 from varpack.manifest.schema import FINGERPRINT_KEY
+from varpack.torch import cp as cp_mod
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
 from varpack.torch.dataset import fetch_flat
@@ -259,10 +260,16 @@ class PlanLoader:
         prefetch_factor: int | None = None,
         verify: bool = True,
         multiprocessing_context: Any = None,
+        cp_rank: int | None = None,
+        cp_size: int | None = None,
     ) -> None:
         # Each rank checks its own manifest's sha256 (not all dp files: that would read every
         # rank's file in every process).
         self.plan = load_plan(plan_dir, verify=False)
+        cp = int(self.plan.meta["layout"].get("cp", 1))
+        rank, world_size, self.cp_rank, self.cp_size = cp_mod.resolve_cp(
+            rank, world_size, cp_rank, cp_size, cp
+        )  # a --cp plan: this CP rank's share of each micro-batch (varpack.torch.cp)
         self.rank, self.world_size = resolve_rank(rank, world_size, self.plan.dp)
         planned = plan_layout(self.plan)
         layout = collate or planned or "packed"
@@ -273,7 +280,9 @@ class PlanLoader:
                 f"{plan_dir}: the plan was made for the {planned!r} layout, not collate={layout!r}"
             )
         self.layout = layout
-        self.rows = ManifestRows(self.plan.rank_table(self.rank, verify=verify))
+        table = self.plan.rank_table(self.rank, verify=verify)
+        self.rows = ManifestRows(table)
+        self.cp_rows = cp_mod.CPRows(table, self.cp_size) if self.cp_size > 1 else None
         self.fingerprint = plan_fingerprint(self.plan)
         positions = (self.plan.meta.get("config") or {}).get("split_positions", "restart")
         self.dataset = MicroBatches(self.rows, dataset, layout, pad_id, positions)
@@ -297,14 +306,23 @@ class PlanLoader:
         return self.plan.grad_accum
 
     def __len__(self) -> int:
-        """Micro-batches of one pass over this rank's manifest."""
+        """Micro-batches (not optimizer steps) of one whole pass over this rank's manifest,
+        wherever the cursor is: ``num_steps x grad_accum``. See :attr:`steps` for steps."""
         return len(self.rows)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps the next ``for batch in loader`` yields: the steps left from the
+        cursor (after :meth:`load_state_dict`, those not done yet), or all :attr:`num_steps` of
+        a new pass when the last one finished. One step ends at each ``batch.is_last_micro``."""
+        start = self._next if self._next < len(self.rows) else 0
+        return int(np.count_nonzero(self.rows.is_last[start:]))
 
     def lr_factors(self) -> np.ndarray:
         """LR factor of every step, indexed by step (what :class:`VariableBatchSizeLR` takes)."""
         return step_values(self.rows.step, self.rows.lr_factor, self.num_steps)
 
-    def __iter__(self) -> Iterator[PackedBatch | PaddedBatch | BlockBatch]:
+    def __iter__(self) -> Iterator[Any]:
         if self._next >= len(self.rows):  # the previous pass finished: start the next one
             self._epoch, self._next = self._epoch + 1, 0
         loader = DataLoader(
@@ -319,7 +337,10 @@ class PlanLoader:
         )
         for raw in loader:
             batch = raw.to_batch()
-            if self.pin_memory:
+            if self.cp_rows is not None:
+                assert isinstance(batch, PackedBatch)
+                batch = cp_mod.shard(batch, self.cp_rows[self._next], self.cp_rank, self.cp_size)
+            elif self.pin_memory:
                 batch = batch.pin_memory()
             # Advance the cursor only for what the caller received (prefetched rows do not count).
             self._next += 1

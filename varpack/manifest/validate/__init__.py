@@ -10,7 +10,8 @@ split``: pieces tile their documents, never two of one document in a micro-batch
 :mod:`.coverage` (every sample exactly once per epoch or dropped, against the fingerprint or
 ``--metadata``), :mod:`.carried`
 (each carried ``carry.COL`` value is the metadata's, when the metadata is given), :mod:`.figures`
-(step totals and LR factors on every row, per-rank shapes, plan.json's stats) and, when asked,
+(step totals and LR factors on every row, per-rank shapes, plan.json's stats), :mod:`.cp`
+(``--cp``: placement once per sample, in range, within each CP rank's capacity) and, when asked,
 :mod:`.replay` (the input planned again with plan.json's config gives the same rows).
 Each violation is one line of the :class:`Report` naming the rank, step, row or sample id.
 
@@ -30,6 +31,7 @@ import numpy as np
 from varpack.manifest.format import Plan, carried_columns
 from varpack.manifest.validate.carried import check_carried
 from varpack.manifest.validate.coverage import Locator, check_coverage
+from varpack.manifest.validate.cp import check_cp
 from varpack.manifest.validate.figures import (
     check_rank_shapes,
     check_step_columns,
@@ -123,6 +125,7 @@ def validate_plan(
     stats = recompute_stats(ranks, whole, lengths, cfg)
     stats["tokens"] = recompute_tokens(meta, ranks, len(meta.get("epochs") or [0]), split)
     compare_stats(meta.get("stats", {}), stats, report)
+    check_cp(meta, ranks, whole, cfg, report)
     report.facts = {
         "samples": int(len(whole.ids)),
         "steps": whole.num_steps,
@@ -131,6 +134,7 @@ def validate_plan(
         "dropped": len(meta.get("dropped") or []),
         "padding_ratio": stats["padding_ratio"],
         "time_vs_ideal": stats["time_vs_ideal"],
+        "budget_fill": stats["budget_fill"],
         "tokens": stats["tokens"],
         "carried": [name for name, _ in carried_columns(meta)],
         "carry_unchecked": unchecked,

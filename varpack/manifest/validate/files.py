@@ -105,11 +105,12 @@ def read_config(meta: dict[str, Any], report: Report) -> PlanConfig | None:
 
 
 def check_layout(meta: dict[str, Any], cfg: PlanConfig, report: Report) -> None:
-    """plan.json's layout is the config's (dp, pp, cp 1, grad_accum)."""
+    """plan.json's layout is the config's (dp, pp, cp, grad_accum)."""
     layout = meta.get("layout", {})
-    if layout != {"dp": cfg.dp, "pp": cfg.pp, "cp": 1, "grad_accum": cfg.grad_accum}:
+    if layout != {"dp": cfg.dp, "pp": cfg.pp, "cp": cfg.cp, "grad_accum": cfg.grad_accum}:
         report.add(
             f"plan.json layout {layout} does not match the config (dp {cfg.dp}, pp {cfg.pp}, "
+            f"cp {cfg.cp}, "
             f"grad_accum {cfg.grad_accum})"
         )
 
@@ -133,6 +134,8 @@ def expected_columns(cfg: PlanConfig) -> list[str]:
         names.append("pad_rows")
     if cfg.batching == "blocks":
         names.append("block_index")
+    if cfg.cp > 1:
+        names.append("cp_placement")
     if cfg.oversize == "split":
         names.append("sample_offsets")
     return names

@@ -7,7 +7,8 @@ it into micro-batches and numbers them into steps (``dp x grad_accum`` micro-bat
 
 * ``greedy`` (:mod:`.greedy`): budget or fixed-count micro-batches of consecutive samples;
 * ``pipeline`` (:mod:`.pipeline`): ``--pp`` in the padded layout, (step, rank) groups of one shape;
-* ``blocks`` (:mod:`.blocks`): fixed-length blocks of whole samples (BLoad).
+* ``blocks`` (:mod:`.blocks`): fixed-length blocks of whole samples (BLoad);
+* ``gds`` (:mod:`.gds`): ``--cp`` steps re-formed across DP ranks (Skrull's global scheduling).
 
 A new way of batching is a new module here and an entry in :data:`BATCHERS`.
 """
@@ -19,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from varpack.plan.arrays import Batches, Selection
-from varpack.plan.batching import blocks, greedy, pipeline
+from varpack.plan.batching import blocks, gds, greedy, pipeline
 from varpack.plan.config import PlanConfig
 
 Batcher = Callable[
@@ -33,6 +34,7 @@ BATCHERS: dict[str, Batcher] = {
     "greedy": greedy.build,
     "pipeline": pipeline.build,
     "blocks": blocks.build,
+    "gds": gds.build,
 }
 
 
@@ -40,6 +42,8 @@ def batcher_name(cfg: PlanConfig) -> str:
     """The batching strategy a config asks for."""
     if cfg.batching == "blocks":
         return "blocks"
+    if cfg.cp > 1 and cfg.cp_batching == "gds":
+        return "gds"
     if cfg.pp > 1 and cfg.layout == "padded":
         return "pipeline"
     return "greedy"
