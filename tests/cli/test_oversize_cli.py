@@ -84,6 +84,7 @@ def test_alone_refused_above_the_bound(meta, tmp_path):
             ["--oversize", "split", "--layout", "padded", "--pp", 2, "--grad-accum", 2],
             "conflicts with --pp in the padded layout",
         ),  # fmt: skip
+        (["--oversize", "split", "--cp", 2, "--bucket-size", 50], "conflicts with --cp with"),
         (["--max-alone-tokens", 500], "--max-alone-tokens applies to --oversize alone only"),
         (["--oversize", "alone", "--max-alone-tokens", 50], "is below --max-tokens 100"),
         (

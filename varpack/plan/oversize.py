@@ -3,8 +3,8 @@ and the preview of every choice that ``varpack check --max-tokens`` prints.
 
 ``--oversize split`` is supported wherever the greedy batcher packs (``--batching budget``, both
 layouts and orders, epochs, grad-accum, ``--max-shapes``, ``--pack-to``, ``--pp`` in the packed
-layout); it is refused with ``--batching blocks`` and with ``--pp`` in the padded layout, whose
-batchers do not keep the pieces of one document apart.
+layout); it is refused with ``--batching blocks``, ``--pp`` in the padded layout and ``--cp`` with
+``--cp-batching gds``, whose batchers do not keep the pieces of one document apart.
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ class Options(Protocol):
     def max_shapes(self) -> int | None: ...
     @property
     def pack_to(self) -> int | None: ...
+    @property
+    def cp(self) -> int: ...
+    @property
+    def cp_batching(self) -> str: ...
 
 
 #: Default bound of a lone micro-batch, in budgets, and the size above which it is a warning.
@@ -100,6 +104,8 @@ def _conflict(cfg: Options) -> str | None:
     if cfg.batching == "blocks":
         return "--batching blocks"
     if cfg.oversize == "split":
+        if cfg.cp > 1 and cfg.cp_batching == "gds":
+            return "--cp with --cp-batching gds"
         return "--pp in the padded layout" if cfg.pp > 1 and cfg.layout == "padded" else None
     for flag, on in (
         ("--max-shapes", cfg.max_shapes is not None),
