@@ -95,8 +95,7 @@ class PlanConfig(ContextOptions):
     )
     max_alone_tokens: int | None = _opt(
         None,
-        "--oversize alone: refuse a lone micro-batch above this many tokens (default 4 x "
-        "--max-tokens); one above 2 x --max-tokens is a warning",
+        "--oversize alone: refuse a lone micro-batch above this (default 4 x --max-tokens)",
         bounds=(1, 2**62),
     )
     dp: int = _opt(1, "data-parallel ranks (one manifest each)", bounds=(1, COUNT_MAX))

@@ -44,6 +44,7 @@ from varpack.errors import InputError
 from varpack.metadata.contract import first_duplicate, resolve_files
 from varpack.metadata.lengths import write_arrow_tokens
 from varpack.metadata.tokens import SUFFIXES as IPC_SUFFIXES
+from varpack.torch.gather import fetch_flat, segment_gather_index, slice_pieces
 
 __all__ = [
     "ID_COLUMNS",
@@ -372,7 +373,7 @@ class ParquetTokenDataset:
             lens[sel] = offsets[local + 1] - offsets[local]
             tables.append((sel, values))
         if piece is not None:
-            src_start, lens = _slice(src_start, lens, piece)
+            src_start, lens = slice_pieces(src_start, lens, piece)
         if len(tables) == 1:  # one row group (the usual case with Arrow IPC): one gather
             return tables[0][1][segment_gather_index(src_start, lens)], lens
         dst = np.zeros(len(ids) + 1, dtype=np.int64)
@@ -387,7 +388,7 @@ class ParquetTokenDataset:
         """One gather per file (usually one file) straight from the mapping."""
         starts, lens = self._tok_start[rows], self._tok_len[rows].astype(np.int64)
         if piece is not None:
-            starts, lens = _slice(starts, lens, piece)
+            starts, lens = slice_pieces(starts, lens, piece)
         if len(self.files) == 1:
             return self._view(0)[segment_gather_index(starts, lens)], lens
         files = np.searchsorted(self._file_start, rows, side="right") - 1
@@ -415,81 +416,3 @@ def _whole(mapped: pa.MemoryMappedFile) -> pa.Buffer:
     buf = mapped.read_buffer(mapped.size())
     mapped.seek(0)
     return buf
-
-
-def _slice(
-    starts: np.ndarray, lens: np.ndarray, piece: tuple[np.ndarray, Any, Any]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Where the pieces ``(ids, offsets, lengths)`` of samples at ``starts`` / ``lens`` lie."""
-    ids, offsets, lengths = piece
-    offs = np.asarray(offsets, dtype=np.int64)
-    want = np.asarray(lengths, dtype=np.int64)
-    bad = (offs < 0) | (offs + want > lens)
-    if bad.any():
-        k = int(np.argmax(bad))
-        raise InputError(
-            f"sample id {int(ids[k])} has {int(lens[k])} tokens; the plan's piece at offset "
-            f"{int(offs[k])} of {int(want[k])} tokens lies outside it; was the plan made from this data?"
-        )
-    return starts + offs, want
-
-
-def segment_gather_index(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenated ranges ``[s, s + l)`` for every (start, length), vectorised.
-
-    >>> segment_gather_index(np.array([10, 3]), np.array([2, 3])).tolist()
-    [10, 11, 3, 4, 5]
-    """
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(lens)
-    shift = np.repeat(starts - (ends - lens), lens)
-    return np.arange(total, dtype=np.int64) + shift
-
-
-def fetch_flat(
-    dataset: Any,
-    sample_ids: np.ndarray,
-    offsets: np.ndarray | None = None,
-    lengths: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens of ``sample_ids`` concatenated, and their lengths, from any dataset keyed by id.
-
-    Uses ``dataset.get_flat`` when it exists (batched reads; with pieces it is called as
-    ``get_flat(ids, offsets, lengths)``); otherwise one ``dataset[id]`` each (a dict, a Hugging
-    Face dataset indexed by id, ...), converting tensors or lists to NumPy. With ``offsets`` and
-    ``lengths`` each sample is the piece ``tokens[offset:offset + length]`` of its document.
-    """
-    if hasattr(dataset, "get_flat"):
-        got = (
-            dataset.get_flat(sample_ids)
-            if offsets is None
-            else dataset.get_flat(sample_ids, offsets, lengths)
-        )
-        return np.asarray(got[0]), np.asarray(got[1], dtype=np.int64)
-    flat, lens = _fetch_each(dataset, sample_ids)
-    if offsets is None:
-        return flat, lens
-    starts = np.cumsum(lens) - lens
-    starts, lens = _slice(starts, lens, (sample_ids, offsets, lengths))
-    return flat[segment_gather_index(starts, lens)], lens
-
-
-def _fetch_each(dataset: Any, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One ``dataset[id]`` per sample, concatenated."""
-    parts = []
-    for sid in sample_ids.tolist():
-        try:
-            item = dataset[sid]
-        except (KeyError, IndexError):
-            raise InputError(
-                f"sample id {sid} is not in the dataset; was the plan made from this data?"
-            ) from None
-        if hasattr(item, "numpy"):  # a torch tensor
-            item = item.numpy()
-        parts.append(np.asarray(item).reshape(-1))
-    if not parts:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    lens = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-    return np.concatenate(parts), lens
