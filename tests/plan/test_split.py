@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from varpack.errors import ConfigError
@@ -101,6 +101,12 @@ configs = st.fixed_dictionaries(
 
 @settings(max_examples=50, deadline=None)
 @given(lens=st.lists(st.integers(1, 1000), min_size=1, max_size=80), c=configs)
+@example(  # --max-shapes over pieces, reordered across epochs: a piece is (id, offset)
+    lens=[5],
+    c={"budget": 4, "layout": "padded", "pad_multiple": 1, "split_frac": None, "dp": 1,
+       "grad_accum": 1, "order": "curriculum", "epochs": 2, "warmup": "reorder",
+       "max_shapes": 2, "positions": "restart"},
+)  # fmt: skip
 def test_property_pieces_tile_fit_and_stay_apart(lens, c):
     ids, lens_a = _sorted(lens)
     budget = max(c["budget"], c["pad_multiple"])
