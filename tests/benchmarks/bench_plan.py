@@ -142,7 +142,7 @@ class Layout:
 def score(p: Layout, all_lens: np.ndarray) -> dict[str, float]:
     """Padding, time / ideal, imbalance, mixing with varpack's own cost and stats functions."""
     cfg = PlanConfig(
-        max_tokens=1 << 40,
+        max_tokens=2**31 - 1,
         layout=p.layout,
         pad_multiple=p.pad_multiple,
         cost="flops",
