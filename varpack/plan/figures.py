@@ -17,6 +17,7 @@ from varpack.plan.arrays import PlanArrays
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import sample_cost
 from varpack.plan.micro import Micro, shape_rule
+from varpack.plan.order import moved
 from varpack.plan.stats import chunked_sum, plan_stats, rank_shapes, shape_stats
 
 _PIECE = 1 << 20  # samples per piece of the input fingerprint
@@ -48,6 +49,8 @@ def plan_meta(
         lengths=p.lengths,
         shapes=shapes_of,
         cfg=cfg,
+        rows=p.stream,
+        epochs=p.epochs,
     )
     stats["cost"] = cfg.cost
     stats["dropped"] = len(p.dropped)
@@ -82,9 +85,15 @@ def plan_figures(
     lengths: np.ndarray | None,
     shapes: list[Any],
     cfg: PlanConfig,
+    rows: np.ndarray | None = None,
+    epochs: list[dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     """plan.json's stats from a plan's arrays: the planner writes them, validate recomputes them
-    from the manifests with this same function, so every stat written is a stat checked."""
+    from the manifests with this same function, so every stat written is a stat checked.
+
+    A shuffled plan also says how far samples moved from their random positions
+    (:func:`varpack.plan.order.moved`; ``rows``: each sample's input row, in ``sample_step``'s
+    order)."""
     stats = plan_stats(
         step=step,
         rank=rank,
@@ -105,6 +114,8 @@ def plan_figures(
     )
     stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
     stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
+    if cfg.order == "shuffle" and rows is not None and epochs is not None:
+        stats.update(moved(rows, sample_step, epochs, cfg.seed, cfg.shuffle_window))
     return stats
 
 

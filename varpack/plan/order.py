@@ -239,3 +239,71 @@ def _regroup(perm, lens, step, window_size, fixed):  # type: ignore[no-untyped-d
             idx[a + start[s] + lap] = perm[a + pos[j]]
         a = b
     return idx, new_seg
+
+
+_PIECE = 1 << 22  # samples per piece of the moved figures (small temporaries)
+
+
+def input_rows(sample_len: np.ndarray, sample_id: np.ndarray) -> np.ndarray:
+    """Each sample's row in the input order (by length, ties by id) among the samples given.
+
+    >>> input_rows(np.array([5, 2, 5]), np.array([1, 9, 0])).tolist()
+    [2, 0, 1]
+    """
+    order = np.lexsort((sample_id, sample_len))
+    rows = np.empty(len(order), dtype=np.int64)
+    rows[order] = np.arange(len(order), dtype=np.int64)
+    return rows
+
+
+def moved(
+    rows: np.ndarray,
+    sample_step: np.ndarray,
+    epochs: list[dict[str, int]],
+    seed: int,
+    window: int,
+) -> dict[str, float]:
+    """How far a shuffled plan trains its samples from their random positions (plan.json stats).
+
+    ``rows[i]``: the input row of the sample trained at ``sample_step[i]`` (one entry per sample
+    and epoch). In epoch ``e`` row ``r`` sits at position ``pos`` of the epoch's permutation, so
+    a plain shuffle would train it at ``first_step + (pos + 0.5) * num_steps / n``; the figures
+    are the distance to the step it does train at, in steps: mean, 99th percentile (whole steps)
+    and max, and the max in windows (``--shuffle-window`` steps).
+
+    >>> f = moved(np.array([0, 1]), np.array([0, 0]), [{"epoch": 0, "first_step": 0, "num_steps": 1}], 0, 1)
+    >>> f["moved_steps_max"]  # trained at step 0; a plain shuffle: steps 0.25 and 0.75
+    0.75
+    """
+    total = 0.0
+    top = 0.0
+    hist = np.zeros(1, dtype=np.int64)
+    starts = np.array([e["first_step"] for e in epochs], dtype=np.int64)
+    for e in epochs:
+        mask = np.flatnonzero(np.searchsorted(starts, sample_step, side="right") - 1 == e["epoch"])
+        n = len(mask)
+        if n == 0:
+            continue
+        perm = epoch_rng(seed, e["epoch"]).permutation(n)
+        pos = np.empty(n, dtype=np.int64)
+        pos[perm] = np.arange(n, dtype=np.int64)
+        del perm
+        per = e["num_steps"] / n
+        for a in range(0, n, _PIECE):
+            at = mask[a : a + _PIECE]
+            want = e["first_step"] + (pos[rows[at]] + 0.5) * per
+            d = np.abs(sample_step[at] - want)
+            total += float(d.sum())
+            top = max(top, float(d.max()))
+            whole = np.bincount(d.astype(np.int64))
+            if len(whole) > len(hist):
+                hist = np.concatenate((hist, np.zeros(len(whole) - len(hist), np.int64)))
+            hist[: len(whole)] += whole
+    count = int(hist.sum())
+    p99 = int(np.searchsorted(np.cumsum(hist), 0.99 * count)) if count else 0
+    return {
+        "moved_steps_mean": total / count if count else 0.0,
+        "moved_steps_p99": p99,
+        "moved_steps_max": top,
+        "moved_windows_max": top / window,
+    }
