@@ -169,10 +169,11 @@ def _by_cost(buf, m, lens):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _compose_window(buf, order, lens, alone, lin, quad, p, dp, k, multiple, budget, where):  # type: ignore[no-untyped-def]
+def _compose_window(buf, order, carried, lens, alone, lin, quad, p, dp, k, multiple, budget, where):  # type: ignore[no-untyped-def]
     """Deal ``buf[:m]`` to ``p`` steps x ``dp`` slots x ``k`` micro-batches (see module doc).
 
-    ``order``: the window's positions, costliest first. Writes each sample's micro-batch
+    ``order``: the window's positions, costliest first; ``buf[:carried]`` moved on from the
+    last window and are placed first, so that none waits for more than a window. Writes each sample's micro-batch
     ``(step * dp + slot) * k + j`` to ``where`` (-1: it fits nowhere and moves on). Returns
     False when some micro-batch stays empty.
     """
@@ -210,8 +211,10 @@ def _compose_window(buf, order, lens, alone, lin, quad, p, dp, k, multiple, budg
     level = np.full(p, np.inf)  # a step with backbones: its costliest one; the others none
     for g in range(groups):
         level[(g * p) // groups] = _cost(lens[buf[order[g * dp]]], lin, quad)
-    for q in range(lead, m):
-        i = order[q]
+    for q in range(lead, 2 * m - lead):  # samples carried from the last window first
+        i = order[lead + (q - lead) % (m - lead)]
+        if (i < carried) != (q < m):
+            continue
         x = lens[buf[i]]
         c = _cost(x, lin, quad)
         s, slot = _choose(
@@ -272,14 +275,18 @@ def _emit(buf, order, where, nbins, stream, out, starts, nmb, carry):  # type: i
 
 
 @njit(cache=True)
-def _steps_of(buf, order, lens, alone, lin, quad, p0, last, dp, k, multiple, budget, where):  # type: ignore[no-untyped-def]
+def _steps_of(
+    buf, order, carried, lens, alone, lin, quad, p0, last, dp, k, multiple, budget, where
+):  # type: ignore[no-untyped-def]
     """Compose a window into the most steps that leave no micro-batch empty, from ``p0`` down
     (the epoch's last window: the fewest from ``p0`` up that place every sample). 0: none."""
     m = len(order)
     most = m // (dp * k)
     p = min(p0, most)
     while 1 <= p <= most:
-        ok = _compose_window(buf, order, lens, alone, lin, quad, p, dp, k, multiple, budget, where)
+        ok = _compose_window(
+            buf, order, carried, lens, alone, lin, quad, p, dp, k, multiple, budget, where
+        )
         if ok and not last:
             return p
         if ok and np.all(where[:m] >= 0):
@@ -328,7 +335,9 @@ def _compose_epoch(perm, lens, alone, lin, quad, window_tok, step_tok, dp, k, mu
         order = _by_cost(buf, m, lens)
         p0 = max(1, np.int64(wtok / step_tok + 0.5))
         last = a >= n
-        p = _steps_of(buf, order, lens, alone, lin, quad, p0, last, dp, k, multiple, budget, where)
+        p = _steps_of(
+            buf, order, nc, lens, alone, lin, quad, p0, last, dp, k, multiple, budget, where
+        )
         if p == 0:
             if last:
                 return stream, starts[:1], False

@@ -51,6 +51,7 @@ def plan_meta(
         cfg=cfg,
         rows=p.stream,
         epochs=p.epochs,
+        row_lens=p.lens,
     )
     stats["cost"] = cfg.cost
     stats["dropped"] = len(p.dropped)
@@ -87,13 +88,14 @@ def plan_figures(
     cfg: PlanConfig,
     rows: np.ndarray | None = None,
     epochs: list[dict[str, int]] | None = None,
+    row_lens: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """plan.json's stats from a plan's arrays: the planner writes them, validate recomputes them
     from the manifests with this same function, so every stat written is a stat checked.
 
     A shuffled plan also says how far samples moved from their random positions
     (:func:`varpack.plan.order.moved`; ``rows``: each sample's input row, in ``sample_step``'s
-    order)."""
+    order; ``row_lens``: the rows' lengths)."""
     stats = plan_stats(
         step=step,
         rank=rank,
@@ -114,8 +116,8 @@ def plan_figures(
     )
     stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
     stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
-    if cfg.order == "shuffle" and rows is not None and epochs is not None:
-        stats.update(moved(rows, sample_step, epochs, cfg.seed, cfg.shuffle_window))
+    if cfg.order == "shuffle" and rows is not None and epochs and row_lens is not None:
+        stats.update(moved(rows, sample_step, epochs, cfg.seed, cfg.shuffle_window, row_lens))
     return stats
 
 

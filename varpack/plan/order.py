@@ -256,43 +256,54 @@ def input_rows(sample_len: np.ndarray, sample_id: np.ndarray) -> np.ndarray:
     return rows
 
 
+def _token_positions(row_lens: np.ndarray, perm: np.ndarray) -> np.ndarray:
+    """Twice each row's token position in the permuted stream (its middle; exact integers)."""
+    pos2 = np.empty(len(perm), dtype=np.int64)
+    before = 0
+    for a in range(0, len(perm), _PIECE):
+        at = perm[a : a + _PIECE]
+        x = row_lens[at].astype(np.int64)
+        cum = np.cumsum(x)
+        pos2[at] = 2 * (before + cum) - x
+        before += int(cum[-1])
+    return pos2
+
+
 def moved(
     rows: np.ndarray,
     sample_step: np.ndarray,
     epochs: list[dict[str, int]],
     seed: int,
     window: int,
+    row_lens: np.ndarray,
 ) -> dict[str, float]:
     """How far a shuffled plan trains its samples from their random positions (plan.json stats).
 
     ``rows[i]``: the input row of the sample trained at ``sample_step[i]`` (one entry per sample
-    and epoch). In epoch ``e`` row ``r`` sits at position ``pos`` of the epoch's permutation, so
-    a plain shuffle would train it at ``first_step + (pos + 0.5) * num_steps / n``; the figures
-    are the distance to the step it does train at, in steps: mean, 99th percentile (whole steps)
-    and max, and the max in windows (``--shuffle-window`` steps).
+    and epoch); ``row_lens``: the rows' lengths. In epoch ``e`` the permutation puts row ``r``'s
+    middle ``t`` tokens into the epoch's ``T``, so a plain shuffle would train it at
+    ``first_step + num_steps * t / T``; the figures are the distance to the step it does train
+    at, in steps: mean, 99th percentile (whole steps) and max, and the max in windows
+    (``--shuffle-window`` steps).
 
-    >>> f = moved(np.array([0, 1]), np.array([0, 0]), [{"epoch": 0, "first_step": 0, "num_steps": 1}], 0, 1)
-    >>> f["moved_steps_max"]  # trained at step 0; a plain shuffle: steps 0.25 and 0.75
-    0.75
+    >>> one = [{"epoch": 0, "first_step": 0, "num_steps": 2}]
+    >>> moved(np.array([0, 1]), np.array([0, 0]), one, 0, 1, np.array([3, 1]))["moved_steps_max"]
+    1.75
     """
     total = 0.0
     top = 0.0
     hist = np.zeros(1, dtype=np.int64)
     starts = np.array([e["first_step"] for e in epochs], dtype=np.int64)
+    span = 2 * int(np.asarray(row_lens, dtype=np.int64).sum())
     for e in epochs:
         mask = np.flatnonzero(np.searchsorted(starts, sample_step, side="right") - 1 == e["epoch"])
-        n = len(mask)
-        if n == 0:
+        if len(mask) == 0 or span == 0:
             continue
-        perm = epoch_rng(seed, e["epoch"]).permutation(n)
-        pos = np.empty(n, dtype=np.int64)
-        pos[perm] = np.arange(n, dtype=np.int64)
-        del perm
-        per = e["num_steps"] / n
-        for a in range(0, n, _PIECE):
+        pos2 = _token_positions(row_lens, epoch_rng(seed, e["epoch"]).permutation(len(mask)))
+        per = e["num_steps"] / span
+        for a in range(0, len(mask), _PIECE):
             at = mask[a : a + _PIECE]
-            want = e["first_step"] + (pos[rows[at]] + 0.5) * per
-            d = np.abs(sample_step[at] - want)
+            d = np.abs(sample_step[at] - (e["first_step"] + pos2[rows[at]] * per))
             total += float(d.sum())
             top = max(top, float(d.max()))
             whole = np.bincount(d.astype(np.int64))

@@ -129,7 +129,14 @@ def recompute_stats(
         cfg=cfg,
         rows=_input_rows(whole, epochs) if cfg.order == "shuffle" and epochs else None,
         epochs=epochs,
+        row_lens=_row_lens(whole, epochs) if cfg.order == "shuffle" and epochs else None,
     )
+
+
+def _row_lens(whole: AllRanks, epochs: list[dict[str, int]]) -> np.ndarray:
+    """The planned samples' lengths in input order (the first epoch's; every epoch has them all)."""
+    first = whole.sample_step < (epochs[1]["first_step"] if len(epochs) > 1 else whole.num_steps)
+    return np.sort(whole.lens[first])
 
 
 def _input_rows(whole: AllRanks, epochs: list[dict[str, int]]) -> np.ndarray:
