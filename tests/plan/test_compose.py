@@ -159,6 +159,10 @@ def test_curriculum_and_token_composition_are_untouched():
     for kw in (dict(order="curriculum"), dict(order="shuffle", compose="tokens")):
         cfg = PlanConfig(max_tokens=2048, dp=2, grad_accum=2, **kw)  # type: ignore[arg-type]
         assert batcher_name(cfg) == "greedy"
+    cur = PlanConfig(max_tokens=2048, dp=2, grad_accum=2)
+    a = plan_arrays(np.arange(3000), lens, cur)
+    b = plan_arrays(np.arange(3000), lens, dataclasses.replace(cur, compose="tokens"))
+    assert np.array_equal(a.stream, b.stream) and np.array_equal(a.rank, b.rank)
     padded = PlanConfig(max_tokens=2048, dp=2, order="shuffle", layout="padded")
     assert batcher_name(padded) == "greedy"
 
