@@ -533,6 +533,7 @@ def main() -> None:
         return
     run = {args.only} if args.only else {"throughput", "quality", "balance", "shapes"}
     from plan_balance import balance
+
     if args.quick:
         "throughput" in run and throughput([1_000_000], [2_000, 4_000])
         "quality" in run and quality(50_000, [1, 8, 64])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from varpack.metadata.synth import sample_lengths
-from varpack.plan import PlanConfig, plan_arrays
+from varpack.plan import PlanConfig
 from varpack.plan.cost import sample_cost
 
 DP = 8

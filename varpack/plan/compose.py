@@ -8,19 +8,21 @@ Composing by cost deals each window to its ``P`` steps x ``dp`` ranks (*slots*, 
 micro-batches each) so that every rank of a step carries the same cost:
 
 1. **heavy samples** (cost above a slot's mean share of the window) are sorted, costliest first,
-   and cut into groups of ``dp``: each group is the backbone of one step, one sample per rank,
-   so a step holds either none or one per rank, and its ranks start from similar costs. The
-   groups are spread evenly over the window's steps;
-2. **levels**: a step's level is its costliest backbone sample, or the common water level
-   ``lam`` of the steps without one, chosen so that the levels add up to the window's cost;
-3. **fill**: the other samples, costliest first, go each to the slot furthest below its level
-   that still has room (longest-processing-time first towards a target), into that slot's
-   micro-batch with the fewest tokens. A rank that carries a heavy sample gets light
-   micro-batches; a sample that fits nowhere moves on to the next window.
+   and cut into groups of ``dp`` (the last one completed by the next costliest samples): each
+   group is the backbone of one step, one sample per rank, so a step holds either none or one
+   per rank, of similar cost. The groups are spread evenly over the window's steps;
+2. **the rest**, costliest first (samples carried from the last window before all others), are
+   dealt to the steps by count in proportion to each step's free tokens (a weighted round
+   robin), so every step gets a stratified share of every length range. Inside its step a
+   sample goes to the slot with the least cost that has room, into that slot's micro-batch with
+   the fewest tokens (longest-processing-time first under the budget): a rank that carries a
+   heavy sample gets lighter micro-batches. A sample above ``SMALL`` of a slot's mean share
+   does not lift a backbone step above its costliest backbone while another step can take it;
+3. a sample that fits nowhere moves on to the next window, where it is placed first; the
+   epoch's last window gets as many steps as it needs.
 
-Sorting a window by cost and dealing it greedily spreads every length range over the window's
-steps (like the snake of :func:`varpack.plan.order.snake`), so steps keep the dataset's mix; a
-sample trains within about one window of its random position. Pure NumPy in, a numba kernel
+Steps keep the dataset's mix (like the snake of :func:`varpack.plan.order.snake`) and a sample
+trains within about one window of its random position. Pure NumPy in, a numba kernel
 (:func:`compose_epoch`) for the sequential part; the packed layout's budget rule
 (:func:`varpack.plan.rules.fits`).
 """
@@ -56,29 +58,41 @@ def _least(bin_tok, base, k):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _room(x, lone, bin_tok, j, multiple, budget):  # type: ignore[no-untyped-def]
-    """Does sample ``x`` (``lone``: it needs an empty micro-batch) join micro-batch ``j``?"""
+def _room(x, lone, bin_tok, j, cap):  # type: ignore[no-untyped-def]
+    """Does sample ``x`` (``lone``: it needs an empty micro-batch) join micro-batch ``j``?
+
+    ``cap`` (:func:`_cap`): the most tokens a packed micro-batch may hold under the budget rule.
+    """
     if lone:
         return bin_tok[j] == 0
-    if bin_tok[j] >= _CLOSED:
-        return False
-    return fits(1, bin_tok[j] + x, x, PACKED, multiple, budget)
+    return bin_tok[j] + x <= cap
+
+
+def _cap(multiple: int, budget: int) -> int:
+    """The most real tokens a packed micro-batch holds: the largest ``t`` that
+    :func:`varpack.plan.rules.fits` (the total rounded up to ``multiple`` within ``budget``).
+
+    >>> _cap(1, 100), _cap(8, 100), _cap(64, 100)
+    (100, 96, 64)
+    """
+    t = (budget // multiple) * multiple
+    assert fits(1, t, t, PACKED, multiple, budget)
+    assert not fits(1, t + 1, t + 1, PACKED, multiple, budget)
+    return t
 
 
 @njit(cache=True)
-def _lightest(s, x, lone, dp, load, bin_tok, least, multiple, budget):  # type: ignore[no-untyped-def]
+def _lightest(s, x, lone, dp, load, bin_tok, least, cap):  # type: ignore[no-untyped-def]
     """The slot of step ``s`` with the least cost that has room for the sample (-1: none)."""
     best = -1
     for slot in range(s * dp, s * dp + dp):
-        if (best < 0 or load[slot] < load[best]) and _room(
-            x, lone, bin_tok, least[slot], multiple, budget
-        ):
+        if (best < 0 or load[slot] < load[best]) and _room(x, lone, bin_tok, least[slot], cap):
             best = slot
     return best
 
 
 @njit(cache=True)
-def _choose(x, c, small, lone, due, level, p, dp, load, bin_tok, least, multiple, budget):  # type: ignore[no-untyped-def]
+def _choose(x, c, small, lone, due, level, p, dp, load, bin_tok, least, spare, cap):  # type: ignore[no-untyped-def]
     """``(step, slot)`` for the next sample of cost ``c``: the step due first whose lightest
     slot with room stays within the step's level with it; else the step due first with room
     at all; ``slot`` -1 where none has room."""
@@ -86,7 +100,9 @@ def _choose(x, c, small, lone, due, level, p, dp, load, bin_tok, least, multiple
     for s in range(1, p):
         if due[s] < due[top]:
             top = s
-    slot = _lightest(top, x, lone, dp, load, bin_tok, least, multiple, budget)
+    slot = -1
+    if lone or _room(x, lone, spare, top, cap):
+        slot = _lightest(top, x, lone, dp, load, bin_tok, least, cap)
     if slot >= 0 and (c <= small or load[slot] + c <= level[top]):
         return top, slot  # the common case: small samples go where they are due
     best_s, best = -1, -1  # within its level
@@ -94,7 +110,9 @@ def _choose(x, c, small, lone, due, level, p, dp, load, bin_tok, least, multiple
     for s in range(p):
         if best_s >= 0 and due[s] >= due[best_s]:
             continue
-        slot = _lightest(s, x, lone, dp, load, bin_tok, least, multiple, budget)
+        if not lone and not _room(x, lone, spare, s, cap):
+            continue
+        slot = _lightest(s, x, lone, dp, load, bin_tok, least, cap)
         if slot < 0:
             continue
         if c <= small or load[slot] + c <= level[s]:
@@ -107,12 +125,27 @@ def _choose(x, c, small, lone, due, level, p, dp, load, bin_tok, least, multiple
 
 
 @njit(cache=True)
-def _place(i, slot, buf, lens, alone, lin, quad, k, where, bin_tok, bin_cnt, load, least):  # type: ignore[no-untyped-def]
+def _place(
+    i, slot, buf, lens, alone, lin, quad, dp, k, where, bin_tok, bin_cnt, load, least, spare
+):  # type: ignore[no-untyped-def]
     """Sample ``i`` of the window into ``slot``'s micro-batch with the fewest tokens."""
     x = lens[buf[i]]
     j = least[slot]
+    was = bin_tok[j]
     _put(i, x, alone[buf[i]], _cost(x, lin, quad), slot, j, where, bin_tok, bin_cnt, load)
     least[slot] = _least(bin_tok, slot * k, k)
+    if was == spare[slot // dp]:  # the step's emptiest micro-batch filled up a little
+        _spare_of(slot // dp, dp, spare, bin_tok, least)
+
+
+@njit(cache=True)
+def _spare_of(s, dp, spare, bin_tok, least):  # type: ignore[no-untyped-def]
+    """``spare[s]``: the fewest tokens in a micro-batch of step ``s``, so that a step none of
+    whose slots can take a sample is passed over at once."""
+    low = bin_tok[least[s * dp]]
+    for slot in range(s * dp + 1, s * dp + dp):
+        low = min(low, bin_tok[least[slot]])
+    spare[s] = low
 
 
 @njit(cache=True)
@@ -169,7 +202,7 @@ def _by_cost(buf, m, lens):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _compose_window(buf, order, carried, lens, alone, lin, quad, p, dp, k, multiple, budget, where):  # type: ignore[no-untyped-def]
+def _compose_window(buf, order, carried, lens, alone, lin, quad, p, dp, k, cap, where):  # type: ignore[no-untyped-def]
     """Deal ``buf[:m]`` to ``p`` steps x ``dp`` slots x ``k`` micro-batches (see module doc).
 
     ``order``: the window's positions, costliest first; ``buf[:carried]`` moved on from the
@@ -193,17 +226,20 @@ def _compose_window(buf, order, carried, lens, alone, lin, quad, p, dp, k, multi
     load = np.zeros(slots)
     where[:m] = -1
     least = np.arange(slots, dtype=np.int64) * k  # each slot's micro-batch with fewest tokens
+    spare = np.zeros(p, dtype=np.int64)  # each step's micro-batch with fewest tokens
     lead = min(m, groups * dp)  # the last group is completed by the next costliest samples
     for q in range(lead):  # backbones: one per rank, groups spread evenly over the steps
         i = order[q]
         slot = ((q // dp) * p // groups) * dp + q % dp
-        _place(i, slot, buf, lens, alone, lin, quad, k, where, bin_tok, bin_cnt, load, least)
+        _place(
+            i, slot, buf, lens, alone, lin, quad, dp, k, where, bin_tok, bin_cnt, load, least, spare
+        )
     # Each step takes a share of the rest in proportion to its free tokens, dealt costliest
     # first by count (weighted round robin): every step gets a stratified share of every
     # length range, so its mix follows the window's (low mixing).
     room = np.zeros(p)
     for j in range(nbins):
-        room[j // (dp * k)] += max(budget - bin_tok[j], 0)
+        room[j // (dp * k)] += max(cap - bin_tok[j], 0)
     due = np.full(p, np.inf)  # when each step is next due, in dealt samples
     for s in range(p):
         if room[s] > 0:
@@ -229,12 +265,28 @@ def _compose_window(buf, order, carried, lens, alone, lin, quad, p, dp, k, multi
             load,
             bin_tok,
             least,
-            multiple,
-            budget,
+            spare,
+            cap,
         )
         if slot >= 0:
             due[s] += 1.0 / room[s]
-            _place(i, slot, buf, lens, alone, lin, quad, k, where, bin_tok, bin_cnt, load, least)
+            _place(
+                i,
+                slot,
+                buf,
+                lens,
+                alone,
+                lin,
+                quad,
+                dp,
+                k,
+                where,
+                bin_tok,
+                bin_cnt,
+                load,
+                least,
+                spare,
+            )
     return _fill_empty(order, where[:m], bin_cnt, k)
 
 
@@ -275,18 +327,14 @@ def _emit(buf, order, where, nbins, stream, out, starts, nmb, carry):  # type: i
 
 
 @njit(cache=True)
-def _steps_of(
-    buf, order, carried, lens, alone, lin, quad, p0, last, dp, k, multiple, budget, where
-):  # type: ignore[no-untyped-def]
+def _steps_of(buf, order, carried, lens, alone, lin, quad, p0, last, dp, k, cap, where):  # type: ignore[no-untyped-def]
     """Compose a window into the most steps that leave no micro-batch empty, from ``p0`` down
     (the epoch's last window: the fewest from ``p0`` up that place every sample). 0: none."""
     m = len(order)
     most = m // (dp * k)
     p = min(p0, most)
     while 1 <= p <= most:
-        ok = _compose_window(
-            buf, order, carried, lens, alone, lin, quad, p, dp, k, multiple, budget, where
-        )
+        ok = _compose_window(buf, order, carried, lens, alone, lin, quad, p, dp, k, cap, where)
         if ok and not last:
             return p
         if ok and np.all(where[:m] >= 0):
@@ -296,8 +344,10 @@ def _steps_of(
 
 
 @njit(cache=True)
-def _compose_epoch(perm, lens, alone, lin, quad, window_tok, step_tok, dp, k, multiple, budget):  # type: ignore[no-untyped-def]
-    n = len(perm)
+def _compose_epoch(lens, alone, lin, quad, window_tok, step_tok, dp, k, cap):  # type: ignore[no-untyped-def]
+    """The epoch's stream (positions in the permuted order) and micro-batch starts; ``lens``
+    and ``alone`` are in the permuted order, so a window's samples are read in sequence."""
+    n = len(lens)
     per_step = dp * k
     total_tok = np.int64(0)
     for i in range(n):
@@ -315,11 +365,11 @@ def _compose_epoch(perm, lens, alone, lin, quad, window_tok, step_tok, dp, k, mu
         tot = np.int64(0)
         w = cum // window_tok
         while b < n and (cum + tot) // window_tok == w:
-            tot += lens[perm[b]]
+            tot += lens[b]
             b += 1
         if b < n and (total_tok - cum - tot < step_tok or n - b < 2 * per_step):
             while b < n:  # a short tail joins the last window
-                tot += lens[perm[b]]
+                tot += lens[b]
                 b += 1
         cum += tot
         m = nc + b - a
@@ -330,14 +380,12 @@ def _compose_epoch(perm, lens, alone, lin, quad, window_tok, step_tok, dp, k, mu
         for i in range(nc):
             wtok += lens[buf[i]]
         for i in range(a, b):
-            buf[nc + i - a] = perm[i]
+            buf[nc + i - a] = i
         a = b
         order = _by_cost(buf, m, lens)
         p0 = max(1, np.int64(wtok / step_tok + 0.5))
         last = a >= n
-        p = _steps_of(
-            buf, order, nc, lens, alone, lin, quad, p0, last, dp, k, multiple, budget, where
-        )
+        p = _steps_of(buf, order, nc, lens, alone, lin, quad, p0, last, dp, k, cap, where)
         if p == 0:
             if last:
                 return stream, starts[:1], False
@@ -356,8 +404,7 @@ def _compose_epoch(perm, lens, alone, lin, quad, window_tok, step_tok, dp, k, mu
 
 
 def compose_epoch(
-    perm: np.ndarray,
-    lens: np.ndarray,
+    plens: np.ndarray,
     alone: np.ndarray,
     coeffs: tuple[float, float],
     window_tokens: int,
@@ -369,15 +416,15 @@ def compose_epoch(
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """One epoch composed by cost: ``(stream, offsets)``, or None where it cannot be.
 
-    ``perm`` is the epoch's permutation of the input rows; ``coeffs`` the cost of a sample of
-    ``x`` tokens as ``lin * x + quad * x^2``. Every ``dp * k`` consecutive micro-batches form a
-    step, and every ``k`` consecutive ones of a step one rank's share (a *slot*). None: the last
-    window could not place every sample (too few samples for whole steps); the caller composes
-    by tokens instead.
+    ``plens`` and ``alone`` are the samples in the epoch's permuted order (gathered once, so the
+    kernel reads windows in sequence); ``stream`` holds positions in that order. ``coeffs``:
+    the cost of a sample of ``x`` tokens as ``lin * x + quad * x^2``. Every ``dp * k``
+    consecutive micro-batches form a step, and every ``k`` consecutive ones of a step one rank's
+    share (a *slot*). None: the last window could not place every sample (too few samples for
+    whole steps); the caller composes by tokens instead.
     """
     stream, starts, ok = _compose_epoch(
-        np.ascontiguousarray(perm, dtype=np.int64),
-        np.ascontiguousarray(lens, dtype=np.int64),
+        np.ascontiguousarray(plens, dtype=np.int64),
         np.ascontiguousarray(alone, dtype=np.bool_),
         float(coeffs[0]),
         float(coeffs[1]),
@@ -385,7 +432,6 @@ def compose_epoch(
         np.int64(max(step_tokens, 1)),
         np.int64(dp),
         np.int64(k),
-        np.int64(multiple),
-        np.int64(budget),
+        np.int64(_cap(multiple, budget)),
     )
     return (stream, starts) if ok else None

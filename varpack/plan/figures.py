@@ -52,6 +52,7 @@ def plan_meta(
         rows=p.stream,
         epochs=p.epochs,
         row_lens=p.lens,
+        moved_stats=p.moved,
     )
     stats["cost"] = cfg.cost
     stats["dropped"] = len(p.dropped)
@@ -89,13 +90,15 @@ def plan_figures(
     rows: np.ndarray | None = None,
     epochs: list[dict[str, int]] | None = None,
     row_lens: np.ndarray | None = None,
+    moved_stats: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """plan.json's stats from a plan's arrays: the planner writes them, validate recomputes them
     from the manifests with this same function, so every stat written is a stat checked.
 
     A shuffled plan also says how far samples moved from their random positions
     (:func:`varpack.plan.order.moved`; ``rows``: each sample's input row, in ``sample_step``'s
-    order; ``row_lens``: the rows' lengths)."""
+    order; ``row_lens``: the rows' lengths), or ``moved_stats`` where the batching stage
+    tallied them already (the same figures, without drawing the permutation again)."""
     stats = plan_stats(
         step=step,
         rank=rank,
@@ -116,7 +119,9 @@ def plan_figures(
     )
     stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
     stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
-    if cfg.order == "shuffle" and rows is not None and epochs and row_lens is not None:
+    if cfg.order == "shuffle" and moved_stats is not None:
+        stats.update(moved_stats)
+    elif cfg.order == "shuffle" and rows is not None and epochs and row_lens is not None:
         stats.update(moved(rows, sample_step, epochs, cfg.seed, cfg.shuffle_window, row_lens))
     return stats
 

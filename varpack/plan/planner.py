@@ -72,6 +72,7 @@ def _finish(chosen: Selection, batches: Batches, shaped: Shapes, placed: Placeme
         block_index=batches.block_index,
         warmup=placed.warmup,
         stream_lens=shaped.stream_lens,
+        moved=batches.moved,
     )
 
 

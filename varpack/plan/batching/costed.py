@@ -20,6 +20,9 @@ from varpack.plan.batching.common import EpochJoiner, epoch_order, order_rule, t
 from varpack.plan.compose import compose_epoch
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import CostModel, linear_flops_per_token
+from varpack.plan.order import MovedTally, stream_positions
+
+_PIECE = 1 << 22  # samples per piece of the moved tally
 
 
 def cost_coefficients(model: CostModel) -> tuple[float, float]:
@@ -42,13 +45,14 @@ def build(
     rule = cfg.pack_rule()
     orule = order_rule(cfg, tokens_per_micro(lens, alone, cfg, rule))
     coeffs = cost_coefficients(cfg.cost_model())
-    joined, slens = EpochJoiner(), []
+    joined, slens, tally = EpochJoiner(), [], MovedTally()
+    per_step = cfg.micro_per_step
     for epoch in range(cfg.epochs):
         perm, _ = epoch_order(lens, cfg, epoch, "none", orule)
+        plens = lens[perm]
         got = compose_epoch(
-            perm,
-            lens,
-            alone,
+            plens,
+            alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
             coeffs,
             orule.window * orule.step,
             orule.step,
@@ -57,12 +61,32 @@ def build(
             cfg.pad_multiple,
             cfg.max_tokens,
         )
-        del perm
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
-        idx, off = got
-        joined.add(epoch, idx, off, cfg.micro_per_step)
-        slens.append(lens[idx])
+        pos, off = got
+        first = joined.n_steps
+        joined.add(epoch, perm[pos], off, per_step)
+        _tally(tally, pos, off, plens, per_step, first, joined.n_steps - first)
+        slens.append(plens[pos])
+        del perm, plens, pos
     batches = Batches(*joined.join(), joined.epochs, group=cfg.grad_accum)
     batches.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
+    batches.moved = tally.figures(cfg.shuffle_window)
     return batches
+
+
+def _tally(
+    tally: MovedTally,
+    pos: np.ndarray,
+    off: np.ndarray,
+    plens: np.ndarray,
+    per_step: int,
+    first: int,
+    steps: int,
+) -> None:
+    """How far this epoch moved its samples: ``pos`` is each stream entry's permuted position."""
+    pos2 = stream_positions(plens)
+    per = steps / (2 * float(plens.sum()))
+    step = np.repeat(np.arange(len(off) - 1, dtype=np.int64) // per_step + first, np.diff(off))
+    for a in range(0, len(pos), _PIECE):
+        tally.add(step[a : a + _PIECE], pos2[pos[a : a + _PIECE]], first, per)
