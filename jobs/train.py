@@ -11,7 +11,10 @@ What it shows, in the order a real trainer needs it:
   gradient of the step's mean token loss;
 - ``VariableBatchSizeLR`` scales a warm-up + cosine schedule by the plan's per-step LR factor;
 - ``--compile static`` compiles with ``dynamic=False`` after ``compile_warmup`` ran every shape;
-- checkpoints hold model, optimizer, LR and loader cursor; ``--resume`` continues exactly.
+- checkpoints hold model, optimizer, LR and loader cursor; ``--resume`` continues exactly;
+- ``--cp N`` replays a ``varpack plan --cp N`` plan as DP x CP (world = dp x N, CP groups of
+  consecutive ranks): local samples whole on one CP rank, distributed ones as 2N-chunk shares
+  with all-gathered K/V (``varpack.torch.cp``); the same loss normalisation over the whole world.
 
 Attention (``--attention``, see ``varpack.torch.attention``): ``auto`` takes the fastest path that
 keeps packed samples apart for this layout and device: flash-attn's or torch's varlen kernel over
@@ -45,6 +48,7 @@ from varpack.torch import (
     VariableBatchSizeLR,
     compile_warmup,
     compiled_graphs,
+    cp,
     dummy_batch,
     normalise,
     resolve_backend,
@@ -91,6 +95,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--record", action="store_true", help="write OUT/record-rank-R.json (ids seen)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cp",
+        type=int,
+        default=1,
+        help="context-parallel ranks (a --cp plan; world = dp x cp): each CP rank computes its "
+        "local samples and its share of distributed ones (varpack.torch.cp); 1 replays whole "
+        "micro-batches",
+    )
     return p.parse_args(argv)
 
 
@@ -139,7 +151,11 @@ def main(argv: list[str] | None = None) -> None:
         collate=args.collate,
         num_workers=args.workers,
         pin_memory=device.type == "cuda",
+        cp_size=args.cp,
     )
+    if args.cp > 1 and args.compile != "none":
+        raise ConfigError("--cp runs eagerly here; drop --compile")
+    cp_group = cp.cp_group(args.cp) if args.cp > 1 else None
     cfg = PRESETS[args.preset]
     if args.vocab_size:
         cfg = type(cfg)(**{**cfg.__dict__, "vocab_size": args.vocab_size})
@@ -165,7 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.compile != "none":
         model = torch.compile(model, dynamic=args.compile == "dynamic")  # type: ignore[assignment]
     attention = args.attention
-    resolved = resolve_backend(attention, device, dtype, loader.layout)  # fails early, one line
+    resolved = (  # fails early, one line
+        "cp" if args.cp > 1 else resolve_backend(attention, device, dtype, loader.layout)
+    )
     if resolved == "flex" and device.type != "cuda":
         raise ConfigError(
             "--attention flex trains on CUDA only (FlexAttention has no CPU backward)"
@@ -174,6 +192,10 @@ def main(argv: list[str] | None = None) -> None:
     max_seqlen = "batch" if args.compile == "none" else "row"
 
     def micro_loss(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        if isinstance(batch, cp.CPBatch):  # all-gathered K/V for distributed samples
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                logits = m(**cp.cp_inputs(batch, cp_group))
+            return normalise(cp.token_loss_sum(logits, batch), batch, world)
         inputs = model_inputs(batch, attention, dtype, max_seqlen=max_seqlen)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             logits = m(**inputs)
@@ -192,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     graphs_warm = compiled_graphs()
 
     log(rank, f"model {args.preset} {param_count_str(raw.num_params())} params; plan {loader.num_steps} steps x "
-        f"{loader.grad_accum} micro x dp {world}; layout {loader.layout}; attention {resolved}; device {device}")  # fmt: skip
+        f"{loader.grad_accum} micro x dp {world // args.cp} x cp {args.cp}; layout {loader.layout}; attention {resolved}; device {device}")  # fmt: skip
     seen: list[int] = []
     step_loss = torch.zeros((), device=device)
     rank_tokens = win_tokens = tokens_total = 0

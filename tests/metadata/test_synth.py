@@ -244,3 +244,25 @@ def test_tokenized_matches_metadata(tmp_path: Path) -> None:
     flat = pc.list_flatten(tok.column("input_ids"))
     assert pc.min(flat).as_py() >= 0 and pc.max(flat).as_py() < 100
     assert len(pc.unique(flat)) > 90  # random tokens, not a constant
+
+
+def test_sources_column_is_a_function_of_the_id(tmp_path):
+    """--sources K: the same source per id whatever the shards, in metadata and tokens alike."""
+    import pyarrow.parquet as pq
+
+    from varpack.metadata.sources import source_names
+
+    one = write_synth(tmp_path / "one", "uniform", 3000, shards=1, seed=2, sources=3)
+    many = write_synth(tmp_path / "many", "uniform", 3000, shards=5, seed=2, sources=3)
+    tok = write_synth(tmp_path / "tok", "uniform", 3000, shards=2, seed=2, sources=3,
+                      tokenized=True, max_len=100)  # fmt: skip
+
+    def by_id(files):
+        t = pq.read_table([str(f) for f in files], columns=["sample_id", "source"])
+        ids, names = t.column("sample_id").to_pylist(), t.column("source").to_pylist()
+        return dict(zip(ids, names, strict=True))
+
+    a = by_id(one.files)
+    assert a == by_id(many.files) == by_id(tok.files)
+    counts = [list(a.values()).count(s) for s in source_names(3)]
+    assert counts[0] > counts[1] > counts[2] > 0  # skewed like a mixture, every source used

@@ -9,6 +9,7 @@ import pytest
 from varpack.plan.batching import BATCHERS, batcher_name
 from varpack.plan.config import CHOICES, PlanConfig
 from varpack.plan.cost import COST_MODELS
+from varpack.plan.cp_place import CP_PLACEMENTS
 from varpack.plan.lr import LR_SCALINGS
 from varpack.plan.order import ORDERS
 from varpack.plan.select import OVERSIZE
@@ -20,6 +21,7 @@ REGISTRIES = {
     "lr_scaling": LR_SCALINGS,
     "oversize": OVERSIZE,
     "warmup": WARMUPS,
+    "cp_placement": CP_PLACEMENTS,
 }
 
 
@@ -44,6 +46,8 @@ def test_every_batching_reaches_a_batcher() -> None:
                             compose=compose,
                         )
                         seen.add(batcher_name(cfg))
+    for cp_batching in CHOICES["cp_batching"]:
+        seen.add(batcher_name(dataclasses.replace(PlanConfig(), cp=2, cp_batching=cp_batching)))
     assert seen == set(BATCHERS)
 
 

@@ -30,6 +30,7 @@ COMMANDS = {
     "plan": "varpack.cli.plan:plan",
     "inspect": "varpack.cli.inspect:inspect",
     "validate": "varpack.cli.validate:validate",
+    "calibrate": "varpack.cli.calibrate:calibrate",
 }
 
 

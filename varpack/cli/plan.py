@@ -64,9 +64,33 @@ def _with_plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
 @click.option("--quiet", "-q", is_flag=True, help="No summary line.")
+@click.option(
+    "--carry",
+    "carry",
+    multiple=True,
+    metavar="COL",
+    help="Take this metadata column into the manifests as carry.COL, one value per sample "
+    "(repeatable; integer, float, boolean or string columns).",
+)
+@click.option(
+    "--carry-from",
+    "carry_from",
+    type=click.Path(),
+    default=None,
+    metavar="META",
+    help="Metadata to read --carry columns from, joined by sample_id (needed when INPUT is a "
+    "varpack sort output; default: INPUT).",
+)
 @_with_plan_options
 def plan(
-    input: str, out: str, config_file: str | None, overwrite: bool, quiet: bool, **options: Any
+    input: str,
+    out: str,
+    config_file: str | None,
+    overwrite: bool,
+    quiet: bool,
+    carry: tuple[str, ...],
+    carry_from: str | None,
+    **options: Any,
 ) -> None:
     """Plan training on INPUT (a `varpack sort` output, or raw metadata) into the directory OUT.
 
@@ -78,6 +102,9 @@ def plan(
 
     Shapes: --max-shapes K (at most K shapes per rank), --pack-to L, --warmup reorder (compile
     every shape first), --pp P (one shape per pipeline step), --batching blocks (BLoad).
+
+    Metadata columns: --carry source adds a carry.source list column (one value per sample) that
+    the torch reader hands to the trainer as batch.carry["source"].
     """
     from varpack.atomic import check_output
     from varpack.manifest.make import input_paths, load_toml
@@ -85,9 +112,12 @@ def plan(
 
     check_output(out, overwrite, input_paths(input))
     values: dict[str, Any] = load_toml(config_file) if config_file else {}
+    names = list(carry) or values.pop("carry", [])  # flags override the config file
+    source = carry_from or values.pop("carry_from", None)
+    values = {k: v for k, v in values.items() if k not in ("carry", "carry_from")}
     values.update({k: v for k, v in options.items() if v is not None})
     cfg = PlanConfig.from_mapping(values).resolved()
-    arrays, meta = run_plan(input, out, cfg, overwrite=overwrite)
+    arrays, meta = run_plan(input, out, cfg, overwrite=overwrite, carry=names, carry_from=source)
     if not quiet:
         s = meta["stats"]
         click.echo(

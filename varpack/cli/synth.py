@@ -56,6 +56,13 @@ class Count(click.ParamType):
 @click.option(
     "--row-group-size", type=click.IntRange(min=1), default=None, help="Rows per row group."
 )
+@click.option(
+    "--sources",
+    type=click.IntRange(min=0, max=1000),
+    default=0,
+    help="Add a 'source' string column with this many sources (web, code, books, ...; skewed "
+    "like a mixture), for varpack plan --carry source. [default: none]",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or status on stderr.")
 def synth(
@@ -69,6 +76,7 @@ def synth(
     tokenized: bool,
     vocab_size: int,
     row_group_size: int | None,
+    sources: int,
     overwrite: bool,
     quiet: bool,
 ) -> None:
@@ -92,6 +100,7 @@ def synth(
         row_group_size=row_group_size,
         overwrite=overwrite,
         quiet=quiet,
+        sources=sources,
     )
     what = "tokenized samples" if tokenized else "samples"
     info(

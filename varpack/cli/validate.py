@@ -24,7 +24,16 @@ import click
     "manifest row, the steps, epochs, shape lengths and dropped samples. Takes about as long, "
     "and as much memory, as varpack plan on that input.",
 )
-def validate(plan: str, metadata: str | None, replay: bool) -> None:
+@click.option(
+    "--carry-from",
+    "carry_from",
+    type=click.Path(),
+    default=None,
+    metavar="META",
+    help="Metadata holding the plan's carried columns (varpack plan --carry): check every carried "
+    "value against it, per sample id. Default: --metadata, when that is raw metadata.",
+)
+def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | None) -> None:
     """Recompute and check everything PLAN promises; exit 1 with one line per violation.
 
     plan.json's keys and their types; rank files that are plain files inside PLAN, exactly the
@@ -32,7 +41,8 @@ def validate(plan: str, metadata: str | None, replay: bool) -> None:
     ties plan.json's config to the manifests (an edited config is caught without reading the
     input); step and micro numbering, equal micro-batch counts on every rank and step, budgets
     and padded lengths, every sample exactly once per epoch (or dropped), each step's global
-    tokens, samples and LR factor, and the stats in plan.json.
+    tokens, samples and LR factor, and the stats in plan.json; with the metadata, every carried
+    column's values (carry.COL) per sample id.
     """
     from varpack.manifest.validate import validate_plan
 
@@ -43,7 +53,18 @@ def validate(plan: str, metadata: str | None, replay: bool) -> None:
         from varpack.manifest.make import read_input
 
         reference = read_input(metadata)
-    report = validate_plan(plan, reference, replay=replay)
+    carry_source = carry_from
+    if carry_source is None and metadata is not None:
+        from varpack.sort.output import is_sorted_output
+
+        carry_source = None if is_sorted_output(metadata) else metadata
+    report = validate_plan(
+        plan,
+        reference,
+        replay=replay,
+        carry_source=carry_source,
+        carry_required=carry_from is not None,
+    )
     if report.problems:
         for line in report.problems:
             click.echo(f"violation: {' '.join(line.split())}")
@@ -51,6 +72,11 @@ def validate(plan: str, metadata: str | None, replay: bool) -> None:
         sys.exit(1)
     f = report.facts
     replayed = "; re-planned with its config: same rows" if replay else ""
+    carried = report.facts.get("carried")
+    if carried:
+        why = f.get("carry_unchecked")
+        checked = f"not checked: {why}" if why else "checked against the metadata"
+        replayed += f"; carried {', '.join(carried)} ({checked})"
     click.echo(
         f"OK {plan}: {f['samples']} planned samples ({f['dropped']} dropped), {f['steps']} steps x {f['dp']} ranks x "
         f"{f['grad_accum']} micro-batches; padding {100 * f['padding_ratio']:.2f}%, time {f['time_vs_ideal']:.3f}x ideal"

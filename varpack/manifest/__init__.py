@@ -3,7 +3,8 @@
 Owns: the format (:mod:`.format`: ``plan.json`` + one Parquet manifest per rank, atomic write,
 checked read; :mod:`.schema`: plan.json's keys and types and the plan fingerprint;
 :mod:`.rankfiles`: rank files as plain declared files inside the plan), turning the planner's arrays into manifest tables (:mod:`.tables`), the I/O edge
-of ``varpack plan`` (:mod:`.make`: read the input, plan, write), ``inspect`` (:mod:`.inspect`:
+of ``varpack plan`` (:mod:`.make`: read the input, plan, write) with the metadata columns it
+carries into the manifests (:mod:`.carry`: ``--carry``, joined by sample id), ``inspect`` (:mod:`.inspect`:
 the figures as text or JSON) and its plot (:mod:`.plot`), and ``validate`` (:mod:`.validate`, a
 package: an independent recomputation of every promise a plan makes).
 May import: the ground floor, :mod:`varpack.metadata` and :mod:`varpack.sort` (to read an input),

@@ -57,6 +57,15 @@ OPTIONAL_FIELDS = {
     "block_index": pa.list_(pa.int32()),
     "cp_placement": pa.list_(pa.int32()),
 }
+#: Carried metadata columns (``varpack plan --carry COL``): ``carry.COL``, a list parallel to
+#: ``sample_ids``, of one of these value types (plan.json's ``carry`` names each column's type).
+CARRY_PREFIX = "carry."
+CARRY_TYPES = {
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+    "string": pa.string(),
+}
 _ROW_GROUP = 65536
 _WRITERS = max(1, min(2, os.cpu_count() or 1))  # rank files written at once
 
@@ -70,10 +79,30 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.parquet"
 
 
-def manifest_schema(columns: Sequence[str]) -> pa.Schema:
-    """Base schema plus the optional columns named in ``columns``, in a fixed order."""
+def manifest_schema(columns: Sequence[str], carry: Sequence[tuple[str, str]] = ()) -> pa.Schema:
+    """Base schema plus the optional columns named in ``columns``, in a fixed order, then the
+    carried columns ``carry`` (``(name, type)`` pairs, in plan.json's order)."""
     extra = [pa.field(n, t) for n, t in OPTIONAL_FIELDS.items() if n in columns]
-    return pa.schema(list(BASE_SCHEMA) + extra)
+    carried = [pa.field(CARRY_PREFIX + n, pa.list_(CARRY_TYPES[t])) for n, t in carry]
+    return pa.schema(list(BASE_SCHEMA) + extra + carried)
+
+
+def carried_columns(meta: dict[str, Any]) -> list[tuple[str, str]]:
+    """plan.json's carried columns as ``(name, type)`` pairs (empty for a plan without)."""
+    entry = meta.get("carry")
+    if not isinstance(entry, dict):
+        return []
+    return [(c["name"], c["type"]) for c in entry.get("columns", [])]
+
+
+def table_carry(schema: pa.Schema) -> list[tuple[str, str]]:
+    """The carried columns of a manifest table, ``(name, type)`` in column order."""
+    types = {t: n for n, t in CARRY_TYPES.items()}
+    return [
+        (f.name[len(CARRY_PREFIX) :], types.get(f.type.value_type, str(f.type)))
+        for f in schema
+        if f.name.startswith(CARRY_PREFIX) and pa.types.is_list(f.type)
+    ]
 
 
 def _write_table(table: pa.Table, path: Path) -> dict[str, Any]:
@@ -114,7 +143,7 @@ def write_plan(
         entries: list[dict[str, Any]] = []
         with ThreadPoolExecutor(max_workers=_WRITERS) as pool:
             for rank, table in enumerate(tables):
-                schema = manifest_schema(table.column_names)
+                schema = manifest_schema(table.column_names, table_carry(table.schema))
                 if table.schema != schema:
                     table = table.select(schema.names).cast(schema)
                 if len(pending) >= _WRITERS:

@@ -25,6 +25,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "config": meta["config"],
         "stats": meta["stats"],
         "dropped": len(meta.get("dropped") or []),
+        **({"cp": meta["cp"]} if isinstance(meta.get("cp"), dict) else {}),
         "shape_lengths": meta.get("shape_lengths"),
         "ranks": [
             {
@@ -120,6 +121,25 @@ def _moved_rows(s: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[str, str]]
     ]
 
 
+def _cp_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """Lines about context parallelism: estimated time, placement, memory and balance per CP rank."""
+    c = info.get("cp")
+    if not c:
+        return []
+    unit = "s" if info["config"]["cost"] == "time" else info["config"]["cost"]
+    return [
+        ("context parallel",
+         f"cp {c['cp']} x bucket {c['bucket_size']} tokens, placement "
+         f"{info['config'].get('cp_placement', 'dacp')}, batching {info['config'].get('cp_batching', 'gds')}"),
+        ("estimated time", f"{c['estimated_time']:.6g} ({unit}; per step the slowest DP rank)"),
+        ("CP placement", f"{c['local_samples']} samples local, {c['distributed_samples']} distributed"),
+        ("CP memory", f"mean {100 * c['memory_mean']:.1f}%, max {100 * c['memory_max']:.1f}% "
+                      "of the bucket (fullest CP rank of each micro-batch)"),
+        ("CP imbalance", f"mean {c['cp_imbalance_mean']:.4f}, max {c['cp_imbalance_max']:.4f} "
+                         "(slowest CP rank / mean, per micro-batch)"),
+    ]  # fmt: skip
+
+
 def render(info: dict[str, Any]) -> str:
     """Human-readable summary (plain text, one figure per line)."""
     s, lay, cfg = info["stats"], info["layout"], info["config"]
@@ -159,6 +179,7 @@ def render(info: dict[str, Any]) -> str:
             f"{s['lr_factor_min']:.4g} .. {s['lr_factor_max']:.4g} ({cfg['lr_scaling']})",
         ),
         *_shape_rows(info),
+        *_cp_rows(info),
         ("dropped", f"{info['dropped']}; oversize alone {len(s.get('oversize_alone', []))}"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,10 @@ from varpack.manifest.tables import plan_tables
 from varpack.plan import PlanArrays, PlanConfig, make_plan
 from varpack.plan.select import plan_bytes
 from varpack.sort.output import is_sorted_output
+
+#: Keys of a ``--config`` file that are not planning options: the carried columns (``carry``
+#: accepts a list of names) and their metadata (``carry_from``).
+CARRY_KEYS = ("carry", "carry_from")
 
 
 def input_paths(path: str | os.PathLike[str]) -> list[Path]:
@@ -93,13 +98,49 @@ def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"--config {p}: invalid TOML ({exc})") from None
     if set(doc) == {"plan"} and isinstance(doc["plan"], dict):
         doc = doc["plan"]
+    carry = {
+        str(k).replace("-", "_"): doc.pop(k)
+        for k in list(doc)
+        if str(k).replace("-", "_") in CARRY_KEYS
+    }
+    _check_carry_keys(carry, p)
     for key, value in doc.items():
         if isinstance(value, dict):
             raise ConfigError(
                 f"--config {p}: unexpected table [{key}]; options are plain keys (or one [plan] table)"
             )
     PlanConfig.from_mapping(doc, where=f"--config {p}")  # unknown keys fail here
-    return {str(k).replace("-", "_"): v for k, v in doc.items()}
+    return {**{str(k).replace("-", "_"): v for k, v in doc.items()}, **carry}
+
+
+def _check_carry_keys(carry: dict[str, Any], p: Path) -> None:
+    """``carry`` is a list of column names, ``carry_from`` a path."""
+    names = carry.get("carry", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(
+            f'--config {p}: carry must be a list of column names (carry = ["source"])'
+        )
+    if not isinstance(carry.get("carry_from", ""), str):
+        raise ConfigError(f"--config {p}: carry_from must be a path (a string)")
+
+
+def carry_source(
+    input: str | os.PathLike[str], names: Sequence[str], carry_from: str | None
+) -> str | None:
+    """Where the carried columns are read: ``--carry-from``, else the input when it is raw
+    metadata (``None`` without ``--carry``)."""
+    if not names:
+        if carry_from is not None:
+            raise ConfigError("--carry-from needs --carry COL (the columns to take from it)")
+        return None
+    if carry_from is not None:
+        return str(carry_from)
+    if is_sorted_output(input):
+        raise ConfigError(
+            f"--carry {names[0]}: {input} is a varpack sort output, which keeps only sample_id, "
+            "seq_len and key columns; add --carry-from METADATA (the metadata it was sorted from)"
+        )
+    return str(input)
 
 
 def plan(
@@ -107,17 +148,33 @@ def plan(
     out: str | os.PathLike[str],
     cfg: PlanConfig,
     overwrite: bool = False,
+    carry: Sequence[str] = (),
+    carry_from: str | os.PathLike[str] | None = None,
 ) -> tuple[PlanArrays, dict[str, Any]]:
     """Plan ``input`` with ``cfg`` and write the plan directory ``out`` (atomically).
 
-    Fails before any work when ``out`` exists without ``overwrite``, and writes nothing on error.
-    Returns the plan arrays and plan.json's content (without ranks).
+    ``carry`` names metadata columns to take into the manifests (``carry.COL``), read from
+    ``carry_from`` or else from ``input`` when it is raw metadata. Fails before any work when
+    ``out`` exists without ``overwrite``, and writes nothing on error. Returns the plan arrays
+    and plan.json's content (without ranks).
     """
-    inputs = input_paths(input)
+    from varpack.manifest.carry import check_names, join, read_carry_source
+
+    inputs = input_paths(input) + (input_paths(carry_from) if carry_from is not None else [])
     check_output(out, overwrite, inputs)
     cfg = cfg.resolved()
+    names = check_names(carry)
+    source = carry_source(input, names, None if carry_from is None else str(carry_from))
+    # the carried columns are read (and refused) before the planning work
+    carried_from = None if source is None else read_carry_source(source, names)
     ids, lens = read_input(input)
     check_memory(len(ids), cfg)
     arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
-    write_plan(out, meta, plan_tables(arrays), overwrite, extra, inputs)
+    carried = None
+    if carried_from is not None:
+        assert source is not None
+        carried = join(arrays.ids, *carried_from, source)  # ids: the kept samples
+
+        meta["carry"] = carried.entry(source)
+    write_plan(out, meta, plan_tables(arrays, carried), overwrite, extra, inputs)
     return arrays, meta

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from varpack.atomic import atomic_file, check_output
 from varpack.errors import ConfigError, VarpackError
 from varpack.manifest.format import load_plan
 from varpack.plan.config import PlanConfig
+from varpack.plan.cp_cost import cp_load, cp_model
 from varpack.plan.micro import summarize
 from varpack.plan.stats import step_loads
 
@@ -84,7 +86,7 @@ def plot(
 
     plan = load_plan(path, verify=True, full=True)
     cfg = PlanConfig.from_mapping(plan.meta["config"]).resolved()
-    steps, ranks, tokens, costs, lens_all = [], [], [], [], []
+    steps, ranks, tokens, costs, lens_all, places, offs = [], [], [], [], [], [], []
     lr = np.ones(plan.num_steps)
     for r in range(plan.dp):
         t = plan.rank_table(r, verify=False)
@@ -98,13 +100,19 @@ def plot(
         tokens.append(micro.tokens)
         costs.append(micro.cost)
         lens_all.append(lens)
+        offs.append(off)
+        if cfg.cp > 1:
+            places.append(t.column("cp_placement").combine_chunks().flatten().to_numpy())
         lr[step] = t.column("lr_factor").to_numpy()
     step = np.concatenate(steps)
     rank = np.concatenate(ranks)
     cost = np.concatenate(costs)
     order = np.lexsort((rank, step))
-    fig, ax = plt.subplots(2, 2, figsize=(13, 8))
+    fig, ax = plt.subplots(2, 3 if cfg.cp > 1 else 2, figsize=(19 if cfg.cp > 1 else 13, 8))
     lens = np.concatenate(lens_all)
+    if cfg.cp > 1:  # the CP cost model's times, and the CP panels
+        counts = np.concatenate([np.diff(o) for o in offs])
+        cost = _cp_panels(ax[:, 2], cfg, counts, lens, np.concatenate(places))
     ax[0, 0].hist(lens, bins=100, log=True, color="tab:blue")
     ax[0, 0].set(title="sample lengths", xlabel="tokens", ylabel="samples")
     tok = np.concatenate(tokens)[order]
@@ -131,7 +139,8 @@ def plot(
         extent=(0, plan.num_steps, plan.dp - 0.5, -0.5),
     )
     fig.colorbar(im, ax=ax[1, 1], label="rank load / step mean")
-    ax[1, 1].set(title=f"per-rank load per step ({cfg.cost})", xlabel="step", ylabel="rank")
+    what = f"{cfg.cost}, CP time" if cfg.cp > 1 else cfg.cost
+    ax[1, 1].set(title=f"per-rank load per step ({what})", xlabel="step", ylabel="rank")
     ax[1, 1].yaxis.set_major_locator(MaxNLocator(integer=True))  # ranks are whole numbers
     fig.suptitle(
         f"{path}: {plan.num_steps} steps, dp {plan.dp}, time {plan.meta['stats']['time_vs_ideal']:.3f}x ideal"
@@ -142,3 +151,22 @@ def plot(
             fig.savefig(tmp, dpi=100, format=fmt)  # the temporary name has no image suffix
     finally:
         plt.close(fig)
+
+
+def _cp_panels(ax: Any, cfg: PlanConfig, counts: np.ndarray, lens: np.ndarray,
+               placement: np.ndarray) -> np.ndarray:  # fmt: skip
+    """CP memory of each micro-batch's fullest CP rank, and each CP rank's load relative to its
+    micro-batch's mean; returns every micro-batch's CP time (the DP ranks' load)."""
+    model = cp_model(cfg)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    load = cp_load(offsets, lens, placement, model)
+    fill = load.memory.max(axis=1) / (model.n * model.bucket)
+    keep = _thin(len(fill))
+    ax[0].plot(keep, fill[keep], ".", ms=2, color="tab:red")
+    ax[0].axhline(1.0, color="gray", lw=0.5)
+    ax[0].set(title=f"CP memory: fullest of {model.n} CP ranks / bucket {model.bucket}",
+              xlabel="micro-batch (rank by rank)", ylabel="fraction of the bucket")  # fmt: skip
+    rel = load.compute / np.maximum(load.compute.mean(axis=1, keepdims=True), 1e-300)
+    ax[1].hist(rel.reshape(-1), bins=60, log=True, color="tab:purple")
+    ax[1].set(title="CP rank load / micro-batch mean", xlabel="ratio", ylabel="CP ranks")
+    return load.cost

@@ -26,6 +26,7 @@ from typing import Any
 
 from varpack.errors import VarpackError
 from varpack.plan.config import PlanConfig
+from varpack.plan.context import OPTIONAL_KEYS
 
 #: plan.json's key for the fingerprint of config + input + manifests
 FINGERPRINT_KEY = "plan_fingerprint"
@@ -145,7 +146,10 @@ def _config_spec() -> Spec:
             keys[f.name] = nullable(simple[base])
         else:
             keys[f.name] = simple[hint]
-    return obj("an object of plan options", keys)
+    # long-context options appear only where used (plan.json keeps the bytes of other plans)
+    optional = {k: v for k, v in keys.items() if k in OPTIONAL_KEYS}
+    required = {k: v for k, v in keys.items() if k not in OPTIONAL_KEYS}
+    return obj("an object of plan options", required, optional)
 
 
 _RANK = obj(
@@ -153,6 +157,26 @@ _RANK = obj(
     {"rank": integer(0), "file": STRING, "rows": integer(0), "sha256": SHA256},
     {"shapes": list_of(list_of(integer(0), "a [rows, pad_to] pair"), "a list of shapes")},
 )
+#: the carried metadata columns (``varpack plan --carry``), where the plan has any
+_CARRY_TYPES = ("int64", "float64", "bool", "string")
+_CARRY = obj(
+    "an object {from, columns}",
+    {
+        "from": STRING,
+        "columns": list_of(
+            obj(
+                "a carried column {name, type}",
+                {
+                    "name": Spec("a column name", lambda v: isinstance(v, str) and v != ""),
+                    "type": Spec(f"one of {', '.join(_CARRY_TYPES)}", lambda v: v in _CARRY_TYPES),
+                },
+            ),
+            "a list of carried columns",
+        ),
+    },
+)
+#: keys a plan has only where a feature uses them
+OPTIONAL = {FINGERPRINT_KEY: SHA256, "carry": _CARRY}
 #: what every reader needs (the torch reader, inspect, validate)
 CORE = {
     "layout": obj(
@@ -229,7 +253,7 @@ def meta_problems(meta: Any, full: bool = False) -> list[str]:
     """Every problem of plan.json's content against :data:`CORE` (``full``: :data:`FULL`), one
     line each; then the cross-key rules (dp rank entries numbered 0..dp-1, a valid config)."""
     out: list[str] = []
-    check(obj("an object", FULL if full else CORE, {FINGERPRINT_KEY: SHA256}), meta, "", out)
+    check(obj("an object", FULL if full else CORE, OPTIONAL), meta, "", out)
     if out:
         return out
     if len(meta["ranks"]) != meta["layout"]["dp"]:
@@ -252,7 +276,8 @@ def meta_problems(meta: Any, full: bool = False) -> list[str]:
 
 def plan_fingerprint(meta: dict[str, Any]) -> str:
     """sha256 over a canonical JSON of the config, the input's identity (its path left out, so a
-    moved input keeps it) and each rank file's name, rows and sha256."""
+    moved input keeps it), each rank file's name, rows and sha256, and the carried columns'
+    names and types where the plan has any (a plan without keeps the fingerprint it had)."""
     info = meta.get("input")
     body = {
         "config": meta.get("config"),
@@ -261,6 +286,9 @@ def plan_fingerprint(meta: dict[str, Any]) -> str:
         else info,
         "ranks": [[r.get("file"), r.get("rows"), r.get("sha256")] for r in meta.get("ranks", [])],
     }
+    carry = meta.get("carry")
+    if carry is not None:
+        body["carry"] = carry.get("columns") if isinstance(carry, dict) else carry
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -8,6 +8,7 @@ with vectorised gathers.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +16,9 @@ import pyarrow as pa
 from varpack.manifest.format import BASE_SCHEMA, manifest_schema
 from varpack.plan import PlanArrays
 from varpack.plan.segments import gather_positions
+
+if TYPE_CHECKING:
+    from varpack.manifest.carry import Carried
 
 
 def rank_tables(
@@ -35,13 +39,17 @@ def rank_tables(
     pad_rows: np.ndarray | None = None,
     block_index: np.ndarray | None = None,
     stream_lens: np.ndarray | None = None,
+    cp_placement: np.ndarray | None = None,
+    carry: Carried | None = None,
 ) -> Iterator[pa.Table]:
     """Yield rank 0..dp-1's manifest: one row per micro-batch, in (step, micro) order.
 
     ``stream`` maps stream positions to rows of ``ids``/``lens``; micro-batch ``i`` is stream
     positions ``offsets[i]:offsets[i+1]``. Optional: ``warmup`` flags and ``pad_rows`` per
-    micro-batch, ``block_index`` per stream position (the manifest's optional columns);
-    ``stream_lens`` = ``lens[stream]`` if already at hand (saves a random gather).
+    micro-batch, ``block_index`` and ``cp_placement`` per stream position (the manifest's
+    optional columns); ``stream_lens`` = ``lens[stream]`` if already at hand (saves a random
+    gather); ``carry``: carried metadata columns aligned with ``ids`` (one ``carry.COL`` list
+    column each).
     """
     order = np.lexsort((micro, step, rank))  # every rank holds the same number of micro-batches
     per_rank = len(order) // dp
@@ -73,11 +81,19 @@ def rank_tables(
                 pa.ListArray.from_arrays(off32, pa.array(block_index[pos].astype(np.int32)))
             )
             names.append("block_index")
-        yield pa.Table.from_arrays(columns, schema=manifest_schema(names))
+        if cp_placement is not None:
+            columns.append(pa.ListArray.from_arrays(off32, pa.array(cp_placement[pos], pa.int32())))
+            names.append("cp_placement")
+        pairs: list[tuple[str, str]] = []
+        if carry is not None:
+            for k, (name, kind) in enumerate(zip(carry.names, carry.types, strict=True)):
+                columns.append(pa.ListArray.from_arrays(off32, carry.column(k, rows)))
+                pairs.append((name, kind))
+        yield pa.Table.from_arrays(columns, schema=manifest_schema(names, pairs))
 
 
-def plan_tables(p: PlanArrays) -> Iterator[pa.Table]:
-    """Yield each rank's manifest table of a plan (rank 0 first)."""
+def plan_tables(p: PlanArrays, carry: Carried | None = None) -> Iterator[pa.Table]:
+    """Yield each rank's manifest table of a plan (rank 0 first), with the ``carry`` columns."""
     return rank_tables(
         stream=p.stream,
         ids=p.ids,
@@ -95,4 +111,6 @@ def plan_tables(p: PlanArrays) -> Iterator[pa.Table]:
         pad_rows=p.pad_rows,
         block_index=p.block_index,
         stream_lens=p.stream_lens,
+        cp_placement=p.cp_placement,
+        carry=carry,
     )

@@ -37,8 +37,10 @@ from rich.progress import Progress, TaskID
 from varpack.atomic import atomic_dir
 from varpack.console import progress
 from varpack.errors import ConfigError
-from varpack.metadata.contract import ID, LEN, WRITE_SCHEMA, shard_name
+from varpack.metadata.contract import ID, LEN, WRITE_OPTIONS, WRITE_SCHEMA, shard_name
 from varpack.metadata.shards import ROW_GROUP_ROWS, ShardedWriter
+from varpack.metadata.sources import NAME as SOURCE
+from varpack.metadata.sources import source_column, source_names
 
 TASK = TaskID(0)  # the one task of varpack.console.progress
 DISTS = ("long-tail", "bimodal", "video", "uniform")
@@ -307,13 +309,17 @@ def write_synth(
     row_group_size: int | None = None,
     overwrite: bool = False,
     quiet: bool = True,
+    sources: int = 0,
 ) -> SynthResult:
     """Write a synthetic dataset into the directory ``output`` (atomically).
 
     Metadata (``sample_id`` int64, ``seq_len`` int32) by default; with ``tokenized`` a dataset
     with ``sample_id`` and random ``input_ids`` whose lengths are exactly the metadata's.
+    ``sources`` > 0 adds a ``source`` string column (:mod:`varpack.metadata.sources`).
     """
     resolve_bounds(dist, min_len, max_len)
+    if sources:
+        source_names(sources)  # checks the count
     if num_samples < 1:
         raise ConfigError(f"--num-samples {num_samples}: need at least one sample")
     if seed < 0:
@@ -337,10 +343,11 @@ def write_synth(
                 max_len,
                 row_group_size,
                 bar,
+                sources,
             )
         else:
             files, tokens = _write_metadata(
-                tmp, sizes, dist, num_samples, seed, min_len, max_len, row_group_size, bar
+                tmp, sizes, dist, num_samples, seed, min_len, max_len, row_group_size, bar, sources
             )
     return SynthResult([Path(output) / f.name for f in files], num_samples, tokens)
 
@@ -355,12 +362,20 @@ def _write_metadata(
     max_len: int | None,
     row_group_size: int | None,
     bar: Progress,
+    sources: int = 0,
 ) -> tuple[list[Path], int]:
     group = row_group_size or ROW_GROUP_ROWS
     tokens = 0
-    with ShardedWriter(tmp, sizes.tolist(), WRITE_SCHEMA, group) as writer:
+    schema, options = WRITE_SCHEMA, dict(WRITE_OPTIONS)
+    if sources:
+        schema = schema.append(pa.field(SOURCE, pa.string()))
+        options["use_dictionary"] = [LEN, SOURCE]
+    with ShardedWriter(tmp, sizes.tolist(), schema, group, options) as writer:
         for ids, lens in iter_blocks(dist, num_samples, seed, max(group, CHUNK), min_len, max_len):
-            writer.write(pa.table({ID: ids, LEN: lens.astype(np.int32)}))
+            cols = {ID: ids, LEN: lens.astype(np.int32)}
+            if sources:
+                cols[SOURCE] = source_column(ids, sources)
+            writer.write(pa.table(cols))
             tokens += int(lens.sum())
             bar.advance(TASK, len(ids))
     return writer.files, tokens
@@ -377,10 +392,13 @@ def _write_tokenized(
     max_len: int | None,
     row_group_size: int | None,
     bar: Progress,
+    sources: int = 0,
 ) -> tuple[list[Path], int]:
     rows = row_group_size or TOKENIZED_GROUP_ROWS
     rng = np.random.default_rng([seed, 1, 1])
     schema = pa.schema([("sample_id", pa.int64()), ("input_ids", pa.list_(pa.int32()))])
+    if sources:
+        schema = schema.append(pa.field(SOURCE, pa.string()))
     files, tokens, start = [], 0, 0
     for k, size in enumerate(int(s) for s in sizes if s > 0):
         path = tmp / shard_name(k)
@@ -390,9 +408,10 @@ def _write_tokenized(
             ):
                 cuts = group_cuts(lens, rows)
                 for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-                    writer.write_table(
-                        token_table(ids[a:b], lens[a:b], rng, vocab), row_group_size=b - a
-                    )
+                    table = token_table(ids[a:b], lens[a:b], rng, vocab)
+                    if sources:
+                        table = table.append_column(SOURCE, source_column(ids[a:b], sources))
+                    writer.write_table(table.cast(schema), row_group_size=b - a)
                 tokens += int(lens.sum())
                 bar.advance(TASK, len(ids))
         files.append(path)

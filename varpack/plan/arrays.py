@@ -100,6 +100,8 @@ class PlanArrays:
     warmup: np.ndarray | None = None  # per micro-batch (--warmup reorder)
     stream_lens: np.ndarray | None = None  # lens[stream] (kept: gathering it again is costly)
     moved: dict[str, float] | None = None  # the moved_* stats where batching tallied them
+    cp_placement: np.ndarray | None = None  # per stream position (--cp): CP rank, -1 distributed
+    cp_cost: np.ndarray | None = None  # per micro-batch (--cp): time of its slowest CP rank
 
     @property
     def num_steps(self) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from varpack.errors import ConfigError
+from varpack.plan.context import ContextOptions, unused
 from varpack.plan.cost import CostModel
 from varpack.plan.micro import MicroRule
 from varpack.plan.models import PRESETS, ModelDims
@@ -44,7 +45,7 @@ def _opt(
 
 
 @dataclass(frozen=True)
-class PlanConfig:
+class PlanConfig(ContextOptions):
     """All options of ``varpack plan``; build with :meth:`resolved`."""
 
     batching: str = _opt(
@@ -82,10 +83,10 @@ class PlanConfig:
     cost: str = _opt(
         "tokens",
         "cost model used to balance ranks and to score the plan",
-        ("tokens", "padded", "flops"),
+        ("tokens", "padded", "flops", "time"),
     )
     model_preset: str | None = _opt(
-        None, f"model dimensions for --cost flops: {', '.join(sorted(PRESETS))}"
+        None, f"model dimensions for --cost flops/time: {', '.join(sorted(PRESETS))}"
     )
     hidden: int | None = _opt(None, "hidden size h for --cost flops", bounds=(1, COUNT_MAX))
     kv_hidden: int | None = _opt(
@@ -177,12 +178,12 @@ class PlanConfig:
     def cost_model(self) -> CostModel:
         """The cost model the cost functions take: kind, layout and (flops) model dimensions."""
         dims = None
-        if self.cost == "flops":
+        if self.cost in ("flops", "time"):
             assert (
                 self.hidden is not None and self.kv_hidden is not None and self.layers is not None
             )
             dims = ModelDims(self.hidden, self.kv_hidden, self.layers)
-        return CostModel(self.cost, self.layout, dims)
+        return CostModel(self.cost, self.layout, dims, self.time_model())
 
     def micro_rule(self) -> MicroRule:
         """What shapes and scores a micro-batch (layout, pad multiple, cost model, blocks)."""
@@ -199,7 +200,7 @@ class PlanConfig:
         return PackRule(self.layout, self.pad_multiple, self.max_tokens, None)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return unused(dataclasses.asdict(self))  # long-context options only where used
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "config") -> PlanConfig:
@@ -231,7 +232,13 @@ class PlanConfig:
         for f in fields(cfg):
             if "bounds" in f.metadata:
                 _check_bounds(f.name, getattr(cfg, f.name), f.metadata["bounds"])
-        cfg = cfg._resolve_shapes()._resolve_batching()._resolve_model()._resolve_lr()
+        cfg = (
+            cfg._resolve_shapes()
+            ._resolve_context()
+            ._resolve_batching()
+            ._resolve_model()
+            ._resolve_lr()
+        )
         # A step's samples or tokens, and their sums, must stay far inside int64.
         per_micro = cfg.max_tokens or cfg.batch_size or 1
         if cfg.micro_per_step * per_micro > 2**52:
@@ -365,7 +372,7 @@ class PlanConfig:
     def _resolve_model(self) -> PlanConfig:
         dims = {"hidden": self.hidden, "kv_hidden": self.kv_hidden, "layers": self.layers}
         given = [k for k, v in dims.items() if v is not None]
-        if self.cost != "flops":
+        if self.cost not in ("flops", "time"):
             if self.model_preset is not None or given:
                 what = "--model-preset" if self.model_preset is not None else f"--{_flag(given[0])}"
                 raise ConfigError(
@@ -394,7 +401,7 @@ class PlanConfig:
         missing = [k for k, v in dims.items() if v is None]
         if missing:
             raise ConfigError(
-                f"--cost flops needs --model-preset or all of --hidden --kv-hidden --layers (missing --{_flag(missing[0])})"
+                f"--cost {self.cost} needs --model-preset or all of --hidden --kv-hidden --layers (missing --{_flag(missing[0])})"
             )
         return self
 

@@ -8,6 +8,8 @@ Chosen by name from :data:`COST_MODELS`:
 * ``flops`` — per sample ``layers * (20 h^2 S + 4 h h_kv S + 4 h S^2)`` (Skrull's estimate: linear
   layers grow with S, attention with S^2). Packed: the samples' FLOPs plus the linear part for the
   pad tokens; padded: every row costs ``flops(T)``.
+* ``time`` — seconds, ``a * flops + b`` (``flops`` as above, ``b`` once per micro-batch), with
+  ``(a, b)`` measured by ``varpack calibrate``.
 
 The *ideal* of a plan is the cost of its real samples alone, ``sum(sample_cost) / dp``: the time a
 perfectly balanced, padding-free schedule would take. Plans are scored against it.
@@ -34,13 +36,16 @@ class CostModel:
 
     kind: str = "tokens"
     layout: str = "packed"
-    dims: ModelDims | None = None  # required by "flops"
+    dims: ModelDims | None = None  # required by "flops" and "time"
+    time: tuple[float, float] | None = None  # (a, b) of "time": seconds = a * flops + b
 
     def __post_init__(self) -> None:
         if self.kind not in COST_MODELS:
             raise ValueError(f"unknown cost model {self.kind!r}; known: {sorted(COST_MODELS)}")
-        if self.kind == "flops" and self.dims is None:
-            raise ValueError("the flops cost model needs model dimensions")
+        if self.kind in ("flops", "time") and self.dims is None:
+            raise ValueError(f"the {self.kind} cost model needs model dimensions")
+        if self.kind == "time" and self.time is None:
+            raise ValueError("the time cost model needs (seconds per FLOP, fixed seconds)")
 
     @property
     def model_dims(self) -> ModelDims:
@@ -89,6 +94,23 @@ def _padded_micro(
     return micro_volume(count, padded_len, m.layout).astype(np.float64)
 
 
+def _time_cost(lens: np.ndarray, model: CostModel) -> np.ndarray:
+    assert model.time is not None
+    return model.time[0] * sample_flops(lens, model.model_dims)
+
+
+def _time_micro(
+    count: np.ndarray, tokens: np.ndarray, padded_len: np.ndarray, flops_sum: Any, m: CostModel
+) -> np.ndarray:
+    # flops_sum holds the samples' time (a * flops): the same shape as flops, scaled
+    assert m.time is not None
+    a, b = m.time
+    linear = a * linear_flops_per_token(m.model_dims)
+    if LAYOUT_CODE[m.layout] == PADDED:
+        return count * a * sample_flops(padded_len, m.model_dims) + b
+    return flops_sum + linear * (padded_len - tokens) + b
+
+
 def _flops_micro(
     count: np.ndarray, tokens: np.ndarray, padded_len: np.ndarray, flops_sum: Any, m: CostModel
 ) -> np.ndarray:
@@ -109,6 +131,7 @@ COST_MODELS: dict[str, _Kind] = {
     "tokens": _Kind(_length_cost, _tokens_micro, False),
     "padded": _Kind(_length_cost, _padded_micro, False),
     "flops": _Kind(_flops_cost, _flops_micro, True),
+    "time": _Kind(_time_cost, _time_micro, True),
 }
 
 

@@ -16,6 +16,8 @@ from varpack.fingerprint import Fingerprint, fingerprint
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import sample_cost
+from varpack.plan.cp_cost import cp_load, cp_model
+from varpack.plan.cp_stage import cp_figures
 from varpack.plan.micro import Micro, shape_rule
 from varpack.plan.order import moved
 from varpack.plan.stats import chunked_sum, plan_stats, rank_shapes, shape_stats
@@ -60,14 +62,25 @@ def plan_meta(
     meta = {
         "config": cfg.to_dict(),
         "input": input_info,
-        "layout": {"dp": cfg.dp, "pp": cfg.pp, "cp": 1, "grad_accum": cfg.grad_accum},
+        "layout": {"dp": cfg.dp, "pp": cfg.pp, "cp": cfg.cp, "grad_accum": cfg.grad_accum},
         "num_steps": p.num_steps,
         "epochs": p.epochs,
         "shape_lengths": None if p.lengths is None else p.lengths.tolist(),
         "stats": stats,
         "dropped": p.dropped,
     }
+    if p.cp_placement is not None:
+        meta["cp"] = _cp_block(p)
     return meta, [{"shapes": s} for s in shapes_of]
+
+
+def _cp_block(p: PlanArrays) -> dict[str, Any]:
+    """plan.json's ``cp`` figures (estimated time, memory and balance of the CP groups)."""
+    assert p.cp_placement is not None
+    model = cp_model(p.cfg)
+    lens = p.lens[p.stream] if p.stream_lens is None else p.stream_lens
+    load = cp_load(p.offsets, lens, p.cp_placement, model)
+    return cp_figures(p.step, p.rank, p.cp_placement, load, model, p.cfg.dp)
 
 
 def plan_figures(

@@ -12,7 +12,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from varpack.plan.cost import CostModel, linear_flops_per_token, micro_cost, segment_cost_sums
+from varpack.plan.cost import (
+    COST_MODELS,
+    CostModel,
+    linear_flops_per_token,
+    micro_cost,
+    segment_cost_sums,
+)
 from varpack.plan.rules import LAYOUT_CODE, pad_to
 from varpack.plan.segments import segment_max, segment_sums
 from varpack.plan.shapes import round_up_to
@@ -120,10 +126,14 @@ def _cost(
     rule: MicroRule,
 ) -> np.ndarray:
     model = rule.cost
-    if model.kind != "flops" or (rule.layout != "packed" and rule.blocks is None):
+    if not COST_MODELS[model.kind].needs_sample_sums or (
+        rule.layout != "packed" and rule.blocks is None
+    ):
         return micro_cost(rows, tokens, padded, None, model)
     flops = segment_cost_sums(offsets, lens, model)
     if rule.blocks is not None:
         # Samples never attend across a reset: their own FLOPs plus the linear part of the padding.
-        return flops + linear_flops_per_token(model.model_dims) * (rows * padded - tokens)
+        scale, fixed = model.time if model.time is not None else (1.0, 0.0)
+        linear = scale * linear_flops_per_token(model.model_dims)
+        return flops + linear * (rows * padded - tokens) + fixed
     return micro_cost(rows, tokens, padded, flops, model)

@@ -17,14 +17,17 @@ from varpack.plan.micro import summarize
 from varpack.plan.segments import group_max
 
 
-def assign(batches: Batches, shaped: Shapes, cfg: PlanConfig) -> Placement:
-    """Rank and position of every micro-batch in its step."""
+def assign(
+    batches: Batches, shaped: Shapes, cfg: PlanConfig, cost: np.ndarray | None = None
+) -> Placement:
+    """Rank and position of every micro-batch in its step (by ``cost`` if given: ``--cp``)."""
     micro = shaped.micro
+    cost = micro.cost if cost is None else cost
     if not batches.group:
-        rank, index = algo.balance_ranks(batches.step, micro.cost, cfg.dp, cfg.grad_accum)
+        rank, index = algo.balance_ranks(batches.step, cost, cfg.dp, cfg.grad_accum)
     else:
         k = batches.group
-        gcost = micro.cost.reshape(-1, k).sum(axis=1)
+        gcost = cost.reshape(-1, k).sum(axis=1)
         grank, _ = algo.balance_ranks(batches.step[::k], gcost, cfg.dp, 1)
         rank, index = np.repeat(grank, k), np.tile(np.arange(k, dtype=np.int64), len(gcost))
     if cfg.pp > 1 and cfg.layout == "packed":  # one shape per (step, rank): its largest pad_to

@@ -9,6 +9,7 @@ order, each a function in its own module, passing small dataclasses (:mod:`.arra
    windowed shuffle, :mod:`.order`) cut into micro-batches by a batching strategy (greedy budget
    or count, pipeline groups, blocks) and numbered into steps;
 3. **shapes** (:mod:`.shaping`): each micro-batch's ``(rows, pad_to)``, chosen lengths, empty rows;
+3b. **CP placement** (:mod:`.cp_stage`, ``--cp``): each sample local to a CP rank or distributed;
 4. **assign** (:mod:`.placement`): each step's micro-batches balanced over the ranks by cost;
 5. **warm-up** (:mod:`.warmup`): one micro-batch of every shape first on each rank (reorder);
 6. **LR** (:mod:`.lr`): each step's global tokens and samples, and its LR factor;
@@ -26,6 +27,7 @@ import numpy as np
 from varpack.plan.arrays import Batches, Placement, PlanArrays, Selection, Shapes
 from varpack.plan.batching import build_batches
 from varpack.plan.config import PlanConfig
+from varpack.plan.cp_stage import CPPlan, place_cp
 from varpack.plan.figures import input_info, plan_meta
 from varpack.plan.lr import lr_factors, step_totals
 from varpack.plan.placement import assign
@@ -41,11 +43,14 @@ def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArray
     lengths = input_lengths(chosen.lens, cfg)
     batches = build_batches(chosen, lengths)
     shaped = shape(batches, chosen.lens, cfg, lengths)
-    placed = warm_up(assign(batches, shaped, cfg), cfg)
-    return _finish(chosen, batches, shaped, placed)
+    cp = place_cp(batches, shaped, cfg)
+    placed = warm_up(assign(batches, shaped, cfg, None if cp is None else cp.load.cost), cfg)
+    return _finish(chosen, batches, shaped, placed, cp)
 
 
-def _finish(chosen: Selection, batches: Batches, shaped: Shapes, placed: Placement) -> PlanArrays:
+def _finish(
+    chosen: Selection, batches: Batches, shaped: Shapes, placed: Placement, cp: CPPlan | None
+) -> PlanArrays:
     """The LR stage, and the plan as one set of arrays."""
     cfg, micro = chosen.cfg, placed.micro
     num_steps = batches.epochs[-1]["first_step"] + batches.epochs[-1]["num_steps"]
@@ -73,6 +78,8 @@ def _finish(chosen: Selection, batches: Batches, shaped: Shapes, placed: Placeme
         warmup=placed.warmup,
         stream_lens=shaped.stream_lens,
         moved=batches.moved,
+        cp_placement=None if cp is None else cp.placement,
+        cp_cost=None if cp is None else cp.load.cost,
     )
 
 

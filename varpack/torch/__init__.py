@@ -7,6 +7,8 @@ The only part of varpack that imports torch. The pieces:
 - :class:`ParquetTokenDataset` (``dataset``): tokens by sample id from tokenized Parquet.
 - :class:`VariableBatchSizeLR` (``lr``): the plan's per-step LR factor on top of any scheduler.
 - :func:`normalise`, :func:`token_loss_sum` (``loss``): exact loss normalisation per global step.
+- :func:`sample_losses`, :func:`group_losses` (``grouped``): loss per sample and per value of a
+  carried column (``batch.carry``, from ``varpack plan --carry``), e.g. per source.
 - :func:`compile_warmup` (``warmup``): one forward/backward per shape before training.
 - :func:`packed_attention`, :func:`attention_meta` (``attention``): attention that keeps packed
   samples apart (varlen kernels, FlexAttention, SDPA), inputs built once per batch.
@@ -17,6 +19,7 @@ The only part of varpack that imports torch. The pieces:
 from varpack.torch.attention import AttentionMeta, attention_meta, packed_attention, resolve_backend
 from varpack.torch.batch import IGNORE_INDEX, BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.dataset import ParquetTokenDataset
+from varpack.torch.grouped import group_losses, sample_losses
 from varpack.torch.loader import PlanLoader, load_lr_factors
 from varpack.torch.loss import normalise, token_loss_sum, token_losses
 from varpack.torch.lr import VariableBatchSizeLR
@@ -35,11 +38,13 @@ __all__ = [
     "compile_warmup",
     "compiled_graphs",
     "dummy_batch",
+    "group_losses",
     "load_lr_factors",
     "normalise",
     "packed_attention",
     "rank_shapes",
     "resolve_backend",
+    "sample_losses",
     "token_loss_sum",
     "token_losses",
 ]

@@ -1,7 +1,11 @@
 """The micro-batch dataclasses the reader yields, one per manifest row.
 
 Every batch carries the plan's bookkeeping for its micro-batch (``step``, ``micro``, ``lr_factor``,
-``step_tokens``, ``step_samples``, ``is_last_micro``, ``warmup``) next to its tensors. Three layouts:
+``step_tokens``, ``step_samples``, ``is_last_micro``, ``warmup``) next to its tensors, and the
+plan's carried metadata columns (``varpack plan --carry COL``) in ``carry``: ``carry["COL"]`` holds
+one value per sample, parallel to ``sample_ids``, as a tensor (integers int64, floats float64,
+booleans bool) or, for strings, a list of ``str`` (which ``to`` and ``pin_memory`` leave as it is).
+Three layouts:
 
 - :class:`PackedBatch`: the samples concatenated into one row ``[1, N]`` (varlen / "thd"), with
   ``cu_seqlens`` (int32, the padding tail counted as one more segment) and ``max_seqlen``, the
@@ -22,7 +26,7 @@ Tensors stay on the CPU until :meth:`to` moves them; masks are built on the devi
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -48,6 +52,8 @@ class BatchInfo:
     epoch: int
     sample_ids: torch.Tensor  # int64 [num_samples]
     seq_lens: torch.Tensor  # int32 [num_samples]
+    # carried metadata columns: name -> [num_samples] tensor, or list of str (parallel to sample_ids)
+    carry: dict[str, torch.Tensor | list[str]] = field(default_factory=dict, kw_only=True)
 
     @property
     def num_tokens(self) -> int:
@@ -68,10 +74,13 @@ class BatchInfo:
         return self._map(lambda t: t.pin_memory())
 
     def _map(self: B, fn: Any) -> B:
-        changes = {
+        changes: dict[str, Any] = {
             f.name: fn(getattr(self, f.name))
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        changes["carry"] = {
+            k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in self.carry.items()
         }
         return dataclasses.replace(self, **changes)
 

@@ -43,6 +43,7 @@ class RowInfo:
     epoch: int = 0
     pad_rows: int = 0
     block_index: np.ndarray | None = None
+    carry: dict[str, np.ndarray] | None = None  # carried columns (strings: object arrays)
 
     def where(self) -> str:
         return f"step {self.step} micro {self.micro}"
@@ -169,6 +170,10 @@ class RawBatch:
 
     def to_batch(self) -> PackedBatch | PaddedBatch | BlockBatch:
         kw = _tensors(self.fields)
+        kw["carry"] = {
+            k: v.tolist() if v.dtype == object else torch.from_numpy(v)
+            for k, v in self.fields.get("carry", {}).items()
+        }
         if self.layout == "packed":
             for key in ("input_ids", "position_ids", "labels"):
                 # One packed row [1, N] with contiguous strides: compiled graphs guard on strides.
@@ -179,8 +184,13 @@ class RawBatch:
         return BlockBatch(**kw)
 
 
-def _info(row: RowInfo, ids: np.ndarray, lens: np.ndarray) -> dict[str, Any]:
+def _info(
+    row: RowInfo, ids: np.ndarray, lens: np.ndarray, order: np.ndarray | None = None
+) -> dict[str, Any]:
+    carry = row.carry or {}
     return {
+        # in the batch's sample order (``order``: block order); copies, like the ids below
+        "carry": {k: np.array(v if order is None else v[order]) for k, v in carry.items()},
         "step": row.step,
         "micro": row.micro,
         "lr_factor": row.lr_factor,
@@ -214,6 +224,7 @@ def collate_numpy(row: RowInfo, fetch: Any, layout: str, pad_id: int = 0) -> Raw
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     ids, planned = row.sample_ids, row.seq_lens.astype(np.int64)
+    order = None
     if layout == "blocks":
         if row.block_index is None:
             raise InputError(
@@ -223,7 +234,7 @@ def collate_numpy(row: RowInfo, fetch: Any, layout: str, pad_id: int = 0) -> Raw
         ids, planned, bidx = ids[order], planned[order], row.block_index[order]
     tokens, lens = fetch(ids)
     _check_lengths(row, ids, planned, lens)
-    fields = _info(row, ids, lens)
+    fields = _info(row, ids, lens, order)
     if layout == "packed":
         fields.update(pack_packed(tokens, lens, row.pad_to, pad_id))
     elif layout == "padded":

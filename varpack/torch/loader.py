@@ -29,8 +29,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from varpack.errors import ConfigError, InputError
-from varpack.manifest.format import Plan, load_plan
+from varpack.manifest.format import CARRY_PREFIX, Plan, load_plan
 from varpack.manifest.schema import FINGERPRINT_KEY
+from varpack.torch import cp as cp_mod
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
 from varpack.torch.dataset import fetch_flat
@@ -121,6 +122,11 @@ class ManifestRows:
         self.block, self.block_off = np.zeros(0, np.int32), np.zeros(n + 1, np.int64)
         if self.has_blocks:
             self.block, self.block_off = _flat(col("block_index"))
+        self.carry = {
+            name[len(CARRY_PREFIX) :]: _carried(col(name))
+            for name in table.column_names
+            if name.startswith(CARRY_PREFIX)
+        }
         if n and np.any(np.diff(self.step) < 0):
             raise InputError("manifest rows are not in step order; re-run varpack plan")
         # The last micro-batch of a step is where DDP must synchronise gradients.
@@ -147,6 +153,7 @@ class ManifestRows:
             block_index=self.block[self.block_off[i] : self.block_off[i + 1]]
             if self.has_blocks
             else None,
+            carry={k: v[a:b] for k, v in self.carry.items()} if self.carry else None,
         )
 
     def index_of(self, step: int, micro: int) -> int:
@@ -163,6 +170,20 @@ def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     arr = column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks)
     offsets = arr.offsets.to_numpy().astype(np.int64)
     return arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+def _carried(column: pa.ChunkedArray) -> np.ndarray:
+    """A carried list column's flat values, parallel to ``sample_ids`` (same offsets, checked
+    by ``varpack validate``): numbers as they are, strings as an object array of ``str`` built
+    from the column's distinct values (one Python string per distinct value, not per sample)."""
+    arr = column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks)
+    offsets = arr.offsets.to_numpy()
+    values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
+    if not pa.types.is_string(values.type):
+        return values.to_numpy(zero_copy_only=False)
+    encoded = values.dictionary_encode()
+    names = np.array(encoded.dictionary.to_pylist(), dtype=object)
+    return names[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
 class MicroBatches(Dataset[Any]):
@@ -225,10 +246,16 @@ class PlanLoader:
         prefetch_factor: int | None = None,
         verify: bool = True,
         multiprocessing_context: Any = None,
+        cp_rank: int | None = None,
+        cp_size: int | None = None,
     ) -> None:
         # Each rank checks its own manifest's sha256 (not all dp files: that would read every
         # rank's file in every process).
         self.plan = load_plan(plan_dir, verify=False)
+        cp = int(self.plan.meta["layout"].get("cp", 1))
+        rank, world_size, self.cp_rank, self.cp_size = cp_mod.resolve_cp(
+            rank, world_size, cp_rank, cp_size, cp
+        )  # a --cp plan: this CP rank's share of each micro-batch (varpack.torch.cp)
         self.rank, self.world_size = resolve_rank(rank, world_size, self.plan.dp)
         planned = plan_layout(self.plan)
         layout = collate or planned or "packed"
@@ -239,7 +266,9 @@ class PlanLoader:
                 f"{plan_dir}: the plan was made for the {planned!r} layout, not collate={layout!r}"
             )
         self.layout = layout
-        self.rows = ManifestRows(self.plan.rank_table(self.rank, verify=verify))
+        table = self.plan.rank_table(self.rank, verify=verify)
+        self.rows = ManifestRows(table)
+        self.cp_rows = cp_mod.CPRows(table, self.cp_size) if self.cp_size > 1 else None
         self.fingerprint = plan_fingerprint(self.plan)
         self.dataset = MicroBatches(self.rows, dataset, layout, pad_id)
         self.num_workers, self.pin_memory = num_workers, pin_memory
@@ -269,7 +298,7 @@ class PlanLoader:
         """LR factor of every step, indexed by step (what :class:`VariableBatchSizeLR` takes)."""
         return step_values(self.rows.step, self.rows.lr_factor, self.num_steps)
 
-    def __iter__(self) -> Iterator[PackedBatch | PaddedBatch | BlockBatch]:
+    def __iter__(self) -> Iterator[Any]:
         if self._next >= len(self.rows):  # the previous pass finished: start the next one
             self._epoch, self._next = self._epoch + 1, 0
         loader = DataLoader(
@@ -284,7 +313,10 @@ class PlanLoader:
         )
         for raw in loader:
             batch = raw.to_batch()
-            if self.pin_memory:
+            if self.cp_rows is not None:
+                assert isinstance(batch, PackedBatch)
+                batch = cp_mod.shard(batch, self.cp_rows[self._next], self.cp_rank, self.cp_size)
+            elif self.pin_memory:
                 batch = batch.pin_memory()
             # Advance the cursor only for what the caller received (prefetched rows do not count).
             self._next += 1

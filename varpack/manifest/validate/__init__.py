@@ -6,8 +6,10 @@ the plan, config and layout, checksums and row counts, the plan fingerprint, man
 parallel list columns), :mod:`.numbering` (steps and micro-batches numbered alike on every rank),
 :mod:`.rows` (each micro-batch's shape and budget, the shape rules: rows per shape, shape bound,
 pipeline steps, blocks, warm-up prefix, ``shape_lengths``), :mod:`.coverage` (every sample
-exactly once per epoch or dropped, against the fingerprint or ``--metadata``), :mod:`.figures`
-(step totals and LR factors on every row, per-rank shapes, plan.json's stats) and, when asked,
+exactly once per epoch or dropped, against the fingerprint or ``--metadata``), :mod:`.carried`
+(each carried ``carry.COL`` value is the metadata's, when the metadata is given), :mod:`.figures`
+(step totals and LR factors on every row, per-rank shapes, plan.json's stats), :mod:`.cp`
+(``--cp``: placement once per sample, in range, within each CP rank's capacity) and, when asked,
 :mod:`.replay` (the input planned again with plan.json's config gives the same rows).
 Each violation is one line of the :class:`Report` naming the rank, step, row or sample id.
 
@@ -24,8 +26,10 @@ import os
 
 import numpy as np
 
-from varpack.manifest.format import Plan
+from varpack.manifest.format import Plan, carried_columns
+from varpack.manifest.validate.carried import check_carried
 from varpack.manifest.validate.coverage import Locator, check_coverage
+from varpack.manifest.validate.cp import check_cp
 from varpack.manifest.validate.figures import (
     check_rank_shapes,
     check_step_columns,
@@ -56,9 +60,13 @@ def validate_plan(
     path: str | os.PathLike[str],
     metadata: tuple[np.ndarray, np.ndarray] | None = None,
     replay: bool = False,
+    carry_source: str | os.PathLike[str] | None = None,
+    carry_required: bool = True,
 ) -> Report:
     """Every check of the module doc; ``metadata`` = (ids, lens) of the input when given;
-    ``replay``: plan ``metadata`` again with plan.json's config and compare (needs it)."""
+    ``replay``: plan ``metadata`` again with plan.json's config and compare (needs it);
+    ``carry_source``: metadata holding the carried columns, to check their values against
+    (``carry_required``: a violation if it does not hold them, else a note in the facts)."""
     if replay and metadata is None:
         raise ValueError("replay needs the input's metadata")
     report = Report()
@@ -97,6 +105,9 @@ def validate_plan(
         whole=reordered,
         locate=Locator(ranks),
     )
+    unchecked: str | None = "give --metadata or --carry-from META"
+    if carry_source is not None:
+        unchecked = check_carried(meta, ranks, str(carry_source), report, carry_required)
     # rows: the chosen shape lengths, recomputed
     if cfg.max_shapes is not None and lengths is not None:
         recompute_lengths(cfg, lengths, ranks, whole.sample_step, meta, report)
@@ -104,6 +115,7 @@ def validate_plan(
     check_rank_shapes(meta, whole, report)
     stats = recompute_stats(ranks, whole, lengths, cfg, meta.get("epochs"))
     compare_stats(meta.get("stats", {}), stats, report)
+    check_cp(meta, ranks, whole, cfg, report)
     report.facts = {
         "samples": int(len(whole.ids)),
         "steps": whole.num_steps,
@@ -112,6 +124,8 @@ def validate_plan(
         "dropped": len(meta.get("dropped") or []),
         "padding_ratio": stats["padding_ratio"],
         "time_vs_ideal": stats["time_vs_ideal"],
+        "carried": [name for name, _ in carried_columns(meta)],
+        "carry_unchecked": unchecked,
     }
     return report
 

@@ -7,7 +7,8 @@ ever opened); that plan.json's config is valid and its layout matches it; that e
 readable with the checksum and row count plan.json records; that the recorded plan fingerprint
 fits the config, input and checksums (a config edited after planning); that each manifest has
 exactly the schema its config calls for (the base columns, plus ``pad_rows`` and ``block_index``
-where used); and that the list columns are parallel (``seq_lens`` and ``block_index`` hold one
+where used, and the ``carry.COL`` columns plan.json's ``carry`` names, with their types); and
+that the list columns are parallel (``seq_lens``, ``block_index`` and the carried columns hold one
 entry per ``sample_ids`` entry). A rank that passes is read into :class:`RankRows`, the arrays
 every later check works on.
 """
@@ -15,7 +16,7 @@ every later check works on.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,14 @@ import numpy as np
 import pyarrow as pa
 
 from varpack.errors import VarpackError
-from varpack.manifest.format import BASE_SCHEMA, Plan, manifest_schema, read_meta
+from varpack.manifest.format import (
+    BASE_SCHEMA,
+    CARRY_PREFIX,
+    Plan,
+    carried_columns,
+    manifest_schema,
+    read_meta,
+)
 from varpack.manifest.rankfiles import duplicate_names, file_problem
 from varpack.manifest.schema import FINGERPRINT_KEY, fingerprint_problem, meta_problems
 from varpack.manifest.validate.report import Report
@@ -43,6 +51,7 @@ class RankRows:
     pad_rows: np.ndarray
     block_index: np.ndarray | None
     warmup: np.ndarray
+    carry: dict[str, pa.Array] = field(default_factory=dict)  # name -> flat values, like ids
 
 
 def open_plan(path: str | os.PathLike[str], report: Report) -> Plan | None:
@@ -94,11 +103,12 @@ def read_config(meta: dict[str, Any], report: Report) -> PlanConfig | None:
 
 
 def check_layout(meta: dict[str, Any], cfg: PlanConfig, report: Report) -> None:
-    """plan.json's layout is the config's (dp, pp, cp 1, grad_accum)."""
+    """plan.json's layout is the config's (dp, pp, cp, grad_accum)."""
     layout = meta.get("layout", {})
-    if layout != {"dp": cfg.dp, "pp": cfg.pp, "cp": 1, "grad_accum": cfg.grad_accum}:
+    if layout != {"dp": cfg.dp, "pp": cfg.pp, "cp": cfg.cp, "grad_accum": cfg.grad_accum}:
         report.add(
             f"plan.json layout {layout} does not match the config (dp {cfg.dp}, pp {cfg.pp}, "
+            f"cp {cfg.cp}, "
             f"grad_accum {cfg.grad_accum})"
         )
 
@@ -122,6 +132,8 @@ def expected_columns(cfg: PlanConfig) -> list[str]:
         names.append("pad_rows")
     if cfg.batching == "blocks":
         names.append("block_index")
+    if cfg.cp > 1:
+        names.append("cp_placement")
     return names
 
 
@@ -138,7 +150,7 @@ def read_rank(
         if not reported:
             report.add(f"rank {rank}: cannot read its manifest ({exc})")
         return None
-    expected = manifest_schema(expected_columns(cfg))
+    expected = manifest_schema(expected_columns(cfg), carried_columns(plan.meta))
     if table.schema != expected:
         report.add(
             f"rank {rank}: manifest schema {table.schema.to_string()!r} is not {expected.to_string()!r}"
@@ -160,6 +172,13 @@ def read_rank(
             report.add(f"rank {rank}: block_index lists are not parallel to sample_ids")
             return None
         block_index = bcol.flatten().to_numpy().astype(np.int64)
+    carry = {}
+    for name, _ in carried_columns(plan.meta):
+        ccol = table.column(CARRY_PREFIX + name).combine_chunks()
+        if not np.array_equal(ccol.offsets.to_numpy().astype(np.int64), off_ids):
+            report.add(f"rank {rank}: {CARRY_PREFIX}{name} lists are not parallel to sample_ids")
+            return None
+        carry[name] = ccol.flatten()
     pad_rows = (
         table.column("pad_rows").to_numpy().astype(np.int64)
         if "pad_rows" in table.column_names
@@ -175,4 +194,5 @@ def read_rank(
         pad_rows=pad_rows,
         block_index=block_index,
         warmup=table.column("warmup").to_numpy(zero_copy_only=False).astype(bool),
+        carry=carry,
     )

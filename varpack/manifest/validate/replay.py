@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from varpack.manifest.format import manifest_schema
+from varpack.manifest.format import CARRY_PREFIX, manifest_schema
 from varpack.manifest.tables import plan_tables
 from varpack.manifest.validate.report import SHOW, Report
 from varpack.plan import PlanConfig, make_plan
@@ -42,6 +42,8 @@ def check_replay(
             report.add(f"replay: plan.json {key} differs from the re-planned one; {_ADVICE}")
     differ = 0
     for rank, (have, want) in enumerate(zip(tables, plan_tables(arrays), strict=False)):
+        # carried columns come from the metadata, not the config: --metadata checks them
+        have = have.drop_columns([n for n in have.column_names if n.startswith(CARRY_PREFIX)])
         schema = manifest_schema(want.column_names)
         found = first_difference(have, want.select(schema.names).cast(schema))
         if found is None:

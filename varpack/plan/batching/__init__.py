@@ -9,7 +9,8 @@ it into micro-batches and numbers them into steps (``dp x grad_accum`` micro-bat
 * ``costed`` (:mod:`.costed`): shuffled budget batching in the packed layout, steps composed by
   cost so that every rank of a step carries the same cost (``--compose cost``);
 * ``pipeline`` (:mod:`.pipeline`): ``--pp`` in the padded layout, (step, rank) groups of one shape;
-* ``blocks`` (:mod:`.blocks`): fixed-length blocks of whole samples (BLoad).
+* ``blocks`` (:mod:`.blocks`): fixed-length blocks of whole samples (BLoad);
+* ``gds`` (:mod:`.gds`): ``--cp`` steps re-formed across DP ranks (Skrull's global scheduling).
 
 A new way of batching is a new module here and an entry in :data:`BATCHERS`.
 """
@@ -21,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from varpack.plan.arrays import Batches, Selection
-from varpack.plan.batching import blocks, costed, greedy, pipeline
+from varpack.plan.batching import blocks, costed, gds, greedy, pipeline
 from varpack.plan.config import PlanConfig
 
 Batcher = Callable[[np.ndarray, np.ndarray, PlanConfig, np.ndarray | None], Batches]
@@ -32,6 +33,7 @@ BATCHERS: dict[str, Batcher] = {
     "costed": costed.build,
     "pipeline": pipeline.build,
     "blocks": blocks.build,
+    "gds": gds.build,
 }
 
 
@@ -39,6 +41,8 @@ def batcher_name(cfg: PlanConfig) -> str:
     """The batching strategy a config asks for."""
     if cfg.batching == "blocks":
         return "blocks"
+    if cfg.cp > 1 and cfg.cp_batching == "gds":
+        return "gds"
     if cfg.pp > 1 and cfg.layout == "padded":
         return "pipeline"
     if composes_by_cost(cfg):
@@ -47,13 +51,14 @@ def batcher_name(cfg: PlanConfig) -> str:
 
 
 def composes_by_cost(cfg: PlanConfig) -> bool:
-    """``--compose cost`` applies: shuffled budget batching, packed layout, no ``--pp``."""
+    """``--compose cost`` applies: shuffled budget batching, packed layout, no ``--pp``/``--cp``."""
     return (
         cfg.compose == "cost"
         and cfg.order == "shuffle"
         and cfg.batching == "budget"
         and cfg.layout == "packed"
         and cfg.pp == 1
+        and cfg.cp == 1
     )
 
 

@@ -31,10 +31,12 @@ def cost_coefficients(model: CostModel) -> tuple[float, float]:
     >>> cost_coefficients(CostModel("tokens"))
     (1.0, 0.0)
     """
-    if model.kind != "flops":  # tokens, and padded in the packed layout: the length
+    if model.kind not in ("flops", "time"):  # tokens, and padded in the packed layout: the length
         return 1.0, 0.0
     dims = model.model_dims
-    return linear_flops_per_token(dims), dims.layers * 4.0 * dims.hidden
+    scale = 1.0 if model.time is None else model.time[0]  # time: seconds per FLOP (the fixed
+    # seconds per micro-batch are the same on every rank of a step: they do not move the balance)
+    return scale * linear_flops_per_token(dims), scale * dims.layers * 4.0 * dims.hidden
 
 
 def build(

@@ -1,0 +1,137 @@
+"""``varpack calibrate``: fit the memory model (A, B) and the time model (a, b) from a CSV."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from varpack.errors import InputError
+from varpack.plan.cost import sample_flops
+from varpack.plan.models import PRESETS, ModelDims
+
+_NEEDED = ("tokens",)
+_OPTIONAL = ("peak_memory", "step_time", "flops")
+
+
+def _read(path: Path) -> dict[str, np.ndarray]:
+    """The CSV's numeric columns (a header row names them)."""
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise InputError(f"{path}: no rows; write a header (tokens,peak_memory,step_time) and rows")
+    cols = {k.strip(): [] for k in rows[0] if k is not None}  # type: dict[str, list[float]]
+    for name in _NEEDED:
+        if name not in cols:
+            raise InputError(f"{path}: no '{name}' column; the header needs tokens and "
+                             "peak_memory and/or step_time")  # fmt: skip
+    for i, row in enumerate(rows, start=2):
+        for key, value in row.items():
+            if key is None or key.strip() not in cols:
+                continue
+            try:
+                v = float(value)
+            except (TypeError, ValueError):
+                raise InputError(f"{path}:{i}: {key.strip()} {value!r} is not a number") from None
+            if not np.isfinite(v) or v < 0:
+                raise InputError(f"{path}:{i}: {key.strip()} {value!r} must be finite and >= 0")
+            cols[key.strip()].append(v)
+    return {k: np.array(v) for k, v in cols.items() if k in _NEEDED + _OPTIONAL}
+
+
+def _dims(
+    preset: str | None, hidden: int | None, kv: int | None, layers: int | None
+) -> ModelDims | None:
+    if preset is not None:
+        return PRESETS[preset]
+    given = [v is not None for v in (hidden, kv, layers)]
+    if any(given) and not all(given):
+        raise InputError("calibrate: give all of --hidden --kv-hidden --layers, or --model-preset")
+    return ModelDims(hidden, kv, layers) if all(given) else None  # type: ignore[arg-type]
+
+
+@click.command()
+@click.argument(
+    "csv_path", metavar="CSV", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option(
+    "--model-preset",
+    type=click.Choice(sorted(PRESETS)),
+    default=None,
+    help="Model dimensions for the FLOPs of each row (without a flops column).",
+)
+@click.option("--hidden", type=click.IntRange(1), default=None, help="Hidden size h.")
+@click.option("--kv-hidden", type=click.IntRange(1), default=None, help="Key/value hidden size.")
+@click.option("--layers", type=click.IntRange(1), default=None, help="Transformer layers.")
+@click.option(
+    "--memory-capacity",
+    type=click.IntRange(1),
+    default=None,
+    help="Bytes a rank may use for activations: adds the bucket size to OUT.",
+)
+@click.option(
+    "--holdout",
+    type=click.IntRange(0),
+    default=0,
+    help="Keep every k-th row out of the fit and report the error predicting it.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
+def calibrate(csv_path: Path, out: Path, model_preset: str | None, hidden: int | None,
+              kv_hidden: int | None, layers: int | None, memory_capacity: int | None,
+              holdout: int, overwrite: bool) -> None:  # fmt: skip
+    """Fit A, B (activation bytes = A * tokens + B) and a, b (seconds = a * flops + b) from CSV.
+
+    CSV has a header and one row per measured step: tokens, peak_memory (bytes) and/or
+    step_time (seconds), optionally flops. OUT (JSON) holds the plan options to use:
+    --memory-per-token, --memory-fixed (and --bucket-size with --memory-capacity),
+    --time-per-flop, --time-fixed, with the fit's error in percent. Example:
+
+        varpack calibrate steps.csv calib.json --model-preset qwen2.5-0.5b --holdout 4
+    """
+    from varpack.atomic import atomic_file
+    from varpack.plan.calibrate import calibrate as fit
+
+    cols = _read(csv_path)
+    dims = _dims(model_preset, hidden, kv_hidden, layers)
+    seconds = cols.get("step_time")
+    flops = cols.get("flops")
+    if seconds is not None and flops is None:
+        if dims is None:
+            raise InputError("calibrate: step_time needs a flops column, --model-preset or "
+                             "--hidden --kv-hidden --layers")  # fmt: skip
+        flops = sample_flops(cols["tokens"], dims)
+    if seconds is None and cols.get("peak_memory") is None:
+        raise InputError(f"{csv_path}: neither peak_memory nor step_time; nothing to fit")
+    result: dict[str, Any] = {"varpack_calibration": 1, "source": str(csv_path)}
+    result.update(fit(cols["tokens"], cols.get("peak_memory"), seconds, flops,
+                      memory_capacity, holdout))  # fmt: skip
+    with atomic_file(out, overwrite, [csv_path], owned=_is_calibration) as tmp:
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+    click.echo(_summary(out, result))
+
+
+def _is_calibration(path: Path) -> bool:
+    try:
+        return "varpack_calibration" in json.loads(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _summary(out: Path, r: dict[str, Any]) -> str:
+    parts = [f"{out}: {r['rows']} rows"]
+    if "memory_per_token" in r:
+        parts.append(f"memory {r['memory_per_token']:.4g} B/token + {r['memory_fixed']:.4g} B "
+                     f"(error mean {r['memory_error']['mean_pct']:.2f}%)")  # fmt: skip
+    if "time_per_flop" in r:
+        held = r["time_error_held_out"]
+        parts.append(f"time {r['time_per_flop']:.4g} s/FLOP + {r['time_fixed']:.4g} s (error mean "
+                     f"{r['time_error']['mean_pct']:.2f}%"
+                     + (f", held out {held['mean_pct']:.2f}%" if held else "") + ")")  # fmt: skip
+    if "bucket_size" in r:
+        parts.append(f"bucket size {r['bucket_size']} tokens")
+    return "; ".join(parts)

@@ -1,0 +1,211 @@
+"""Carried columns: metadata columns (a ``source``, a language, a score) taken into the manifests.
+
+``varpack plan --carry COL`` adds one list column ``carry.COL`` per carried column to every rank
+manifest, parallel to ``sample_ids``: the value of each planned sample, looked up by sample id in
+the metadata. The planner never sees these values (it stays pure); they are joined here, at the
+manifest edge, once per plan: the metadata's ids are sorted once, each planned id is found with
+one ``searchsorted``, and every column is gathered with one ``take``. Only the id column and the
+carried columns are read (pyarrow datasets, column projection).
+
+Types come from the metadata: integers become ``int64``, floats ``float64``, booleans ``bool`` and
+strings ``string`` (dictionary-encoded strings too); nested and other types are refused. Strings
+are held as dictionary codes until a rank's table is built, so a plan of many samples gathers
+integers, not strings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.types as pat
+
+from varpack.errors import ConfigError, InputError
+from varpack.manifest.format import CARRY_PREFIX, CARRY_TYPES
+
+#: Id columns a carry source may key its rows by, in order of preference.
+ID_COLUMNS = ("sample_id", "id")
+#: Columns the manifest already holds (``sample_ids``, ``seq_lens``); carrying them is refused.
+RESERVED = ("sample_id", "seq_len")
+
+
+@dataclass(frozen=True)
+class Carried:
+    """Carried columns, each value aligned with a given array of sample ids.
+
+    ``values[k]`` is a NumPy array for numbers and booleans, and int32 dictionary codes into
+    ``dictionaries[k]`` (a pyarrow string array) for strings.
+    """
+
+    names: tuple[str, ...]
+    types: tuple[str, ...]
+    values: tuple[np.ndarray, ...]
+    dictionaries: tuple[pa.Array | None, ...]
+
+    def entry(self, source: str) -> dict[str, Any]:
+        """plan.json's ``carry`` entry: where the values came from and each column's type."""
+        return {
+            "from": source,
+            "columns": [
+                {"name": n, "type": t} for n, t in zip(self.names, self.types, strict=True)
+            ],
+        }
+
+    def column(self, k: int, rows: np.ndarray) -> pa.Array:
+        """Column ``k``'s values at ``rows`` (positions in the aligned ids), as a flat Arrow array."""
+        picked = self.values[k][rows]
+        dictionary = self.dictionaries[k]
+        if dictionary is None:
+            return pa.array(picked, CARRY_TYPES[self.types[k]])
+        return dictionary.take(pa.array(picked, pa.int32()))
+
+
+def check_names(names: Sequence[str]) -> tuple[str, ...]:
+    """The carried names, refused when empty, repeated or a column the manifest already has."""
+    seen: set[str] = set()
+    for name in names:
+        if not name:
+            raise ConfigError("--carry needs a column name")
+        if name in RESERVED:
+            raise ConfigError(
+                f"--carry {name}: the manifest already holds it (sample_ids, seq_lens); carry "
+                "other metadata columns"
+            )
+        if name in seen:
+            raise ConfigError(f"--carry {name} is given twice; name each column once")
+        seen.add(name)
+    return tuple(names)
+
+
+def carry_type(name: str, typ: pa.DataType, where: str) -> str:
+    """The manifest type of a carried metadata column (``int64``, ``float64``, ``bool``, ``string``)."""
+    if pat.is_dictionary(typ):
+        typ = typ.value_type
+    if pat.is_integer(typ):
+        return "int64"
+    if pat.is_floating(typ):
+        return "float64"
+    if pat.is_boolean(typ):
+        return "bool"
+    if pat.is_string(typ) or pat.is_large_string(typ):
+        return "string"
+    kind = "a nested type" if pat.is_nested(typ) else "a type that cannot be carried"
+    raise InputError(
+        f"{where}: column '{name}' has type {typ}, {kind}; --carry takes integer, float, boolean "
+        "or string columns"
+    )
+
+
+def _dataset(path: str | os.PathLike[str]) -> tuple[ds.Dataset, list[Path]]:
+    """The Parquet files of ``path`` as one dataset (footers only)."""
+    from varpack.metadata.contract import first_line, resolve_files
+
+    files = resolve_files(str(path))
+    try:
+        return ds.dataset([str(f) for f in files], format="parquet"), files
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{path}: cannot read as Parquet ({first_line(exc)})") from None
+
+
+def _columns(dataset: ds.Dataset, files: list[Path], names: Sequence[str], where: str) -> str:
+    """Check every file holds an id column and the carried columns; the id column's name."""
+    for frag, path in zip(dataset.get_fragments(), files, strict=True):
+        schema = frag.physical_schema
+        have = schema.names
+        id_col = next((c for c in ID_COLUMNS if c in have), None)
+        if id_col is None or not pat.is_integer(schema.field(id_col).type):
+            raise InputError(
+                f"{path}: no integer id column ({' or '.join(ID_COLUMNS)}) to join --carry on "
+                f"(columns: {', '.join(have)}); give --carry-from the metadata"
+            )
+        for name in names:
+            if name not in have:
+                raise InputError(
+                    f"{path}: --carry {name}: no such column (columns: {', '.join(have)})"
+                )
+            carry_type(name, schema.field(name).type, str(path))
+    return next(c for c in ID_COLUMNS if c in dataset.schema.names)
+
+
+def read_carry_source(
+    path: str | os.PathLike[str], names: Sequence[str]
+) -> tuple[np.ndarray, pa.Table]:
+    """The id column (int64) and the carried columns of the metadata at ``path``, nulls refused."""
+    where = str(path)
+    dataset, files = _dataset(path)
+    id_col = _columns(dataset, files, names, where)
+    table = dataset.to_table(columns=[id_col, *names])
+    ids = table.column(id_col).cast(pa.int64()).to_numpy()
+    for name in names:
+        col = table.column(name)
+        if col.null_count:
+            first = int(pc.index(pc.is_null(col), True).as_py())
+            raise InputError(
+                f"{where}: column '{name}' holds {col.null_count:,} null(s) (the first at "
+                f"{id_col} {int(ids[first])}); a carried column needs a value for every sample"
+            )
+    return ids, table.select(list(names))
+
+
+def join(ids: np.ndarray, meta_ids: np.ndarray, table: pa.Table, where: str) -> Carried:
+    """The columns of ``table`` (rows keyed by ``meta_ids``) aligned with ``ids`` (which may
+    repeat an id); an id of ``ids`` missing from ``meta_ids``, or a repeated metadata id, is an
+    InputError."""
+    if len(meta_ids) == 0:
+        raise InputError(f"{where}: the metadata holds no rows; nothing to carry")
+    order = np.argsort(meta_ids, kind="stable")
+    sorted_ids = meta_ids[order]
+    twice = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
+    if len(twice):
+        raise InputError(
+            f"{where}: sample id {int(sorted_ids[twice[0]])} appears more than once; a carried "
+            "value must belong to one sample"
+        )
+    pos = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+    missing = sorted_ids[pos] != ids
+    if missing.any():
+        lost = ids[missing]
+        raise InputError(
+            f"{where}: planned sample id {int(lost[0])}"
+            + (f" (and {len(lost) - 1:,} more)" if len(lost) > 1 else "")
+            + " is not in the metadata; give --carry-from the metadata this plan's input came from"
+        )
+    rows = order[pos]
+    types, values, dictionaries = [], [], []
+    for name in table.column_names:
+        col = table.column(name).combine_chunks()
+        kind = carry_type(name, col.type, where)
+        types.append(kind)
+        if kind == "string":
+            encoded = pc.dictionary_encode(
+                col.cast(pa.string()) if pat.is_dictionary(col.type) else col
+            )
+            codes = encoded.indices.to_numpy().astype(np.int32)
+            values.append(codes[rows])
+            dictionaries.append(encoded.dictionary.cast(pa.string()))
+        else:
+            values.append(col.cast(CARRY_TYPES[kind]).to_numpy(zero_copy_only=False)[rows])
+            dictionaries.append(None)
+    return Carried(tuple(table.column_names), tuple(types), tuple(values), tuple(dictionaries))
+
+
+def carry_columns(path: str | os.PathLike[str], names: Sequence[str], ids: np.ndarray) -> Carried:
+    """Read ``names`` from the metadata at ``path`` and align them with ``ids`` (see :func:`join`)."""
+    meta_ids, table = read_carry_source(path, check_names(names))
+    return join(ids, meta_ids, table, str(path))
+
+
+def manifest_name(name: str) -> str:
+    """The manifest column of a carried column.
+
+    >>> manifest_name("source")
+    'carry.source'
+    """
+    return CARRY_PREFIX + name

@@ -1,0 +1,223 @@
+"""Long-context options: context parallelism (``--cp``), the memory model and the time model.
+
+:class:`ContextOptions` is the base of :class:`varpack.plan.config.PlanConfig` (its fields are
+plan options like any other, kept here so the config module stays one screenful per concern):
+
+* ``--cp N`` splits every micro-batch over a CP group of N ranks (:mod:`varpack.plan.cp_place`);
+* the memory model gives the token capacity of one CP rank, the *bucket size* C (Skrull's
+  BucketSize): ``--bucket-size C``, or ``--memory-per-token A --memory-fixed B
+  --memory-capacity BYTES`` with activation bytes ``A * S + B`` (so ``C = (BYTES - B) // A``);
+  a micro-batch then holds at most ``C * N`` tokens (the default ``--max-tokens``);
+* ``--cost time`` turns FLOPs into seconds, ``a * flops + b`` (``--time-per-flop``,
+  ``--time-fixed``), as fitted by ``varpack calibrate``; with it ``--comm-bytes-per-s`` and
+  ``--comm-latency`` price the K/V exchange of distributed samples.
+
+Options of a feature that is not in use are left out of plan.json's config (:func:`unused`), so
+plans made without them keep their bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from varpack.errors import ConfigError
+
+_BIG = 2**62  # bytes of memory and similar: far beyond any device, inside int64
+
+
+def _opt(default: Any, help: str, choices: Any = None, bounds: Any = None) -> Any:
+    meta: dict[str, Any] = {"help": help}
+    if choices is not None:
+        meta["choices"] = choices
+    if bounds is not None:
+        meta["bounds"] = bounds
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    """Context-parallel, memory-model and time-model options (see the module docstring)."""
+
+    cp: int = _opt(
+        1,
+        "context-parallel ranks per data-parallel rank: each micro-batch is placed over them",
+        bounds=(1, 1 << 16),
+    )
+    cp_placement: str = _opt(
+        "dacp",
+        "--cp: dacp (samples whole on one CP rank where memory allows, balanced, rollback), "
+        "round-robin (into the emptiest rank, rollback), distributed (every sample sharded)",
+        ("dacp", "round-robin", "distributed"),
+    )
+    cp_batching: str = _opt(
+        "gds",
+        "--cp: gds (each step's samples balanced over DP ranks by FLOPs, long and short paired "
+        "in micro-batches) or greedy (micro-batches as the order gives them)",
+        ("gds", "greedy"),
+    )
+    bucket_size: int | None = _opt(
+        None,
+        "tokens one (CP) rank holds in memory (C); the micro-batch budget is C x cp",
+        bounds=(1, 2**31 - 1),
+    )
+    memory_per_token: float | None = _opt(
+        None, "activation bytes per token A of the memory model A*S + B (with --memory-capacity)"
+    )
+    memory_fixed: float | None = _opt(
+        None, "fixed activation bytes B of the memory model A*S + B (default 0)"
+    )
+    memory_capacity: int | None = _opt(
+        None,
+        "bytes one rank may use for activations; bucket size = (capacity - B) // A",
+        bounds=(1, _BIG),
+    )
+    time_per_flop: float | None = _opt(
+        None, "--cost time: seconds per FLOP a of the time model a*flops + b (varpack calibrate)"
+    )
+    time_fixed: float | None = _opt(
+        None, "--cost time: fixed seconds b per micro-batch of the time model (default 0)"
+    )
+    comm_bytes_per_s: float | None = _opt(
+        None, "--cp with --cost time: bytes per second of the K/V all-gather of a CP group"
+    )
+    comm_latency: float | None = _opt(
+        None, "--cp with --cost time: fixed seconds of one K/V all-gather (default 0)"
+    )
+
+    def bucket(self) -> int | None:
+        """Token capacity of one (CP) rank from the memory model, or None without one."""
+        if self.bucket_size is not None:
+            return self.bucket_size
+        if self.memory_per_token is None:
+            return None
+        assert self.memory_capacity is not None
+        return int((self.memory_capacity - (self.memory_fixed or 0.0)) // self.memory_per_token)
+
+    def time_model(self) -> tuple[float, float] | None:
+        """``(a, b)`` of ``--cost time``, else None."""
+        if self.time_per_flop is None:
+            return None
+        return (float(self.time_per_flop), float(self.time_fixed or 0.0))
+
+    def _resolve_context(self) -> Any:
+        """Check the long-context options; fill ``--max-tokens`` from the bucket (C x cp)."""
+        cfg: Any = self
+        _positive(cfg)
+        _check_memory_model(cfg)
+        _check_time_model(cfg)
+        c = cfg.bucket()
+        if c is not None and c < 1:
+            raise ConfigError(
+                f"the memory model leaves {c} tokens per rank (capacity - B) // A; "
+                "raise --memory-capacity or lower --memory-per-token / --memory-fixed"
+            )
+        if cfg.cp > 1:
+            _check_cp_combination(cfg)
+            if c is None:
+                raise ConfigError(
+                    "--cp needs a memory model: --bucket-size C, or --memory-per-token A "
+                    "--memory-capacity BYTES (tokens one CP rank holds)"
+                )
+        if c is None:
+            return cfg
+        budget = c * cfg.cp
+        if cfg.max_tokens is None and cfg.batching == "budget":
+            return dataclasses.replace(cfg, max_tokens=budget)
+        if cfg.max_tokens is not None and cfg.max_tokens > budget:
+            raise ConfigError(
+                f"--max-tokens {cfg.max_tokens} exceeds what memory holds (bucket {c} x cp "
+                f"{cfg.cp} = {budget} tokens); lower it or leave it out"
+            )
+        return cfg
+
+
+def _positive(cfg: Any) -> None:
+    for name in ("memory_per_token", "memory_fixed", "time_per_flop", "time_fixed"):
+        _number(name, getattr(cfg, name), zero_ok=name in ("memory_fixed", "time_fixed"))
+    _number("comm_bytes_per_s", cfg.comm_bytes_per_s, zero_ok=False)
+    _number("comm_latency", cfg.comm_latency, zero_ok=True)
+
+
+def _number(name: str, value: Any, zero_ok: bool) -> None:
+    if value is None:
+        return
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if (
+        not ok
+        or value != value
+        or value == float("inf")
+        or value < 0
+        or (value == 0 and not zero_ok)
+    ):
+        need = ">= 0" if zero_ok else "> 0"
+        raise ConfigError(f"--{name.replace('_', '-')} {value!r}: must be a finite number {need}")
+
+
+def _check_memory_model(cfg: Any) -> None:
+    model = cfg.memory_per_token is not None or cfg.memory_capacity is not None
+    if cfg.memory_fixed is not None and not model:
+        raise ConfigError("--memory-fixed needs --memory-per-token and --memory-capacity")
+    if not model:
+        return
+    if cfg.memory_per_token is None or cfg.memory_capacity is None:
+        raise ConfigError(
+            "the memory model needs both --memory-per-token A and --memory-capacity BYTES"
+        )
+    if cfg.bucket_size is not None:
+        raise ConfigError(
+            "--bucket-size conflicts with the memory model (--memory-*); give one of them"
+        )
+
+
+def _check_time_model(cfg: Any) -> None:
+    if cfg.cost == "time":
+        if cfg.time_per_flop is None:
+            raise ConfigError(
+                "--cost time needs --time-per-flop (and --time-fixed); fit them with varpack calibrate"
+            )
+    elif cfg.time_per_flop is not None or cfg.time_fixed is not None:
+        raise ConfigError("--time-per-flop / --time-fixed are used by --cost time only; add it")
+    comm = cfg.comm_bytes_per_s is not None or cfg.comm_latency is not None
+    if comm and (cfg.cost != "time" or cfg.cp < 2):
+        raise ConfigError(
+            "--comm-bytes-per-s / --comm-latency price the K/V exchange of --cp > 1 with "
+            "--cost time; add both or remove them"
+        )
+    if cfg.comm_latency is not None and cfg.comm_bytes_per_s is None:
+        raise ConfigError("--comm-latency needs --comm-bytes-per-s")
+
+
+def _check_cp_combination(cfg: Any) -> None:
+    bad = [
+        flag
+        for flag, on in (
+            ("--layout padded", cfg.layout != "packed"),
+            ("--batching fixed/blocks", cfg.batching != "budget"),
+            ("--pp", cfg.pp > 1),
+            ("--max-shapes", cfg.max_shapes is not None),
+            ("--pack-to", cfg.pack_to is not None),
+            ("--oversize alone", cfg.oversize == "alone"),
+        )
+        if on
+    ]
+    if bad:
+        raise ConfigError(
+            f"--cp {cfg.cp} conflicts with {bad[0]}: context parallelism plans packed "
+            "micro-batches of a token budget; remove one of them"
+        )
+
+
+def unused(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` without the long-context options left at their defaults (plan.json's config).
+
+    >>> sorted(unused({"cp": 1, "cp_placement": "dacp", "dp": 2}))
+    ['dp']
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(ContextOptions)}
+    return {k: v for k, v in values.items() if k not in defaults or v != defaults[k]}
+
+
+#: the long-context options, optional in plan.json's config
+OPTIONAL_KEYS = frozenset(f.name for f in dataclasses.fields(ContextOptions))
