@@ -52,6 +52,7 @@ configs = st.fixed_dictionaries(
         "pad_multiple": st.sampled_from([1, 1, 8]),
         "oversize": st.sampled_from(["error", "drop", "alone"]),
         "budget": st.sampled_from([400, 512, 300]),
+        "warmup": st.sampled_from(["list", "reorder"]),
     }
 )
 
@@ -73,6 +74,7 @@ def test_property_composed_plans_keep_every_promise(lens, c):
         model_preset="qwen2.5-0.5b" if c["cost"] == "flops" else None,
         pad_multiple=c["pad_multiple"],
         oversize=c["oversize"],
+        warmup=c["warmup"],
     )
     assert batcher_name(cfg) == "costed"
     try:
@@ -94,7 +96,8 @@ def test_property_composed_plans_keep_every_promise(lens, c):
     lone = p.micro.samples == 1
     assert ((p.micro.pad_to <= cfg.max_tokens) | lone).all()
     # a sample trains within about one window of its random position
-    assert meta["stats"]["moved_steps_max"] <= 2 * cfg.shuffle_window + 2
+    if cfg.warmup != "reorder" or cfg.epochs == 1:  # else a step does not say its epoch
+        assert meta["stats"]["moved_steps_max"] <= 2 * cfg.shuffle_window + 2
     # deterministic, and validate accepts it
     again = plan_arrays(ids, lens_a, cfg)
     assert np.array_equal(again.stream, p.stream) and np.array_equal(again.rank, p.rank)

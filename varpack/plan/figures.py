@@ -132,9 +132,13 @@ def plan_figures(
     )
     stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
     stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
-    if cfg.order == "shuffle" and moved_stats is not None:
+    # The warm-up reorder may move a micro-batch into an earlier epoch's steps: then a step no
+    # longer says which epoch's permutation a sample came from.
+    if cfg.order != "shuffle" or (cfg.warmup == "reorder" and cfg.epochs > 1):
+        pass
+    elif moved_stats is not None:
         stats.update(moved_stats)
-    elif cfg.order == "shuffle" and rows is not None and epochs and row_lens is not None:
+    elif rows is not None and epochs and row_lens is not None:
         stats.update(moved(rows, sample_step, epochs, cfg.seed, cfg.shuffle_window, row_lens))
     return stats
 
