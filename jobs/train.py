@@ -11,7 +11,11 @@ What it shows, in the order a real trainer needs it:
   gradient of the step's mean token loss;
 - ``VariableBatchSizeLR`` scales a warm-up + cosine schedule by the plan's per-step LR factor;
 - ``--compile static`` compiles with ``dynamic=False`` after ``compile_warmup`` ran every shape;
-- checkpoints hold model, optimizer, LR and loader cursor; ``--resume`` continues exactly;
+- checkpoints hold model, optimizer, LR and loader cursor; ``--resume`` continues exactly and
+  logs "resumed at step S of N (epoch E)";
+- before anything is built, ``check_vocab`` compares the plan's token ids (this rank's samples)
+  with the model's vocabulary: one line, exit 2, instead of an error deep inside the model;
+- the final line gives the global tokens (every rank) and the per-rank tokens, each named;
 - ``--cp N`` replays a ``varpack plan --cp N`` plan as DP x CP (world = dp x N, CP groups of
   consecutive ranks): local samples whole on one CP rank, distributed ones as 2N-chunk shares
   with all-gathered K/V (``varpack.torch.cp``); the same loss normalisation over the whole world.
@@ -41,11 +45,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from varpack.errors import ConfigError, VarpackError
+from varpack.errors import ConfigError, InputError, VarpackError
 from varpack.torch import (
     ParquetTokenDataset,
     PlanLoader,
     VariableBatchSizeLR,
+    check_vocab,
     compile_warmup,
     compiled_graphs,
     cp,
@@ -69,8 +74,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "tokenized Parquet (sample_id + input_ids; slow random access)",
     )
     p.add_argument("--out", required=True, help="run directory: checkpoint, logs, records")
-    p.add_argument("--column", default="input_ids")
-    p.add_argument("--id-column", default="sample_id")
+    p.add_argument(
+        "--column",
+        default="auto",
+        help="token column (auto: input_ids, else tokens; the Arrow copy's is input_ids)",
+    )
+    p.add_argument(
+        "--id-column",
+        default="auto",
+        help="id column (auto: sample_id, else id); 'none' if varpack lengths numbered the rows",
+    )
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     p.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary")
     p.add_argument("--lr", type=float, default=3e-4, help="base LR (scaled per step by the plan)")
@@ -144,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
 
-    dataset = ParquetTokenDataset(args.data, column=args.column, id_column=args.id_column)
+    id_column = None if args.id_column.lower() == "none" else args.id_column
+    dataset = ParquetTokenDataset(args.data, column=args.column, id_column=id_column)
     loader = PlanLoader(
         args.plan,
         dataset,
@@ -159,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     cfg = PRESETS[args.preset]
     if args.vocab_size:
         cfg = type(cfg)(**{**cfg.__dict__, "vocab_size": args.vocab_size})
+    # Before building anything: a token id >= the vocabulary would fail deep inside the model.
+    # Every rank checks its own samples, and all stop together (no rank left waiting in DDP).
+    all_or_none(
+        lambda: check_vocab(loader, cfg.vocab_size, "--vocab-size (or a larger --preset)"), device
+    )
     raw = TinyGPT(cfg).to(device)
     model: torch.nn.Module = raw
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, foreach=False)
@@ -169,12 +188,20 @@ def main(argv: list[str] | None = None) -> None:
     ckpt = out / "checkpoint.pt"
     step_done = 0
     if args.resume:
+        if not ckpt.is_file():
+            raise InputError(
+                f"--resume: no checkpoint {ckpt}; give the --out of the run to continue, or "
+                "leave out --resume to start"
+            )
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
         raw.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["lr"])
         loader.load_state_dict(state["loader"])
         step_done = state["steps_done"]
+        cursor = loader.state_dict()
+        log(rank, f"resumed at step {cursor['step']} of {loader.num_steps} (epoch {cursor['epoch']}); "
+            f"{loader.steps} steps left in this pass")  # fmt: skip
     ddp: DDP | None = None
     if world > 1:
         model = ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -217,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{loader.grad_accum} micro x dp {world // args.cp} x cp {args.cp}; layout {loader.layout}; attention {resolved}; device {device}")  # fmt: skip
     seen: list[int] = []
     step_loss = torch.zeros((), device=device)
-    rank_tokens = win_tokens = tokens_total = 0
+    rank_tokens = win_tokens = tokens_total = rank_total = 0
     t_start = t_win = time.perf_counter()
     for batch in loader:
         batch = batch.to(device, non_blocking=True)
@@ -231,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
             loss.backward()
         step_loss += loss.detach()
         rank_tokens += batch.num_tokens
+        rank_total += batch.num_tokens
         if args.record:
             seen.extend(batch.sample_ids.tolist())
         if not batch.is_last_micro:
@@ -265,10 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.compile == "dynamic":
         log(rank, f"graphs compiled (dynamic shapes): {compiled_graphs() - graphs_warm}")
     elapsed = time.perf_counter() - t_start
-    log(
-        rank,
-        f"done: {step_done} steps, {tokens_total:,} tokens in {elapsed:.1f}s ({tokens_total / max(elapsed, 1e-9):,.0f} tok/s)",
-    )
+    log(rank, done_line(step_done, tokens_total, rank_total, world, elapsed, device))
     if args.record:
         record = {
             "rank": rank,
@@ -291,6 +316,45 @@ def checkpoint(
         save_checkpoint(path, state)
     if dist.is_initialized():
         dist.barrier()
+
+
+def all_or_none(check: Any, device: torch.device) -> None:
+    """Run ``check`` on every rank; if it raised a :class:`VarpackError` on any rank, raise on all
+    (the rank's own error, or one naming the rank that failed), so that none waits forever in
+    a collective the others never reach."""
+    error: VarpackError | None = None
+    try:
+        check()
+    except VarpackError as exc:
+        error = exc
+    if not dist.is_initialized():
+        if error is not None:
+            raise error
+        return
+    failed = torch.tensor(
+        [dist.get_world_size() if error is None else dist.get_rank()], device=device
+    )
+    dist.all_reduce(failed, op=dist.ReduceOp.MIN)  # the lowest failing rank, or world size
+    if error is not None:
+        raise error
+    if int(failed) < dist.get_world_size():
+        raise InputError(f"rank {int(failed)} stopped before training (its error line says why)")
+
+
+def done_line(
+    steps: int, tokens: int, rank_tokens: int, world: int, elapsed: float, device: torch.device
+) -> str:
+    """The final line: global tokens (all ranks, from the plan's step totals) and the per-rank
+    range (each rank's real tokens, gathered), so neither reads as the other."""
+    per = torch.tensor([rank_tokens, -rank_tokens], dtype=torch.int64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(per, op=dist.ReduceOp.MAX)  # [max, -min] over ranks
+    hi, lo = int(per[0]), -int(per[1])
+    spread = f"{lo:,}" if lo == hi else f"{lo:,} .. {hi:,}"
+    return (
+        f"done: {steps} steps in {elapsed:.1f}s; {tokens:,} tokens in all (global: every rank, "
+        f"{tokens / max(elapsed, 1e-9):,.0f} tok/s), {spread} per rank ({world} ranks)"
+    )
 
 
 def log(rank: int, msg: str) -> None:

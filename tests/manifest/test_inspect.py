@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 from testkit import cli, write_metadata
@@ -37,3 +38,28 @@ def test_inspect_text_json_and_plot(tmp_path, rng):
     png = tmp_path / "plan.png"
     cli("inspect", plan, "--plot", png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_figures_read_with_separators_fill_and_legend(tmp_path, rng):
+    lens = rng.integers(1000, 3000, 1500)
+    write_metadata(tmp_path / "m.parquet", np.arange(1500), lens)
+    plan = tmp_path / "plan"
+    made = cli("plan", tmp_path / "m.parquet", plan, "--max-tokens", 8192, "--dp", 2)
+    stats = json.loads((plan / "plan.json").read_text())["stats"]
+    fill = stats["real_tokens"] / (stats["num_micro_batches"] * 8192)
+    assert stats["budget_fill"] == fill
+    summary, legend = made.stdout.splitlines()
+    assert "1,500 samples -> " in summary and f"{int(lens.sum()):,} tokens" in summary
+    assert f"budget fill {100 * fill:.1f}%" in summary
+    assert legend.strip().startswith("(time vs ideal = ")
+    text = cli("inspect", plan).stdout
+    rows = dict(line.split("  ", 1) for line in text.splitlines() if "  " in line)
+    assert rows["real tokens"].strip() == f"{int(lens.sum()):,}"
+    assert "1,500 samples" in rows["input"] and "max-tokens 8,192" in rows["batching"]
+    assert rows["budget fill"].strip().startswith(f"{100 * fill:.2f}% (real tokens / (micro")
+    assert "(time vs ideal = estimated time (the slowest rank of each step, summed)" in text
+    assert not re.search(r"\d{4}", rows["real tokens"])  # no 4 digits without a separator
+    fixed = tmp_path / "fixed"
+    cli("plan", tmp_path / "m.parquet", fixed, "--batching", "fixed", "--batch-size", 4, "-q")
+    assert json.loads((fixed / "plan.json").read_text())["stats"]["budget_fill"] is None
+    assert "n/a (no token budget)" in cli("inspect", fixed).stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -122,3 +123,16 @@ def test_wrong_lr_and_numbering_detected(plan_dir):
 def test_not_a_plan_is_exit_2(tmp_path):
     res = cli("validate", tmp_path, expect=2)
     assert "not a varpack plan" in res.stderr
+
+
+def test_budget_fill_is_recomputed_and_shown(plan_dir):
+    doc = json.loads((plan_dir / PLAN_JSON).read_text())
+    s = doc["stats"]
+    assert s["budget_fill"] == s["real_tokens"] / (s["num_micro_batches"] * 512)
+    assert 0 < s["budget_fill"] <= 1
+    assert f"budget fill {100 * s['budget_fill']:.1f}%" in cli("validate", plan_dir).stdout
+    text = cli("inspect", plan_dir).stdout
+    assert re.search(rf"budget fill +{100 * s['budget_fill']:.2f}%", text)
+    doc["stats"]["budget_fill"] = 0.99
+    (plan_dir / PLAN_JSON).write_text(json.dumps(doc))
+    assert "plan.json stats budget_fill = 0.99, recomputed" in _violations(plan_dir)

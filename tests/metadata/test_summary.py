@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -77,3 +78,22 @@ def test_check_json_and_keys(tmp_path: Path) -> None:
     assert data["keys"]["score"]["max"] == float(score.max())
     text = cli("check", tmp_path / "m.parquet", "--key", "score").stdout
     assert "key score" in text
+
+
+BARS = "█▏▎▍▌▋▊▉"
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(1, 2**40), min_size=1, max_size=300), st.integers(0, 3000))
+def test_histogram_columns_are_aligned(lens: list[int], repeats: int) -> None:
+    """Every column ends where its header ends and every bar starts in the same column, whatever
+    the widths of the bin labels and counts (a 4-digit count next to a 1-digit one)."""
+    arr = np.concatenate([np.array(lens, dtype=np.int64), np.full(repeats, lens[0])])
+    header, *rows = render(summarize(arr, 1)).split("\n\n", 1)[1].splitlines()
+    ends = [m.end() for m in re.finditer(r"\S+", header)]
+    assert len(ends) == 4 and header.endswith("tokens")
+    for row in rows:
+        assert all(row[e - 1] != " " and row[e : e + 2] in ("  ", "") for e in ends), row
+        bar_at = [i for i, ch in enumerate(row) if ch in BARS]
+        assert not bar_at or bar_at[0] == ends[-1] + 2, row
+    assert any(ch in BARS for row in rows for ch in row)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from testkit import cli, write_metadata  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(nproc: int, *args: object, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def torchrun(nproc: int, *args: object, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(ROOT / "jobs" / "train.py"), *map(str, args)]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -56,12 +57,21 @@ def test_two_ranks_replay_the_plan_and_resume(tmp_path) -> None:
     seen = recs[0]["sample_ids"] + recs[1]["sample_ids"]
     assert sorted(seen) == sorted(lens)
     assert "tok/s" in full.stdout and "loss" in full.stdout
+    # The final line: global tokens (every rank) = all the plan's tokens; each rank's own share.
+    done = re.search(r"; ([\d,]+) tokens in all \(global: every rank, .*\), ([\d,]+)(?: \.\. "
+                     r"([\d,]+))? per rank \(2 ranks\)", full.stdout)  # fmt: skip
+    assert done, full.stdout
+    lo, hi = (int((done.group(k) or done.group(2)).replace(",", "")) for k in (2, 3))
+    assert int(done.group(1).replace(",", "")) == sum(lens.values()) and lo <= hi < sum(
+        lens.values()
+    )
 
     # Stop after 2 steps, resume from the checkpoint: the two halves cover the plan exactly once.
     torchrun(2, *common, "--out", tmp_path / "run", "--max-steps", "2")
     part1 = _records(tmp_path / "run")
     assert [r["cursor"]["step"] for r in part1] == [2, 2]
-    torchrun(2, *common, "--out", tmp_path / "run", "--resume")
+    resumed = torchrun(2, *common, "--out", tmp_path / "run", "--resume")
+    assert f"resumed at step 2 of {num_steps} (epoch 0)" in resumed.stdout
     part2 = _records(tmp_path / "run")
     assert [r["steps_done"] for r in part2] == [num_steps, num_steps]
     for r in range(2):  # each rank continues exactly where it stopped

@@ -1,4 +1,5 @@
-"""Hugging Face models: a varpack batch through a tiny Llama keeps every sample to itself.
+"""Hugging Face models: a varpack batch through a tiny Llama keeps every sample to itself, and
+``labels`` + ``num_items_in_batch`` give exactly the token-mean loss of the samples run alone.
 
 For each ``attn_implementation`` that runs on the CPU (sdpa, eager, flex_attention) and each
 layout, the logits of every sample equal those of the sample run alone. The flash path
@@ -19,10 +20,12 @@ pytest.importorskip("torch.nn")
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from attention_helpers import layout_batches, sample_tokens, segment_loop, spans  # noqa: E402
+from attention_helpers import LENS, layout_batches, sample_tokens, segment_loop, spans  # noqa: E402
+from plan_helpers import make_plan  # noqa: E402
 from torch.nn.attention.flex_attention import flex_attention  # noqa: E402
 
 from varpack.errors import ConfigError  # noqa: E402
+from varpack.torch import PlanLoader, normalise, token_loss_sum  # noqa: E402
 from varpack.torch.hf import hf_attention_kind, hf_inputs  # noqa: E402
 
 ATOL = 1e-4
@@ -154,3 +157,63 @@ def test_controls_position_ids_alone_and_a_boolean_eager_mask_leak(llama, data, 
     # Eager attention adds the mask to the scores: a boolean mask does not mask anything.
     boolean = hf_inputs(batch, "eager", kind="bool_mask")
     assert _worst(_run(llama, "eager", boolean), batch, alone) > 1e-2
+
+
+# -- the exact loss: labels + num_items_in_batch ---------------------------------------------
+LOSS_TOL = 1e-5  # fp32 on the CPU: the packed and the alone runs differ by ~1e-6
+
+
+def _alone_loss(llama, data) -> float:
+    """The token-mean loss of the samples, each run alone (the definition of exact)."""
+    llama.set_attn_implementation("sdpa")
+    total = labels = 0.0
+    with torch.no_grad():
+        for x in data.values():
+            ids = torch.as_tensor(x)[None]
+            total += float(llama(input_ids=ids, labels=ids, num_items_in_batch=1).loss)
+            labels += len(x) - 1
+    return total / labels
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded", "blocks"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_labels_and_num_items_give_the_exact_loss(llama, data, batches, eager_flex, impl, layout):
+    batch = batches[layout]
+    kind = "varlen" if impl == FAKE_FLASH else None
+    kwargs = hf_inputs(batch, impl, kind=kind, labels=True)
+    assert kwargs["labels"] is batch.labels
+    llama.set_attn_implementation(impl)
+    with torch.no_grad():
+        out = llama(**kwargs, num_items_in_batch=batch.label_tokens)
+    assert abs(float(out.loss) - _alone_loss(llama, data)) <= LOSS_TOL
+    # the same number as varpack's own loss for a custom model (one rank)
+    own = normalise(token_loss_sum(out.logits, batch.labels), batch, world_size=1)
+    assert abs(float(out.loss) - float(own)) <= 1e-6
+
+
+def test_micro_batch_losses_add_up_to_the_step_mean(llama, data, tmp_path) -> None:
+    """Two micro-batches of one step: with num_items_in_batch = the step's label tokens the
+    losses add up to the exact mean; transformers' default (each micro-batch's own mean) does not."""
+    plan = make_plan(tmp_path / "acc", LENS, grad_accum=2, micros=[[13, 15], [11, 12, 14, 16]])
+    micro = list(PlanLoader(plan, data, rank=0))
+    assert [b.step for b in micro] == [0, 0] and micro[0].label_tokens == sum(LENS.values()) - 6
+    llama.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        exact = sum(
+            float(llama(**hf_inputs(b, labels=True), num_items_in_batch=b.label_tokens).loss)
+            for b in micro
+        )
+        means = [float(llama(**hf_inputs(b, labels=True)).loss) for b in micro]
+    ref = _alone_loss(llama, data)
+    assert abs(exact - ref) <= LOSS_TOL
+    assert abs(sum(means) / len(means) - ref) > 100 * LOSS_TOL  # the mean of means is biased
+
+
+def test_position_ids_alone_give_a_wrong_loss(llama, data, batches) -> None:
+    """position_ids without a mask on packed rows (the default use_cache): samples see each other."""
+    batch = batches["packed"]
+    llama.set_attn_implementation("sdpa")
+    plain = {"input_ids": batch.input_ids, "position_ids": batch.position_ids}
+    with torch.no_grad():
+        wrong = llama(**plain, labels=batch.labels, num_items_in_batch=batch.label_tokens).loss
+    assert abs(float(wrong) - _alone_loss(llama, data)) > 500 * LOSS_TOL

@@ -119,10 +119,20 @@ def plan(
     cfg = PlanConfig.from_mapping(values).resolved()
     arrays, meta = run_plan(input, out, cfg, overwrite=overwrite, carry=names, carry_from=source)
     if not quiet:
-        s = meta["stats"]
-        click.echo(
-            f"{out}: {meta['input']['num_samples']} samples -> {meta['num_steps']} steps x {cfg.dp} ranks x "
-            f"{cfg.grad_accum} micro-batches; padding {100 * s['padding_ratio']:.2f}%, "
-            f"time {s['time_vs_ideal']:.3f}x ideal, imbalance max {s['imbalance_max']:.3f}, "
-            f"mixing {s['mixing']:.3f}, dropped {s['dropped']}"
-        )
+        from varpack.plan.stats import TIME_VS_IDEAL_LEGEND
+
+        click.echo(summary_line(out, meta, cfg))
+        click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
+
+
+def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig) -> str:
+    """The one-line summary of a new plan (thousands separators; budget fill when known)."""
+    s = meta["stats"]
+    fill = s.get("budget_fill")
+    fill_text = "" if fill is None else f"budget fill {100 * fill:.1f}%, "
+    return (
+        f"{out}: {meta['input']['num_samples']:,} samples -> {meta['num_steps']:,} steps x {cfg.dp} ranks x "
+        f"{cfg.grad_accum} micro-batches; {s['real_tokens']:,} tokens, {fill_text}"
+        f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal, "
+        f"imbalance max {s['imbalance_max']:.3f}, mixing {s['mixing']:.3f}, dropped {s['dropped']:,}"
+    )

@@ -77,8 +77,13 @@ def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | No
         why = f.get("carry_unchecked")
         checked = f"not checked: {why}" if why else "checked against the metadata"
         replayed += f"; carried {', '.join(carried)} ({checked})"
+    fill = f.get("budget_fill")
+    fill_text = "" if fill is None else f"budget fill {100 * fill:.1f}%, "
     click.echo(
-        f"OK {plan}: {f['samples']} planned samples ({f['dropped']} dropped), {f['steps']} steps x {f['dp']} ranks x "
-        f"{f['grad_accum']} micro-batches; padding {100 * f['padding_ratio']:.2f}%, time {f['time_vs_ideal']:.3f}x ideal"
-        f"{replayed}"
+        f"OK {plan}: {f['samples']:,} planned samples ({f['dropped']:,} dropped), {f['steps']:,} steps x {f['dp']} ranks x "
+        f"{f['grad_accum']} micro-batches; {fill_text}padding {100 * f['padding_ratio']:.2f}%, "
+        f"time {f['time_vs_ideal']:.3f}x ideal{replayed}"
     )
+    from varpack.plan.stats import TIME_VS_IDEAL_LEGEND
+
+    click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from varpack.manifest.format import load_plan
+from varpack.plan.stats import TIME_VS_IDEAL_LEGEND
 
 
 def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -51,18 +52,18 @@ def _shape_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(
         (
             "shapes / rank",
-            f"{min(per_rank)} .. {max(per_rank)}{bound}; {s.get('num_shapes', '?')} in all",
+            f"{min(per_rank):,} .. {max(per_rank):,}{bound}; {_n(s.get('num_shapes', '?'))} in all",
         )
     )
     if info.get("shape_lengths"):
-        rows.append(("shape lengths", ", ".join(str(x) for x in info["shape_lengths"])))
+        rows.append(("shape lengths", ", ".join(f"{x:,}" for x in info["shape_lengths"])))
     total_pad = max(s["padded_tokens"] - s["real_tokens"], 1)
     for i, sh in enumerate(s.get("shapes", [])[:_SHAPE_LINES]):
         b, t = sh["shape"]
         rows.append(
             (
                 "largest shapes" if i == 0 else "",
-                f"[{b}, {t}]: {sh['micro_batches']} micro-batches, padding {sh['padding']} tokens "
+                f"[{b}, {t:,}]: {sh['micro_batches']:,} micro-batches, padding {sh['padding']:,} tokens "
                 f"({100 * sh['padding'] / max(sh['padded_tokens'], 1):.1f}% of the shape, "
                 f"{100 * sh['padding'] / total_pad:.1f}% of all padding)",
             )
@@ -73,17 +74,17 @@ def _shape_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
             (
                 "costliest shapes",
                 "; ".join(
-                    f"[{x['shape'][0]}, {x['shape'][1]}] {x['padding']} tokens" for x in by_pad
+                    f"[{x['shape'][0]}, {x['shape'][1]:,}] {x['padding']:,} tokens" for x in by_pad
                 ),
             )
         )
     if s.get("pad_rows"):
-        rows.append(("empty rows", f"{s['pad_rows']} (pad_rows), {s['pad_row_tokens']} tokens"))
+        rows.append(("empty rows", f"{s['pad_rows']:,} (pad_rows), {s['pad_row_tokens']:,} tokens"))
     if "pp_extra_padding" in s:
         rows.append(
             (
                 "pipeline",
-                f"pp {cfg['pp']}: one shape per (step, rank) costs {s['pp_extra_padding']} tokens "
+                f"pp {cfg['pp']}: one shape per (step, rank) costs {s['pp_extra_padding']:,} tokens "
                 f"({100 * s['pp_extra_padding_ratio']:.2f}% of processed tokens)",
             )
         )
@@ -92,9 +93,9 @@ def _shape_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(
             (
                 "blocks",
-                f"{b['blocks']} blocks of {b['block_len']}, {b['blocks_per_batch']} per micro-batch; "
-                f"padding inside blocks {b['block_padding']} ({100 * b['block_padding_ratio']:.2f}%), "
-                f"{b['empty_blocks']} empty blocks",
+                f"{b['blocks']:,} blocks of {b['block_len']:,}, {b['blocks_per_batch']} per micro-batch; "
+                f"padding inside blocks {b['block_padding']:,} ({100 * b['block_padding_ratio']:.2f}%), "
+                f"{b['empty_blocks']:,} empty blocks",
             )
         )
     warm = s.get("warmup_rows", [])
@@ -121,6 +122,19 @@ def _moved_rows(s: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[str, str]]
     ]
 
 
+def _n(x: Any) -> str:
+    """An integer with thousands separators (anything else as it is)."""
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def _fill_row(s: dict[str, Any]) -> tuple[str, str]:
+    """Budget fill: real tokens / (micro-batches x budget tokens); absent in older plans."""
+    fill = s.get("budget_fill")
+    if fill is None:
+        return ("budget fill", "n/a (no token budget)" if "budget_fill" in s else "n/a")
+    return ("budget fill", f"{100 * fill:.2f}% (real tokens / (micro-batches x budget tokens))")
+
+
 def _cp_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     """Lines about context parallelism: estimated time, placement, memory and balance per CP rank."""
     c = info.get("cp")
@@ -129,10 +143,10 @@ def _cp_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     unit = "s" if info["config"]["cost"] == "time" else info["config"]["cost"]
     return [
         ("context parallel",
-         f"cp {c['cp']} x bucket {c['bucket_size']} tokens, placement "
+         f"cp {c['cp']} x bucket {_n(c['bucket_size'])} tokens, placement "
          f"{info['config'].get('cp_placement', 'dacp')}, batching {info['config'].get('cp_batching', 'gds')}"),
         ("estimated time", f"{c['estimated_time']:.6g} ({unit}; per step the slowest DP rank)"),
-        ("CP placement", f"{c['local_samples']} samples local, {c['distributed_samples']} distributed"),
+        ("CP placement", f"{_n(c['local_samples'])} samples local, {_n(c['distributed_samples'])} distributed"),
         ("CP memory", f"mean {100 * c['memory_mean']:.1f}%, max {100 * c['memory_max']:.1f}% "
                       "of the bucket (fullest CP rank of each micro-batch)"),
         ("CP imbalance", f"mean {c['cp_imbalance_mean']:.4f}, max {c['cp_imbalance_max']:.4f} "
@@ -144,43 +158,45 @@ def render(info: dict[str, Any]) -> str:
     """Human-readable summary (plain text, one figure per line)."""
     s, lay, cfg = info["stats"], info["layout"], info["config"]
     budget = {
-        "budget": f"max-tokens {cfg['max_tokens']}",
-        "fixed": f"batch-size {cfg['batch_size']}",
+        "budget": f"max-tokens {_n(cfg['max_tokens'])}",
+        "fixed": f"batch-size {_n(cfg['batch_size'])}",
         "blocks": f"block-len {cfg.get('block_len')} x {cfg.get('blocks_per_batch')} blocks",
     }[cfg["batching"]]
     rows = [
         ("plan", info["plan"]),
         (
             "input",
-            f"{info['input']['num_samples']} samples, {info['input']['total_tokens']} tokens ({info['input']['source']})",
+            f"{info['input']['num_samples']:,} samples, {info['input']['total_tokens']:,} tokens ({info['input']['source']})",
         ),
         (
             "layout",
-            f"dp {lay['dp']} x grad-accum {lay['grad_accum']} (pp {lay['pp']}, cp {lay['cp']}); {info['num_steps']} steps",
+            f"dp {lay['dp']} x grad-accum {lay['grad_accum']} (pp {lay['pp']}, cp {lay['cp']}); {info['num_steps']:,} steps",
         ),
         (
             "batching",
             f"{cfg['batching']} ({budget}), {cfg['layout']}, pad multiple {cfg['pad_multiple']}, order {cfg['order']}",
         ),
-        ("micro-batches", f"{s['num_micro_batches']} ({s['micro_batches_per_rank']} per rank)"),
-        ("real tokens", f"{s['real_tokens']}"),
-        ("padded tokens", f"{s['padded_tokens']} (padding {100 * s['padding_ratio']:.3f}%)"),
+        ("micro-batches", f"{s['num_micro_batches']:,} ({s['micro_batches_per_rank']:,} per rank)"),
+        ("real tokens", f"{s['real_tokens']:,}"),
+        _fill_row(s),
+        ("padded tokens", f"{s['padded_tokens']:,} (padding {100 * s['padding_ratio']:.3f}%)"),
         ("time vs ideal", f"{s['time_vs_ideal']:.4f} (cost {s['cost']})"),
+        ("", f"({TIME_VS_IDEAL_LEGEND})"),
         (
             "imbalance",
             f"mean {s['imbalance_mean']:.4f}, max {s['imbalance_max']:.4f} (slowest rank / mean, per step)",
         ),
         ("mixing", f"{s['mixing']:.4f} (mean KS distance of a step's lengths to the dataset's)"),
         *_moved_rows(s, cfg),
-        ("samples / step", f"{s['step_samples_min']} .. {s['step_samples_max']}"),
-        ("tokens / step", f"{s['step_tokens_min']} .. {s['step_tokens_max']}"),
+        ("samples / step", f"{s['step_samples_min']:,} .. {s['step_samples_max']:,}"),
+        ("tokens / step", f"{s['step_tokens_min']:,} .. {s['step_tokens_max']:,}"),
         (
             "LR factor",
             f"{s['lr_factor_min']:.4g} .. {s['lr_factor_max']:.4g} ({cfg['lr_scaling']})",
         ),
         *_shape_rows(info),
         *_cp_rows(info),
-        ("dropped", f"{info['dropped']}; oversize alone {len(s.get('oversize_alone', []))}"),
+        ("dropped", f"{info['dropped']:,}; oversize alone {len(s.get('oversize_alone', []))}"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

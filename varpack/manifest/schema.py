@@ -217,6 +217,7 @@ _STATS = obj(
         "pad_row_tokens": integer(),
         "pp_extra_padding": integer(),
         "pp_extra_padding_ratio": NUMBER,
+        "budget_fill": nullable(NUMBER),
         "blocks": obj("an object of block figures", {}),
     },
 )

@@ -125,13 +125,30 @@ def render(summary: Summary, width: int = 40) -> str:
     ]
     for name, st in summary.keys.items():
         lines.append(f"key {name:<8} min {st['min']:g}  mean {st['mean']:g}  max {st['max']:g}")
-    lines += ["", f"{'seq_len':>17}  {'samples':>13}  {'share':>6}  {'tokens':>6}"]
-    top = max((b.count for b in summary.histogram), default=0)
-    for b in summary.histogram:
-        share = b.count / summary.count
-        tok = b.tokens / summary.tokens
-        label = f"[{b.lo:,}, {b.hi:,})"
-        lines.append(
-            f"{label:>17}  {b.count:>13,}  {share:>6.1%}  {tok:>6.1%}  {bar(b.count / top, width)}"
-        )
+    lines += ["", *histogram_rows(summary, width)]
     return "\n".join(lines)
+
+
+def histogram_rows(summary: Summary, width: int = 40) -> list[str]:
+    """The histogram's header and one row per bin, every column as wide as its widest cell, so
+    that every bar starts in the same column whatever the lengths and counts."""
+    top = max((b.count for b in summary.histogram), default=0)
+    cells = [
+        (
+            f"[{b.lo:,}, {b.hi:,})",
+            f"{b.count:,}",
+            f"{b.count / summary.count:.1%}",
+            f"{b.tokens / summary.tokens:.1%}",
+            bar(b.count / top, width),
+        )
+        for b in summary.histogram
+    ]
+    header = ("seq_len", "samples", "share", "tokens", "")
+    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(4)]
+
+    def line(row: tuple[str, ...]) -> str:
+        return "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=False)) + (
+            f"  {row[4]}" if row[4] else ""
+        )
+
+    return [line(header).rstrip(), *(line(row) for row in cells)]

@@ -20,7 +20,7 @@ from varpack.plan.cp_cost import cp_load, cp_model
 from varpack.plan.cp_stage import cp_figures
 from varpack.plan.micro import Micro, shape_rule
 from varpack.plan.order import moved
-from varpack.plan.stats import chunked_sum, plan_stats, rank_shapes, shape_stats
+from varpack.plan.stats import budget_fill, chunked_sum, plan_stats, rank_shapes, shape_stats
 
 _PIECE = 1 << 20  # samples per piece of the input fingerprint
 
@@ -130,6 +130,7 @@ def plan_figures(
         layout=cfg.layout,
         shapes=shapes,
     )
+    stats["budget_fill"] = budget_fill(stats["real_tokens"], len(step), budget_tokens(cfg))
     stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
     stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
     # The warm-up reorder may move a micro-batch into an earlier epoch's steps: then a step no
@@ -141,6 +142,14 @@ def plan_figures(
     elif rows is not None and epochs and row_lens is not None:
         stats.update(moved(rows, sample_step, epochs, cfg.seed, cfg.shuffle_window, row_lens))
     return stats
+
+
+def budget_tokens(cfg: PlanConfig) -> int | None:
+    """The token budget of one micro-batch: ``--max-tokens``, or ``block_len x blocks_per_batch``
+    with blocks; ``None`` for fixed batching without ``--max-tokens`` (no token budget)."""
+    if cfg.batching == "blocks" and cfg.block_len is not None and cfg.blocks_per_batch is not None:
+        return cfg.block_len * cfg.blocks_per_batch
+    return cfg.max_tokens
 
 
 def plan_shape_stats(

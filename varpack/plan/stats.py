@@ -2,6 +2,9 @@
 ``validate`` recomputes them from the manifests with these same functions.
 
 * padding: real tokens vs the tokens the model processes (micro-batch volumes).
+* budget fill: real tokens / (micro-batches x the token budget of one micro-batch): how much of
+  the budget the plan uses (padding and the budget left empty at the end of each micro-batch both
+  count against it; a micro-batch of one oversize sample, ``--oversize alone``, can exceed it).
 * imbalance per step: slowest rank's cost / mean rank cost (mean and max over steps).
 * time vs ideal: ``sum over steps of the slowest rank's cost`` divided by the ideal
   ``sum(sample_cost) / dp`` (real samples, no padding, perfect balance). It counts padding,
@@ -19,6 +22,12 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.rules import LAYOUT_CODE, volume
+
+#: the one-line meaning of "time vs ideal", printed wherever the figure is
+TIME_VS_IDEAL_LEGEND = (
+    "time vs ideal = estimated time (the slowest rank of each step, summed) / the ideal "
+    "(no padding, perfect balance over the ranks); 1.000 is ideal"
+)
 
 _BINS = 128
 _CELLS = 1 << 24  # histogram cells per pass of the mixing computation
@@ -89,6 +98,17 @@ def _step_histogram(step, lens, edges, table, lo, hi, nb, hist):  # type: ignore
         x = lens[i]
         b = table[x] if len(table) > 0 else np.searchsorted(edges, x)
         hist[(s - lo) * nb + b] += 1
+
+
+def budget_fill(real_tokens: int, micro_batches: int, budget: int | None) -> float | None:
+    """Real tokens / (micro-batches x budget tokens); ``None`` when the plan has no token budget.
+
+    >>> budget_fill(780, 10, 100), budget_fill(5, 0, 100), budget_fill(5, 1, None)
+    (0.78, 0.0, None)
+    """
+    if budget is None:
+        return None
+    return real_tokens / (micro_batches * budget) if micro_batches else 0.0
 
 
 def chunked_sum(values: np.ndarray, fn: Any) -> float:

@@ -7,6 +7,7 @@ The only part of varpack that imports torch. The pieces:
 - :class:`ParquetTokenDataset` (``dataset``): tokens by sample id from tokenized Parquet.
 - :class:`VariableBatchSizeLR` (``lr``): the plan's per-step LR factor on top of any scheduler.
 - :func:`normalise`, :func:`token_loss_sum` (``loss``): exact loss normalisation per global step.
+- :func:`check_vocab` (``vocab``): the plan's token ids against a model's vocabulary, up front.
 - :func:`sample_losses`, :func:`group_losses` (``grouped``): loss per sample and per value of a
   carried column (``batch.carry``, from ``varpack plan --carry``), e.g. per source.
 - :func:`compile_warmup` (``warmup``): one forward/backward per shape before training.
@@ -23,6 +24,7 @@ from varpack.torch.grouped import group_losses, sample_losses
 from varpack.torch.loader import PlanLoader, load_lr_factors
 from varpack.torch.loss import normalise, token_loss_sum, token_losses
 from varpack.torch.lr import VariableBatchSizeLR
+from varpack.torch.vocab import check_vocab
 from varpack.torch.warmup import compile_warmup, compiled_graphs, dummy_batch, rank_shapes
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "PlanLoader",
     "VariableBatchSizeLR",
     "attention_meta",
+    "check_vocab",
     "compile_warmup",
     "compiled_graphs",
     "dummy_batch",

@@ -7,6 +7,12 @@ without loading it. Opening reads only the id column and builds a sorted index
 kept in a small LRU cache. :meth:`~ParquetTokenDataset.get_flat` fetches a whole micro-batch with
 one read per row group it touches, never one per sample.
 
+Column names default to ``"auto"``: the token column is the first of :data:`TOKEN_COLUMNS`
+(``input_ids``, ``tokens``) and the id column the first of :data:`ID_COLUMNS` (``sample_id``,
+``id``) that the first file holds; when none is there, the error names the columns found and the
+option to pass (``column=`` / ``id_column=``, ``--column`` / ``--id-column`` in ``jobs/train.py``).
+The ids must be the ones ``varpack lengths`` gave the samples: ``lengths --id-column id`` for an
+``id`` column; without ``--id-column`` it numbered the rows, so pass ``id_column=None`` here.
 With ``id_column=None`` the ids are the global row positions in the stable file order of
 :func:`varpack.metadata.resolve_files`, the same rule ``varpack lengths`` uses without ``--id-column``.
 
@@ -39,7 +45,51 @@ from varpack.metadata.contract import first_duplicate, resolve_files
 from varpack.metadata.lengths import write_arrow_tokens
 from varpack.metadata.tokens import SUFFIXES as IPC_SUFFIXES
 
-__all__ = ["ParquetTokenDataset", "fetch_flat", "segment_gather_index", "write_arrow_tokens"]
+__all__ = [
+    "ID_COLUMNS",
+    "TOKEN_COLUMNS",
+    "ParquetTokenDataset",
+    "fetch_flat",
+    "pick_columns",
+    "segment_gather_index",
+    "write_arrow_tokens",
+]
+
+#: what ``column="auto"`` / ``id_column="auto"`` look for, in this order
+TOKEN_COLUMNS = ("input_ids", "tokens")
+ID_COLUMNS = ("sample_id", "id")
+AUTO = "auto"
+
+
+def pick_columns(
+    where: str, names: Sequence[str], column: str, id_column: str | None
+) -> tuple[str, str | None]:
+    """The token and id columns: as given, or for ``"auto"`` the first known name present.
+
+    >>> pick_columns("f", ["id", "input_ids", "source"], "auto", "auto")
+    ('input_ids', 'id')
+    >>> pick_columns("f", ["uid", "input_ids"], "auto", "auto")
+    Traceback (most recent call last):
+    ...
+    varpack.errors.InputError: f: no id column (looked for sample_id, id; columns: uid, input_ids); pass id_column= (--id-column in jobs/train.py) naming the column varpack lengths --id-column read, or id_column=None if varpack lengths numbered the rows
+    """
+    found = ", ".join(names)
+    if column == AUTO:
+        column = next((c for c in TOKEN_COLUMNS if c in names), "")
+        if not column:
+            raise InputError(
+                f"{where}: no token column (looked for {', '.join(TOKEN_COLUMNS)}; columns: "
+                f"{found}); pass column= (--column in jobs/train.py) naming the list of token ids"
+            )
+    if id_column == AUTO:
+        id_column = next((c for c in ID_COLUMNS if c in names), "")
+        if not id_column:
+            raise InputError(
+                f"{where}: no id column (looked for {', '.join(ID_COLUMNS)}; columns: {found}); "
+                "pass id_column= (--id-column in jobs/train.py) naming the column varpack lengths "
+                "--id-column read, or id_column=None if varpack lengths numbered the rows"
+            )
+    return column, id_column
 
 
 def _resolve(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -68,14 +118,16 @@ class ParquetTokenDataset:
     def __init__(
         self,
         path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-        column: str = "input_ids",
-        id_column: str | None = "sample_id",
+        column: str = AUTO,
+        id_column: str | None = AUTO,
         cache_row_groups: int = 16,
     ) -> None:
         self.files = [str(p) for p in _resolve(path)]
         self.ipc = all(f.endswith(IPC_SUFFIXES) for f in self.files)
-        self.column = column
-        self.id_column = id_column
+        self.column, self.id_column = pick_columns(
+            self.files[0], self._schema_names(self.files[0]), column, id_column
+        )
+        id_column = self.id_column
         self.cache_row_groups = max(1, cache_row_groups)
         # Row-group table: file index and first global row of every row group (plus the end).
         rg_file, rg_local, rg_start = [], [], [0]
@@ -122,10 +174,24 @@ class ParquetTokenDataset:
         self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     # -- opening ---------------------------------------------------------------------------
+    def _schema_names(self, name: str) -> list[str]:
+        """Column names of one file (Parquet footer or IPC schema; no data read)."""
+        try:
+            if self.ipc:
+                return list(pa.ipc.open_file(pa.memory_map(name)).schema.names)
+            return list(pq.read_schema(name).names)
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(
+                f"{name}: not a readable {'Arrow IPC' if self.ipc else 'Parquet'} file ({exc})"
+            ) from None
+
     def _check_columns(self, name: str, names: list[str]) -> None:
-        for col in (self.column, self.id_column):
+        for col, option in ((self.column, "column"), (self.id_column, "id_column")):
             if col is not None and col not in names:
-                raise InputError(f"{name}: no column {col!r} (columns: {', '.join(names)})")
+                raise InputError(
+                    f"{name}: no column {col!r} (columns: {', '.join(names)}); pass {option}= "
+                    f"(--{option.replace('_', '-')} in jobs/train.py) naming one of them"
+                )
 
     def _group_rows(self, name: str) -> list[int]:
         """Rows of every row group (Parquet) or record batch (Arrow IPC) of one file."""
@@ -242,7 +308,9 @@ class ParquetTokenDataset:
             missing = int(ids[np.argmax(bad)])
             raise InputError(
                 f"sample id {missing} is not in the tokenized dataset {self.files[0]}"
-                f"{' (and others)' if len(self.files) > 1 else ''}; was the plan made from this data?"
+                f"{' (and others)' if len(self.files) > 1 else ''} (ids from "
+                f"{'column ' + repr(self.id_column) if self.id_column else 'row numbers'}); was the "
+                "plan made from this data, with the same ids (varpack lengths --id-column)?"
             )
         return self._row_of[pos_c]
 

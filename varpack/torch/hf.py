@@ -20,9 +20,21 @@ their right, and padding positions are ignored by the labels), except for FlexAt
 gets a causal ``BlockMask``. Blocks batches use their per-block masks, or ``cu_seq_lens`` over the
 flattened view (transformers flattens ``[B, T]`` for the varlen kernel itself).
 
-Every variant adds ``use_cache=False`` (training needs no KV cache). The labels follow the Hugging
-Face convention already; for the exact per-step loss use
-``normalise(token_loss_sum(out.logits, batch.labels), batch, world_size)``.
+Every variant adds ``use_cache=False`` (training needs no KV cache). With ``labels=True`` it adds
+``labels=batch.labels`` too: varpack's labels follow the Hugging Face convention (aligned with
+``input_ids``, shifted inside the model's loss), and the first token of every sample is
+``IGNORE_INDEX``, so no sample predicts its neighbour's first token in a packed row. Pass
+``num_items_in_batch=batch.label_tokens`` (the supervised tokens of the whole global step, every
+rank and micro-batch, from the plan) and ``out.loss`` is this micro-batch's share of the step's
+token-mean loss: the sum of ``out.loss`` over a step's micro-batches and ranks equals the mean
+token loss of its samples each run alone. DDP averages gradients over ranks, so backpropagate
+``out.loss * world_size`` (what :func:`varpack.torch.loss.normalise` does for a custom model)::
+
+    out = model(**hf_inputs(batch, attn, labels=True), num_items_in_batch=batch.label_tokens)
+    (out.loss * world_size).backward()
+
+Without ``num_items_in_batch`` transformers averages over each micro-batch's own tokens, which
+weights a token of a short micro-batch more than one of a long one.
 
 >>> hf_attention_kind("sdpa"), hf_attention_kind("kernels-community/flash-attn2")
 ('bool_mask', 'varlen')
@@ -85,6 +97,7 @@ def hf_inputs(
     dtype: torch.dtype = torch.float32,
     kind: str | None = None,
     max_seqlen: str = "batch",
+    labels: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)`` of a ``transformers`` causal LM.
 
@@ -93,6 +106,7 @@ def hf_inputs(
     ``dtype``: the dtype of the additive mask for ``eager`` (the model's compute dtype).
     ``max_seqlen``: ``"batch"`` (the longest segment) or ``"row"`` (the row length: constant per
     shape, for a compiled model).
+    ``labels``: add ``labels=batch.labels`` (then pass ``num_items_in_batch=batch.label_tokens``).
     """
     kind = kind or hf_attention_kind(attn_implementation)
     if kind not in KINDS:
@@ -103,6 +117,8 @@ def hf_inputs(
         "position_ids": batch.position_ids,
         "use_cache": False,
     }
+    if labels:
+        kwargs["labels"] = batch.labels
     if kind == "varlen":
         kwargs.update(_varlen_kwargs(batch, layout, max_seqlen))
     elif kind == "block_mask":

@@ -291,8 +291,17 @@ class PlanLoader:
         return self.plan.grad_accum
 
     def __len__(self) -> int:
-        """Micro-batches of one pass over this rank's manifest."""
+        """Micro-batches (not optimizer steps) of one whole pass over this rank's manifest,
+        wherever the cursor is: ``num_steps x grad_accum``. See :attr:`steps` for steps."""
         return len(self.rows)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps the next ``for batch in loader`` yields: the steps left from the
+        cursor (after :meth:`load_state_dict`, those not done yet), or all :attr:`num_steps` of
+        a new pass when the last one finished. One step ends at each ``batch.is_last_micro``."""
+        start = self._next if self._next < len(self.rows) else 0
+        return int(np.count_nonzero(self.rows.is_last[start:]))
 
     def lr_factors(self) -> np.ndarray:
         """LR factor of every step, indexed by step (what :class:`VariableBatchSizeLR` takes)."""

@@ -124,6 +124,7 @@ def validate_plan(
         "dropped": len(meta.get("dropped") or []),
         "padding_ratio": stats["padding_ratio"],
         "time_vs_ideal": stats["time_vs_ideal"],
+        "budget_fill": stats["budget_fill"],
         "carried": [name for name, _ in carried_columns(meta)],
         "carry_unchecked": unchecked,
     }
