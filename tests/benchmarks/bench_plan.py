@@ -9,6 +9,8 @@
 (b) Quality on synthetic long-tail (budget 16K), bimodal (128K) and video (16K frames) data, dp 8,
     flops cost of Qwen2.5-0.5B, all strategies scored by the same functions
     (varpack.plan.micro.summarize / stats): padding ratio, estimated time / ideal, imbalance, mixing.
+(b2) Shuffled balance at grad-accum 1, 2, 4, 16 on long-tail, bimodal and heavy-bodied data, with
+    the yardstick (shuffle + LPT on cost) and a lower bound (plan_balance.py).
 (c) Shapes, all through the real planner (make_plan) with its own stats: padding vs --max-shapes K
     on synth long-tail data (padded layout, and packed for contrast; "floor" = the DP optimum
     sum(bucket - len), a lower bound for any padded plan with K lengths); the cost of --pp 4;
@@ -142,7 +144,7 @@ class Layout:
 def score(p: Layout, all_lens: np.ndarray) -> dict[str, float]:
     """Padding, time / ideal, imbalance, mixing with varpack's own cost and stats functions."""
     cfg = PlanConfig(
-        max_tokens=1 << 40,
+        max_tokens=2**31 - 1,
         layout=p.layout,
         pad_multiple=p.pad_multiple,
         cost="flops",
@@ -524,15 +526,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--child", nargs=2)
-    ap.add_argument("--only", choices=["throughput", "quality", "shapes"])
+    ap.add_argument("--only", choices=["throughput", "quality", "balance", "shapes"])
     args = ap.parse_args()
     if args.child:
         _throughput_child(int(args.child[0]), args.child[1])
         return
-    run = {args.only} if args.only else {"throughput", "quality", "shapes"}
+    run = {args.only} if args.only else {"throughput", "quality", "balance", "shapes"}
+    from plan_balance import balance
+
     if args.quick:
         "throughput" in run and throughput([1_000_000], [2_000, 4_000])
         "quality" in run and quality(50_000, [1, 8, 64])
+        "balance" in run and balance(30_000)
         if "shapes" in run:
             shapes_vs_k(200_000)
             pipeline_cost(200_000)
@@ -542,6 +547,7 @@ def main() -> None:
             [1_000_000, 10_000_000, 100_000_000], [10_000, 20_000, 40_000]
         )
         "quality" in run and quality(400_000, [1, 2, 4, 8, 32, 128, 1024])
+        "balance" in run and balance(400_000)
         if "shapes" in run:
             shapes_vs_k(2_000_000)
             pipeline_cost(2_000_000)

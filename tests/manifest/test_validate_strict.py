@@ -176,7 +176,7 @@ def test_edited_config_is_caught_without_metadata(plan: Path, key: str, value: i
 
 def test_replay_catches_an_edit_the_fingerprint_cannot(plan: Path, meta: Path) -> None:
     def forge(doc: dict[str, Any]) -> None:  # edited config, fingerprint recomputed to fit
-        doc["config"]["seed"] = 2
+        doc["config"]["compose"] = "tokens"  # no stat depends on it (a new seed moves samples)
         doc[FINGERPRINT_KEY] = plan_fingerprint(doc)
 
     _edit(plan, forge)
@@ -184,6 +184,15 @@ def test_replay_catches_an_edit_the_fingerprint_cannot(plan: Path, meta: Path) -
     out = _violations(plan, "--metadata", meta, "--replay")
     assert "replay: rank 0 " in out and "the re-planned manifest" in out
     assert "config did not make this plan" in out
+
+
+def test_a_forged_seed_is_caught_by_the_moved_figures(plan: Path) -> None:
+    def forge(doc: dict[str, Any]) -> None:
+        doc["config"]["seed"] = 2
+        doc[FINGERPRINT_KEY] = plan_fingerprint(doc)
+
+    _edit(plan, forge)
+    assert "moved_steps" in _violations(plan)
 
 
 def test_replay_passes_on_an_untouched_plan(plan: Path, meta: Path) -> None:

@@ -35,8 +35,17 @@ def test_every_batching_reaches_a_batcher() -> None:
     for batching in CHOICES["batching"]:
         for layout in CHOICES["layout"]:
             for pp in (1, 2):
-                cfg = dataclasses.replace(PlanConfig(), batching=batching, layout=layout, pp=pp)
-                seen.add(batcher_name(cfg))
+                for order in CHOICES["order"]:
+                    for compose in CHOICES["compose"]:
+                        cfg = dataclasses.replace(
+                            PlanConfig(),
+                            batching=batching,
+                            layout=layout,
+                            pp=pp,
+                            order=order,
+                            compose=compose,
+                        )
+                        seen.add(batcher_name(cfg))
     for cp_batching in CHOICES["cp_batching"]:
         seen.add(batcher_name(dataclasses.replace(PlanConfig(), cp=2, cp_batching=cp_batching)))
     assert seen == set(BATCHERS)

@@ -124,6 +124,20 @@ def _shape_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _moved_rows(s: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[str, str]]:
+    """How far a shuffled plan moved samples from their random positions."""
+    if "moved_steps_mean" not in s:
+        return []
+    return [
+        (
+            "moved",
+            f"mean {s['moved_steps_mean']:.2f}, p99 {s['moved_steps_p99']}, max "
+            f"{s['moved_steps_max']:.1f} steps from the random position "
+            f"({s['moved_windows_max']:.2f} windows of {cfg.get('shuffle_window')} steps at most)",
+        )
+    ]
+
+
 def _n(x: Any) -> str:
     """An integer with thousands separators (anything else as it is)."""
     return f"{x:,}" if isinstance(x, int) else str(x)
@@ -189,6 +203,7 @@ def render(info: dict[str, Any]) -> str:
             f"mean {s['imbalance_mean']:.4f}, max {s['imbalance_max']:.4f} (slowest rank / mean, per step)",
         ),
         ("mixing", f"{s['mixing']:.4f} (mean KS distance of a step's lengths to the dataset's)"),
+        *_moved_rows(s, cfg),
         ("samples / step", f"{s['step_samples_min']:,} .. {s['step_samples_max']:,}"),
         ("tokens / step", f"{s['step_tokens_min']:,} .. {s['step_tokens_max']:,}"),
         (

@@ -56,6 +56,7 @@ class Batches:
     block_index: np.ndarray | None = None
     group: int = 0
     stream_lens: np.ndarray | None = None  # lens[stream], where the strategy has it at hand
+    moved: dict[str, float] | None = None  # shuffled: the moved_* stats, where tallied here
 
 
 @dataclass
@@ -103,6 +104,7 @@ class PlanArrays:
     block_index: np.ndarray | None = None  # per stream position (--batching blocks)
     warmup: np.ndarray | None = None  # per micro-batch (--warmup reorder)
     stream_lens: np.ndarray | None = None  # lens[stream] (kept: gathering it again is costly)
+    moved: dict[str, float] | None = None  # the moved_* stats where batching tallied them
     cp_placement: np.ndarray | None = None  # per stream position (--cp): CP rank, -1 distributed
     cp_cost: np.ndarray | None = None  # per micro-batch (--cp): time of its slowest CP rank
     # --oversize split: each unit's offset in its document and split document number (None

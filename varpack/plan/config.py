@@ -133,6 +133,12 @@ class PlanConfig(ContextOptions):
         "shuffle: regroup samples within windows of this many steps (1 = most random)",
         bounds=(1, INT32_MAX),
     )
+    compose: str = _opt(
+        "cost",
+        "shuffle: compose steps by cost (every rank of a step carries the same cost; budget "
+        "batching, packed layout) or by tokens (micro-batches filled to the budget)",
+        ("cost", "tokens"),
+    )
     lr_scaling: str = _opt(
         "none",
         "LR factor per step from the realised global batch: none, linear (k) or sqrt (sqrt k)",

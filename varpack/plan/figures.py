@@ -19,6 +19,7 @@ from varpack.plan.cost import sample_cost
 from varpack.plan.cp_cost import cp_load, cp_model
 from varpack.plan.cp_stage import cp_figures
 from varpack.plan.micro import Micro, shape_rule
+from varpack.plan.order import moved
 from varpack.plan.split import token_figures
 from varpack.plan.stats import budget_fill, chunked_sum, plan_stats, rank_shapes, shape_stats
 
@@ -51,6 +52,10 @@ def plan_meta(
         lengths=p.lengths,
         shapes=shapes_of,
         cfg=cfg,
+        rows=p.stream,
+        epochs=p.epochs,
+        row_lens=p.lens,
+        moved_stats=p.moved,
     )
     stats["cost"] = cfg.cost
     stats["dropped"] = len(p.dropped)
@@ -107,9 +112,18 @@ def plan_figures(
     lengths: np.ndarray | None,
     shapes: list[Any],
     cfg: PlanConfig,
+    rows: np.ndarray | None = None,
+    epochs: list[dict[str, int]] | None = None,
+    row_lens: np.ndarray | None = None,
+    moved_stats: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """plan.json's stats from a plan's arrays: the planner writes them, validate recomputes them
-    from the manifests with this same function, so every stat written is a stat checked."""
+    from the manifests with this same function, so every stat written is a stat checked.
+
+    A shuffled plan also says how far samples moved from their random positions
+    (:func:`varpack.plan.order.moved`; ``rows``: each sample's input row, in ``sample_step``'s
+    order; ``row_lens``: the rows' lengths), or ``moved_stats`` where the batching stage
+    tallied them already (the same figures, without drawing the permutation again)."""
     stats = plan_stats(
         step=step,
         rank=rank,
@@ -131,6 +145,14 @@ def plan_figures(
     stats["budget_fill"] = budget_fill(stats["real_tokens"], len(step), budget_tokens(cfg))
     stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
     stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
+    # The warm-up reorder may move a micro-batch into an earlier epoch's steps: then a step no
+    # longer says which epoch's permutation a sample came from.
+    if cfg.order != "shuffle" or (cfg.warmup == "reorder" and cfg.epochs > 1):
+        pass
+    elif moved_stats is not None:
+        stats.update(moved_stats)
+    elif rows is not None and epochs and row_lens is not None:
+        stats.update(moved(rows, sample_step, epochs, cfg.seed, cfg.shuffle_window, row_lens))
     return stats
 
 

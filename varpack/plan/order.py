@@ -239,3 +239,104 @@ def _regroup(perm, lens, step, window_size, fixed):  # type: ignore[no-untyped-d
             idx[a + start[s] + lap] = perm[a + pos[j]]
         a = b
     return idx, new_seg
+
+
+_PIECE = 1 << 22  # samples per piece of the moved figures (small temporaries)
+
+
+def input_rows(
+    sample_len: np.ndarray, sample_id: np.ndarray, sample_offset: np.ndarray | None = None
+) -> np.ndarray:
+    """Each sample's row in the input order (by length, ties by id, then by offset: the pieces
+    of ``--oversize split``) among the samples given.
+
+    >>> input_rows(np.array([5, 2, 5]), np.array([1, 9, 0])).tolist()
+    [2, 0, 1]
+    """
+    keys = (
+        (sample_id, sample_len) if sample_offset is None else (sample_offset, sample_id, sample_len)
+    )
+    order = np.lexsort(keys)
+    rows = np.empty(len(order), dtype=np.int64)
+    rows[order] = np.arange(len(order), dtype=np.int64)
+    return rows
+
+
+class MovedTally:
+    """Distances (in steps) of samples from their random positions, summed up as plan.json's
+    ``moved_*`` stats: mean, 99th percentile (whole steps), max, and max in windows."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.top = 0.0
+        self.hist = np.zeros(1, dtype=np.int64)
+
+    def add(self, step: np.ndarray, pos2: np.ndarray, first_step: int, per: float) -> None:
+        """Samples trained at ``step`` whose middle token sits at ``pos2 / 2`` of the epoch's
+        permuted stream; ``per``: the epoch's steps per half token."""
+        d = np.abs(step - (first_step + pos2 * per))
+        self.total += float(d.sum())
+        self.top = max(self.top, float(d.max()))
+        whole = np.bincount(d.astype(np.int64))
+        if len(whole) > len(self.hist):
+            self.hist = np.concatenate((self.hist, np.zeros(len(whole) - len(self.hist), np.int64)))
+        self.hist[: len(whole)] += whole
+
+    def figures(self, window: int) -> dict[str, float]:
+        count = int(self.hist.sum())
+        p99 = int(np.searchsorted(np.cumsum(self.hist), 0.99 * count)) if count else 0
+        return {
+            "moved_steps_mean": self.total / count if count else 0.0,
+            "moved_steps_p99": p99,
+            "moved_steps_max": self.top,
+            "moved_windows_max": self.top / window,
+        }
+
+
+def stream_positions(plens: np.ndarray) -> np.ndarray:
+    """Twice each sample's middle token position in a permuted stream of lengths ``plens``.
+
+    >>> stream_positions(np.array([3, 1])).tolist()
+    [3, 7]
+    """
+    x = np.asarray(plens, dtype=np.int64)
+    return 2 * np.cumsum(x) - x
+
+
+def moved(
+    rows: np.ndarray,
+    sample_step: np.ndarray,
+    epochs: list[dict[str, int]],
+    seed: int,
+    window: int,
+    row_lens: np.ndarray,
+) -> dict[str, float]:
+    """How far a shuffled plan trains its samples from their random positions (plan.json stats).
+
+    ``rows[i]``: the input row of the sample trained at ``sample_step[i]`` (one entry per sample
+    and epoch); ``row_lens``: the rows' lengths. In epoch ``e`` the permutation puts row ``r``'s
+    middle ``t`` tokens into the epoch's ``T``, so a plain shuffle would train it at
+    ``first_step + num_steps * t / T``; the figures are the distance to the step it does train
+    at, in steps: mean, 99th percentile (whole steps) and max, and the max in windows
+    (``--shuffle-window`` steps). The planner tallies the same figures while it composes
+    (:class:`MovedTally`); this recomputes them from a plan's samples, as ``validate`` does.
+
+    >>> one = [{"epoch": 0, "first_step": 0, "num_steps": 2}]
+    >>> moved(np.array([0, 1]), np.array([0, 0]), one, 0, 1, np.array([3, 1]))["moved_steps_max"]
+    1.75
+    """
+    tally = MovedTally()
+    starts = np.array([e["first_step"] for e in epochs], dtype=np.int64)
+    span = 2 * int(np.asarray(row_lens, dtype=np.int64).sum())
+    for e in epochs:
+        mask = np.flatnonzero(np.searchsorted(starts, sample_step, side="right") - 1 == e["epoch"])
+        if len(mask) == 0 or span == 0:
+            continue
+        perm = epoch_rng(seed, e["epoch"]).permutation(len(mask))
+        pos2 = np.empty(len(perm), dtype=np.int64)
+        pos2[perm] = stream_positions(np.asarray(row_lens)[perm])
+        del perm
+        for a in range(0, len(mask), _PIECE):
+            at = mask[a : a + _PIECE]
+            tally.add(sample_step[at], pos2[rows[at]], e["first_step"], e["num_steps"] / span)
+    return tally.figures(window)

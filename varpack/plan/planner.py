@@ -78,6 +78,7 @@ def _finish(
         block_index=batches.block_index,
         warmup=placed.warmup,
         stream_lens=shaped.stream_lens,
+        moved=batches.moved if placed.warmup is None else None,  # reorder moves steps
         cp_placement=None if cp is None else cp.placement,
         cp_cost=None if cp is None else cp.load.cost,
         sample_offsets=chosen.offsets,

@@ -122,7 +122,7 @@ def validate_plan(
         recompute_lengths(cfg, lengths, ranks, whole.sample_step, meta, report)
     # figures: shapes and stats
     check_rank_shapes(meta, whole, report)
-    stats = recompute_stats(ranks, whole, lengths, cfg)
+    stats = recompute_stats(ranks, whole, lengths, cfg, meta.get("epochs"))
     stats["tokens"] = recompute_tokens(meta, ranks, len(meta.get("epochs") or [0]), split)
     compare_stats(meta.get("stats", {}), stats, report)
     check_cp(meta, ranks, whole, cfg, report)

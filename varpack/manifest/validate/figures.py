@@ -23,6 +23,7 @@ from varpack.plan.cost import sample_cost
 from varpack.plan.figures import plan_figures
 from varpack.plan.lr import lr_factors
 from varpack.plan.micro import Micro
+from varpack.plan.order import input_rows
 from varpack.plan.stats import rank_shapes
 
 
@@ -41,6 +42,7 @@ class AllRanks:
     lr: np.ndarray
     shapes: list[Any]  # per rank: distinct [rows, pad_to], largest first
     num_steps: int
+    offsets: np.ndarray | None = None  # per planned sample (--oversize split)
 
 
 def combine(
@@ -66,6 +68,9 @@ def combine(
         ),
         shapes=rank_shapes(rank_of, allm.rows, allm.pad_to, cfg.dp),
         num_steps=num_steps,
+        offsets=None
+        if any(rk.sample_offsets is None for rk in ranks)
+        else np.concatenate([rk.sample_offsets for rk in ranks if rk.sample_offsets is not None]),
     )
 
 
@@ -101,7 +106,11 @@ def check_rank_shapes(meta: dict[str, Any], whole: AllRanks, report: Report) -> 
 
 
 def recompute_stats(
-    ranks: list[RankRows], whole: AllRanks, lengths: np.ndarray | None, cfg: PlanConfig
+    ranks: list[RankRows],
+    whole: AllRanks,
+    lengths: np.ndarray | None,
+    cfg: PlanConfig,
+    epochs: list[dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     """plan.json's stats, recomputed from the manifests with the planner's own function."""
     pad_rows = np.concatenate([rk.pad_rows for rk in ranks]) if cfg.uses_pad_rows else None
@@ -122,7 +131,28 @@ def recompute_stats(
         lengths=lengths,
         shapes=whole.shapes,
         cfg=cfg,
+        rows=_input_rows(whole, epochs) if cfg.order == "shuffle" and epochs else None,
+        epochs=epochs,
+        row_lens=_row_lens(whole, epochs) if cfg.order == "shuffle" and epochs else None,
     )
+
+
+def _row_lens(whole: AllRanks, epochs: list[dict[str, int]]) -> np.ndarray:
+    """The planned samples' lengths in input order (the first epoch's; every epoch has them all)."""
+    first = whole.sample_step < (epochs[1]["first_step"] if len(epochs) > 1 else whole.num_steps)
+    return np.sort(whole.lens[first])
+
+
+def _input_rows(whole: AllRanks, epochs: list[dict[str, int]]) -> np.ndarray:
+    """Each planned sample's row in its epoch's input order (by length, ties by id)."""
+    rows = np.zeros(len(whole.ids), dtype=np.int64)
+    starts = np.array([e["first_step"] for e in epochs], dtype=np.int64)
+    epoch_of = np.searchsorted(starts, whole.sample_step, side="right") - 1
+    for e in range(len(epochs)):
+        at = np.flatnonzero(epoch_of == e)
+        offs = None if whole.offsets is None else whole.offsets[at]
+        rows[at] = input_rows(whole.lens[at], whole.ids[at], offs)
+    return rows
 
 
 def compare_stats(saved: dict[str, Any], stats: dict[str, Any], report: Report) -> None:

@@ -6,6 +6,8 @@ to it), runs the epochs: each epoch's stream comes from the order stage
 it into micro-batches and numbers them into steps (``dp x grad_accum`` micro-batches a step):
 
 * ``greedy`` (:mod:`.greedy`): budget or fixed-count micro-batches of consecutive samples;
+* ``costed`` (:mod:`.costed`): shuffled budget batching in the packed layout, steps composed by
+  cost so that every rank of a step carries the same cost (``--compose cost``);
 * ``pipeline`` (:mod:`.pipeline`): ``--pp`` in the padded layout, (step, rank) groups of one shape;
 * ``blocks`` (:mod:`.blocks`): fixed-length blocks of whole samples (BLoad);
 * ``gds`` (:mod:`.gds`): ``--cp`` steps re-formed across DP ranks (Skrull's global scheduling).
@@ -20,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from varpack.plan.arrays import Batches, Selection
-from varpack.plan.batching import blocks, gds, greedy, pipeline
+from varpack.plan.batching import blocks, costed, gds, greedy, pipeline
 from varpack.plan.config import PlanConfig
 
 Batcher = Callable[
@@ -32,6 +34,7 @@ Batcher = Callable[
 #: micro-batch
 BATCHERS: dict[str, Batcher] = {
     "greedy": greedy.build,
+    "costed": costed.build,
     "pipeline": pipeline.build,
     "blocks": blocks.build,
     "gds": gds.build,
@@ -46,7 +49,23 @@ def batcher_name(cfg: PlanConfig) -> str:
         return "gds"
     if cfg.pp > 1 and cfg.layout == "padded":
         return "pipeline"
+    if composes_by_cost(cfg):
+        return "costed"
     return "greedy"
+
+
+def composes_by_cost(cfg: PlanConfig) -> bool:
+    """``--compose cost`` applies: shuffled budget batching, packed layout, no ``--pp``/``--cp``,
+    no ``--oversize split`` (its pieces are kept apart by the greedy batcher only)."""
+    return (
+        cfg.compose == "cost"
+        and cfg.oversize != "split"
+        and cfg.order == "shuffle"
+        and cfg.batching == "budget"
+        and cfg.layout == "packed"
+        and cfg.pp == 1
+        and cfg.cp == 1
+    )
 
 
 def build_batches(chosen: Selection, lengths: np.ndarray | None) -> Batches:

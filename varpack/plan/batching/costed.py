@@ -1,0 +1,98 @@
+"""Cost-composed batching: shuffled steps whose ranks carry the same cost (``--compose cost``).
+
+The strategy for ``--order shuffle`` with ``--batching budget`` in the packed layout (without
+``--pp``). Per epoch the order stage gives the permutation (``segments="none"``), and
+:func:`varpack.plan.compose.compose_epoch` deals each window of it to steps, ranks and
+micro-batches by cost: heavy samples one per rank of a step, the rest filled to each rank's
+level within the budget. Every ``grad_accum`` consecutive micro-batches of a step are one rank's
+share, so the assign stage moves them whole (``Batches.group``). Where an epoch cannot be
+composed so (fewer samples than whole steps need), the plan is composed by tokens
+(:mod:`.greedy`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from varpack.plan.arrays import Batches
+from varpack.plan.batching import greedy
+from varpack.plan.batching.common import EpochJoiner, epoch_order, order_rule, tokens_per_micro
+from varpack.plan.compose import compose_epoch
+from varpack.plan.config import PlanConfig
+from varpack.plan.cost import CostModel, linear_flops_per_token
+from varpack.plan.order import MovedTally, stream_positions
+
+_PIECE = 1 << 22  # samples per piece of the moved tally
+
+
+def cost_coefficients(model: CostModel) -> tuple[float, float]:
+    """``(lin, quad)`` with a sample of ``x`` tokens costing ``lin * x + quad * x^2``.
+
+    >>> cost_coefficients(CostModel("tokens"))
+    (1.0, 0.0)
+    """
+    if model.kind not in ("flops", "time"):  # tokens, and padded in the packed layout: the length
+        return 1.0, 0.0
+    dims = model.model_dims
+    scale = 1.0 if model.time is None else model.time[0]  # time: seconds per FLOP (the fixed
+    # seconds per micro-batch are the same on every rank of a step: they do not move the balance)
+    return scale * linear_flops_per_token(dims), scale * dims.layers * 4.0 * dims.hidden
+
+
+def build(
+    lens: np.ndarray,
+    alone: np.ndarray,
+    cfg: PlanConfig,
+    lengths: np.ndarray | None,
+    group: np.ndarray | None = None,  # always None: --oversize split is refused here
+) -> Batches:
+    """Micro-batches and steps of all epochs, composed by cost."""
+    assert cfg.max_tokens is not None
+    rule = cfg.pack_rule()
+    orule = order_rule(cfg, tokens_per_micro(lens, alone, cfg, rule))
+    coeffs = cost_coefficients(cfg.cost_model())
+    joined, slens, tally = EpochJoiner(), [], MovedTally()
+    per_step = cfg.micro_per_step
+    for epoch in range(cfg.epochs):
+        perm, _ = epoch_order(lens, cfg, epoch, "none", orule)
+        plens = lens[perm]
+        got = compose_epoch(
+            plens,
+            alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
+            coeffs,
+            orule.window * orule.step,
+            orule.step,
+            cfg.dp,
+            cfg.grad_accum,
+            cfg.pad_multiple,
+            cfg.max_tokens,
+        )
+        if got is None:
+            return greedy.build(lens, alone, cfg, lengths)
+        pos, off = got
+        first = joined.n_steps
+        joined.add(epoch, perm[pos], off, per_step)
+        _tally(tally, pos, off, plens, per_step, first, joined.n_steps - first)
+        slens.append(plens[pos])
+        del perm, plens, pos
+    batches = Batches(*joined.join(), joined.epochs, group=cfg.grad_accum)
+    batches.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
+    batches.moved = tally.figures(cfg.shuffle_window)
+    return batches
+
+
+def _tally(
+    tally: MovedTally,
+    pos: np.ndarray,
+    off: np.ndarray,
+    plens: np.ndarray,
+    per_step: int,
+    first: int,
+    steps: int,
+) -> None:
+    """How far this epoch moved its samples: ``pos`` is each stream entry's permuted position."""
+    pos2 = stream_positions(plens)
+    per = steps / (2 * float(plens.sum()))
+    step = np.repeat(np.arange(len(off) - 1, dtype=np.int64) // per_step + first, np.diff(off))
+    for a in range(0, len(pos), _PIECE):
+        tally.add(step[a : a + _PIECE], pos2[pos[a : a + _PIECE]], first, per)
