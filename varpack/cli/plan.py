@@ -105,8 +105,11 @@ def plan(
 
     Documents longer than the budget: --oversize error (the default: a split cuts an SFT sample
     from its prompt, so varpack splits only when asked), drop, alone (bounded by
-    --max-alone-tokens), or split (pieces of --split-len tokens; `varpack check INPUT
-    --max-tokens N` previews each choice).
+    --max-alone-tokens, default 4 x --max-tokens), or split (pieces of --split-len tokens, at
+    most the longest sample that fits alone; `varpack check INPUT --max-tokens N` previews each
+    choice). A piece's position ids restart at 0 by default (--split-positions restart: the
+    model sees no position it was not trained on at --split-len); continue numbers them from the
+    piece's offset in its document.
 
     Metadata columns: --carry source adds a carry.source list column (one value per sample) that
     the torch reader hands to the trainer as batch.carry["source"].

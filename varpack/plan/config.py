@@ -82,21 +82,13 @@ class PlanConfig(ContextOptions):
         ("error", "drop", "alone", "split"),
     )
     split_len: int | None = _opt(
-        None,
-        "--oversize split: longest piece; documents longer than this are split (default and "
-        "upper bound: the longest sample that fits --max-tokens alone)",
-        bounds=(1, INT32_MAX),
+        None, "--oversize split: longest piece (default: fits alone)", bounds=(1, INT32_MAX)
     )
     split_positions: str = _opt(
-        "restart",
-        "--oversize split: position ids of a piece restart at 0 (the default: a model sees "
-        "no position it was not trained on at --split-len), or continue from its offset",
-        ("restart", "continue"),
+        "restart", "--oversize split: positions restart at 0, or continue", ("restart", "continue")
     )
     max_alone_tokens: int | None = _opt(
-        None,
-        "--oversize alone: refuse a lone micro-batch above this (default 4 x --max-tokens)",
-        bounds=(1, 2**62),
+        None, "--oversize alone: bound (default 4 x --max-tokens)", bounds=(1, 2**62)
     )
     dp: int = _opt(1, "data-parallel ranks (one manifest each)", bounds=(1, COUNT_MAX))
     grad_accum: int = _opt(1, "micro-batches per rank per optimizer step", bounds=(1, COUNT_MAX))
