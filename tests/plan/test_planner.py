@@ -202,7 +202,8 @@ configs = st.fixed_dictionaries(
         "batch_size": st.integers(1, 9),
         "layout": st.sampled_from(["packed", "padded"]),
         "pad_multiple": st.sampled_from([1, 1, 4, 8]),
-        "oversize": st.sampled_from(["error", "drop", "alone"]),
+        "oversize": st.sampled_from(["error", "drop", "alone", "split"]),
+        "split_len": st.sampled_from([None, None, 1, 5, 37]),
         "dp": st.integers(1, 4),
         "grad_accum": st.integers(1, 3),
         "cost": st.sampled_from(["tokens", "padded", "flops"]),
@@ -222,8 +223,15 @@ configs = st.fixed_dictionaries(
 def _config(c: dict) -> PlanConfig:
     budget = c["batching"] == "budget"
     alone = budget and c["oversize"] == "alone"  # a lone oversize sample has its own shape
+    split = budget and c["oversize"] == "split"
     pp = c.get("pp", 1) if c["grad_accum"] % c.get("pp", 1) == 0 and not alone else 1
+    if split and c["layout"] == "padded":
+        pp = 1  # the pipeline batcher does not keep pieces apart (refused)
+    top = max(c["budget"], c["pad_multiple"]) // c["pad_multiple"] * c["pad_multiple"]
+    split_len = c.get("split_len")
     return PlanConfig(
+        split_len=min(split_len, top) if split and split_len else None,
+        max_alone_tokens=10**9 if alone else None,
         max_shapes=None if alone else c.get("max_shapes"),
         warmup=c.get("warmup", "list"),
         pp=pp,
@@ -270,7 +278,8 @@ def test_property_every_plan_is_valid(lens, c):
         [np.concatenate(t.column("sample_ids").to_numpy(zero_copy_only=False)) for t in tables]
     )
     dropped = {d["sample_id"] for d in meta["dropped"]}
-    assert len(planned) == (len(ids) - len(dropped)) * cfg.epochs
+    if cfg.oversize != "split":
+        assert len(planned) == (len(ids) - len(dropped)) * cfg.epochs
     assert set(planned.tolist()) | dropped == set(ids.tolist())
     if cfg.batching == "budget" and cfg.oversize != "alone":
         vol = arrays.micro.pad_to * (arrays.micro.rows if cfg.layout == "padded" else 1)

@@ -6,8 +6,10 @@ import json
 
 import click
 
+from varpack.errors import ConfigError
 from varpack.metadata.contract import ID, LEN, read_metadata, scan_input
 from varpack.metadata.summary import render, summarize
+from varpack.plan.oversize import preview, render_preview
 
 
 @click.command()
@@ -16,24 +18,56 @@ from varpack.metadata.summary import render, summarize
     "--key", "keys", multiple=True, help="Numeric key column to require and summarise (repeatable)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def check(input: str, keys: tuple[str, ...], as_json: bool) -> None:
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(1, 2**31 - 1),
+    default=None,
+    help="Preview what each --oversize choice (error, drop, split, alone) would do under this "
+    "budget: documents and tokens dropped, split into how many pieces, micro-batches alone.",
+)
+@click.option(
+    "--pad-multiple", type=click.IntRange(1, 2**31 - 1), default=1, help="As for varpack plan."
+)
+@click.option(
+    "--split-len", type=click.IntRange(1, 2**31 - 1), default=None, help="As for varpack plan."
+)
+def check(
+    input: str,
+    keys: tuple[str, ...],
+    as_json: bool,
+    max_tokens: int | None,
+    pad_multiple: int,
+    split_len: int | None,
+) -> None:
     """Validate the metadata INPUT (file, directory or glob) and summarise it.
 
     Checks every rule of the metadata contract (columns and types, no nulls, sample_id >= 0 and
     unique across all files, seq_len > 0, at least one row) and prints count, tokens, length
     percentiles and a log2 histogram. Symbolic links to files and directories are followed and
-    listed. Exit code 2 with one line on stderr when the input is bad.
+    listed. Exit code 2 with one line on stderr when the input is bad. With --max-tokens N, also
+    previews each --oversize choice under that budget.
     """
     table = read_metadata(input, keys)
     listing = scan_input(input)
     extra = {k: table.column(k).to_numpy() for k in keys if k not in (ID, LEN)}
     summary = summarize(table.column(LEN).to_numpy(), len(listing.files), extra)
     links = [str(p) for p in listing.links]
+    over = None
+    if max_tokens is not None:
+        if max_tokens < pad_multiple:
+            raise ConfigError(
+                f"--max-tokens {max_tokens} is smaller than --pad-multiple {pad_multiple}"
+            )
+        over = preview(table.column(LEN).to_numpy(), max_tokens, pad_multiple, split_len)
+    elif split_len is not None:
+        raise ConfigError("--split-len needs --max-tokens (the budget to preview)")
     if as_json:
-        click.echo(
-            json.dumps({**summary.to_dict(), **({"links": links} if links else {})}, indent=2)
-        )
+        extra = {**({"links": links} if links else {}), **({"oversize": over} if over else {})}
+        click.echo(json.dumps({**summary.to_dict(), **extra}, indent=2))
     else:
         click.echo(render(summary))
+        if over is not None:
+            click.echo("")
+            click.echo(render_preview(over))
         if links:
             click.echo(f"followed {len(links)} symbolic link(s): {', '.join(links)}")

@@ -103,6 +103,14 @@ def plan(
     Shapes: --max-shapes K (at most K shapes per rank), --pack-to L, --warmup reorder (compile
     every shape first), --pp P (one shape per pipeline step), --batching blocks (BLoad).
 
+    Documents longer than the budget: --oversize error (the default: a split cuts an SFT sample
+    from its prompt, so varpack splits only when asked), drop, alone (bounded by
+    --max-alone-tokens, default 4 x --max-tokens), or split (pieces of --split-len tokens, at
+    most the longest sample that fits alone; `varpack check INPUT --max-tokens N` previews each
+    choice). A piece's position ids restart at 0 by default (--split-positions restart: the
+    model sees no position it was not trained on at --split-len); continue numbers them from the
+    piece's offset in its document.
+
     Metadata columns: --carry source adds a carry.source list column (one value per sample) that
     the torch reader hands to the trainer as batch.carry["source"].
     """
@@ -118,6 +126,8 @@ def plan(
     values.update({k: v for k, v in options.items() if v is not None})
     cfg = PlanConfig.from_mapping(values).resolved()
     arrays, meta = run_plan(input, out, cfg, overwrite=overwrite, carry=names, carry_from=source)
+    for note in arrays.notes:
+        click.echo(note, err=True)
     if not quiet:
         from varpack.plan.stats import TIME_VS_IDEAL_LEGEND
 
@@ -127,6 +137,8 @@ def plan(
 
 def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig) -> str:
     """The one-line summary of a new plan (thousands separators; budget fill when known)."""
+    from varpack.manifest.inspect import token_line
+
     s = meta["stats"]
     fill = s.get("budget_fill")
     fill_text = "" if fill is None else f"budget fill {100 * fill:.1f}%, "
@@ -134,5 +146,6 @@ def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig) -> str:
         f"{out}: {meta['input']['num_samples']:,} samples -> {meta['num_steps']:,} steps x {cfg.dp} ranks x "
         f"{cfg.grad_accum} micro-batches; {s['real_tokens']:,} tokens, {fill_text}"
         f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal, "
-        f"imbalance max {s['imbalance_max']:.3f}, mixing {s['mixing']:.3f}, dropped {s['dropped']:,}"
+        f"imbalance max {s['imbalance_max']:.3f}, mixing {s['mixing']:.3f}, dropped {s['dropped']:,}; "
+        f"{token_line(s.get('tokens'))}"
     )

@@ -40,10 +40,12 @@ def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | No
     declared ones, readable, with their checksums and row counts; the plan fingerprint, which
     ties plan.json's config to the manifests (an edited config is caught without reading the
     input); step and micro numbering, equal micro-batch counts on every rank and step, budgets
-    and padded lengths, every sample exactly once per epoch (or dropped), each step's global
-    tokens, samples and LR factor, and the stats in plan.json; with the metadata, every carried
-    column's values (carry.COL) per sample id.
+    and padded lengths, every sample exactly once per epoch (or dropped; split documents: their
+    pieces tile them, and no two share a micro-batch), each step's global tokens, samples and LR
+    factor, and the stats in plan.json; with the metadata, every carried column's values
+    (carry.COL) per sample id.
     """
+    from varpack.manifest.inspect import token_line
     from varpack.manifest.validate import validate_plan
 
     if replay and metadata is None:
@@ -82,7 +84,8 @@ def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | No
     click.echo(
         f"OK {plan}: {f['samples']:,} planned samples ({f['dropped']:,} dropped), {f['steps']:,} steps x {f['dp']} ranks x "
         f"{f['grad_accum']} micro-batches; {fill_text}padding {100 * f['padding_ratio']:.2f}%, "
-        f"time {f['time_vs_ideal']:.3f}x ideal{replayed}"
+        f"time {f['time_vs_ideal']:.3f}x ideal; "
+        f"{token_line(f['tokens'])}{replayed}"
     )
     from varpack.plan.stats import TIME_VS_IDEAL_LEGEND
 

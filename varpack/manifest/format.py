@@ -51,11 +51,13 @@ BASE_SCHEMA = pa.schema(
         ("warmup", pa.bool_()),
     ]
 )
-#: Columns that features add where they apply (shapes: pad_rows; blocks: block_index; cp).
+#: Columns that features add where they apply (shapes: pad_rows; blocks: block_index; cp;
+#: --oversize split: sample_offsets, each piece's first token in its document).
 OPTIONAL_FIELDS = {
     "pad_rows": pa.int32(),
     "block_index": pa.list_(pa.int32()),
     "cp_placement": pa.list_(pa.int32()),
+    "sample_offsets": pa.list_(pa.int64()),
 }
 #: Carried metadata columns (``varpack plan --carry COL``): ``carry.COL``, a list parallel to
 #: ``sample_ids``, of one of these value types (plan.json's ``carry`` names each column's type).

@@ -43,6 +43,22 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
 _SHAPE_LINES = 8
 
 
+def token_line(t: dict[str, Any] | None, lead: str = "tokens ") -> str:
+    """Tokens kept, split and dropped, as counts and shares of all input tokens.
+
+    >>> token_line({"total": 10, "kept": 9, "split": 4, "dropped": 1, "kept_share": 0.9,
+    ...     "split_share": 0.4, "dropped_share": 0.1, "documents_split": 1, "pieces": 2})
+    'tokens kept 9 (90.00%), split 4 (40.00%: 1 documents in 2 pieces), dropped 1 (10.00%)'
+    """
+    if not t:
+        return f"{lead}kept ? (plan made before these figures)"
+    return (
+        f"{lead}kept {t['kept']:,} ({100 * t['kept_share']:.2f}%), split {t['split']:,} "
+        f"({100 * t['split_share']:.2f}%: {t['documents_split']:,} documents in "
+        f"{t['pieces']:,} pieces), dropped {t['dropped']:,} ({100 * t['dropped_share']:.2f}%)"
+    )
+
+
 def _shape_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     """Lines about shapes: the largest shapes and the padding each costs, pp, blocks, warm-up."""
     s, cfg = info["stats"], info["config"]
@@ -197,6 +213,11 @@ def render(info: dict[str, Any]) -> str:
         *_shape_rows(info),
         *_cp_rows(info),
         ("dropped", f"{info['dropped']:,}; oversize alone {len(s.get('oversize_alone', []))}"),
+        ("tokens", token_line(s.get("tokens"), lead="")),
     ]
+    if cfg.get("oversize") == "split":
+        rows.append(
+            ("split", f"pieces of <= {cfg['split_len']} tokens, positions {cfg['split_positions']}")
+        )
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -22,6 +22,7 @@ from varpack.manifest.format import write_plan
 from varpack.manifest.tables import plan_tables
 from varpack.plan import PlanArrays, PlanConfig, make_plan
 from varpack.plan.select import plan_bytes
+from varpack.plan.split import unit_count
 from varpack.sort.output import is_sorted_output
 
 #: Keys of a ``--config`` file that are not planning options: the carried columns (``carry``
@@ -168,7 +169,8 @@ def plan(
     # the carried columns are read (and refused) before the planning work
     carried_from = None if source is None else read_carry_source(source, names)
     ids, lens = read_input(input)
-    check_memory(len(ids), cfg)
+    split = cfg.split_len if cfg.oversize == "split" else None
+    check_memory(unit_count(lens, split), cfg)  # pieces are planned rows too
     arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
     carried = None
     if carried_from is not None:

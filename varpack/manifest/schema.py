@@ -219,6 +219,15 @@ _STATS = obj(
         "pp_extra_padding_ratio": NUMBER,
         "budget_fill": nullable(NUMBER),
         "blocks": obj("an object of block figures", {}),
+        "tokens": obj(
+            "an object of token figures (kept, split, dropped)",
+            {
+                **{k: integer(0) for k in "total kept split dropped".split()},
+                **{k: NUMBER for k in "kept_share split_share dropped_share".split()},
+                "documents_split": integer(0),
+                "pieces": integer(0),
+            },
+        ),
     },
 )
 #: what inspect shows and validate recomputes, on top of CORE

@@ -40,6 +40,8 @@ def rank_tables(
     block_index: np.ndarray | None = None,
     stream_lens: np.ndarray | None = None,
     cp_placement: np.ndarray | None = None,
+    sample_offsets: np.ndarray | None = None,
+    split: bool = False,
     carry: Carried | None = None,
 ) -> Iterator[pa.Table]:
     """Yield rank 0..dp-1's manifest: one row per micro-batch, in (step, micro) order.
@@ -49,7 +51,8 @@ def rank_tables(
     micro-batch, ``block_index`` and ``cp_placement`` per stream position (the manifest's
     optional columns); ``stream_lens`` = ``lens[stream]`` if already at hand (saves a random
     gather); ``carry``: carried metadata columns aligned with ``ids`` (one ``carry.COL`` list
-    column each).
+    column each); ``split``: the ``sample_offsets`` column, from ``sample_offsets`` per row of
+    ``ids`` (None: all 0).
     """
     order = np.lexsort((micro, step, rank))  # every rank holds the same number of micro-batches
     per_rank = len(order) // dp
@@ -84,6 +87,10 @@ def rank_tables(
         if cp_placement is not None:
             columns.append(pa.ListArray.from_arrays(off32, pa.array(cp_placement[pos], pa.int32())))
             names.append("cp_placement")
+        if split:
+            offs = np.zeros(len(rows), np.int64) if sample_offsets is None else sample_offsets[rows]
+            columns.append(pa.ListArray.from_arrays(off32, pa.array(offs, pa.int64())))
+            names.append("sample_offsets")
         pairs: list[tuple[str, str]] = []
         if carry is not None:
             for k, (name, kind) in enumerate(zip(carry.names, carry.types, strict=True)):
@@ -112,5 +119,7 @@ def plan_tables(p: PlanArrays, carry: Carried | None = None) -> Iterator[pa.Tabl
         block_index=p.block_index,
         stream_lens=p.stream_lens,
         cp_placement=p.cp_placement,
+        sample_offsets=p.sample_offsets,
+        split=p.cfg.oversize == "split",
         carry=carry,
     )

@@ -26,6 +26,11 @@ class Selection:
     lens: np.ndarray
     alone: np.ndarray  # bool per kept sample: gets a micro-batch of its own (--oversize alone)
     dropped: list[dict[str, Any]] = field(default_factory=list)
+    # --oversize split: each unit's first token in its document, and its split document's
+    # number (-1: a whole document); None when no document is split
+    offsets: np.ndarray | None = None
+    group: np.ndarray | None = None
+    notes: list[str] = field(default_factory=list)  # warnings for the I/O edge to print
 
     @property
     def oversize_alone(self) -> list[int]:
@@ -102,6 +107,11 @@ class PlanArrays:
     moved: dict[str, float] | None = None  # the moved_* stats where batching tallied them
     cp_placement: np.ndarray | None = None  # per stream position (--cp): CP rank, -1 distributed
     cp_cost: np.ndarray | None = None  # per micro-batch (--cp): time of its slowest CP rank
+    # --oversize split: each unit's offset in its document and split document number (None
+    # when nothing is split; ``offsets`` above is the micro-batches' bounds)
+    sample_offsets: np.ndarray | None = None
+    group: np.ndarray | None = None
+    notes: list[str] = field(default_factory=list)  # warnings (--oversize alone)
 
     @property
     def num_steps(self) -> int:

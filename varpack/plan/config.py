@@ -21,6 +21,7 @@ from varpack.plan.context import ContextOptions, unused
 from varpack.plan.cost import CostModel
 from varpack.plan.micro import MicroRule
 from varpack.plan.models import PRESETS, ModelDims
+from varpack.plan.oversize import resolve_oversize
 from varpack.plan.pack import PackRule
 
 #: Largest length, budget or count a manifest can hold (its int32 columns).
@@ -75,8 +76,19 @@ class PlanConfig(ContextOptions):
     )
     oversize: str = _opt(
         "error",
-        "a sample longer than the budget: error, drop it (listed in plan.json), or alone",
-        ("error", "drop", "alone"),
+        "a sample longer than the budget: error; drop it (listed in plan.json); alone (a "
+        "micro-batch of its own); split it into pieces of --split-len tokens. error is the "
+        "default because a split cuts an SFT sample from its prompt: varpack splits only when asked",
+        ("error", "drop", "alone", "split"),
+    )
+    split_len: int | None = _opt(
+        None, "--oversize split: longest piece (default: fits alone)", bounds=(1, INT32_MAX)
+    )
+    split_positions: str = _opt(
+        "restart", "--oversize split: positions restart at 0, or continue", ("restart", "continue")
+    )
+    max_alone_tokens: int | None = _opt(
+        None, "--oversize alone: bound (default 4 x --max-tokens)", bounds=(1, 2**62)
     )
     dp: int = _opt(1, "data-parallel ranks (one manifest each)", bounds=(1, COUNT_MAX))
     grad_accum: int = _opt(1, "micro-batches per rank per optimizer step", bounds=(1, COUNT_MAX))
@@ -239,6 +251,8 @@ class PlanConfig(ContextOptions):
             ._resolve_model()
             ._resolve_lr()
         )
+        fill = resolve_oversize(cfg)  # the default split length, where it applies
+        cfg = cfg if fill is None else dataclasses.replace(cfg, split_len=fill)
         # A step's samples or tokens, and their sums, must stay far inside int64.
         per_micro = cfg.max_tokens or cfg.batch_size or 1
         if cfg.micro_per_step * per_micro > 2**52:
@@ -262,22 +276,6 @@ class PlanConfig(ContextOptions):
                 f"--grad-accum {cfg.grad_accum} must be a multiple of --pp {cfg.pp} "
                 "(every step's micro-batches fill the pipeline evenly)"
             )
-        if cfg.oversize == "alone":
-            what = [
-                f
-                for f, on in (
-                    ("--max-shapes", cfg.max_shapes is not None),
-                    ("--pack-to", cfg.pack_to is not None),
-                    ("--pp", cfg.pp > 1),
-                    ("--batching blocks", cfg.batching == "blocks"),
-                )
-                if on
-            ]
-            if what:
-                raise ConfigError(
-                    f"--oversize alone conflicts with {what[0]} (a lone oversize sample would need a "
-                    "shape of its own); use --oversize drop or raise the budget"
-                )
         if cfg.pack_to is not None:
             if cfg.max_shapes is not None:
                 raise ConfigError(

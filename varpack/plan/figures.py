@@ -20,6 +20,7 @@ from varpack.plan.cp_cost import cp_load, cp_model
 from varpack.plan.cp_stage import cp_figures
 from varpack.plan.micro import Micro, shape_rule
 from varpack.plan.order import moved
+from varpack.plan.split import token_figures
 from varpack.plan.stats import budget_fill, chunked_sum, plan_stats, rank_shapes, shape_stats
 
 _PIECE = 1 << 20  # samples per piece of the input fingerprint
@@ -59,6 +60,7 @@ def plan_meta(
     stats["cost"] = cfg.cost
     stats["dropped"] = len(p.dropped)
     stats["oversize_alone"] = p.oversize_alone
+    stats["tokens"] = plan_token_figures(p, int(input_info["total_tokens"]))
     meta = {
         "config": cfg.to_dict(),
         "input": input_info,
@@ -72,6 +74,16 @@ def plan_meta(
     if p.cp_placement is not None:
         meta["cp"] = _cp_block(p)
     return meta, [{"shapes": s} for s in shapes_of]
+
+
+def plan_token_figures(p: PlanArrays, total: int) -> dict[str, int | float]:
+    """Tokens kept, split and dropped (:func:`varpack.plan.split.token_figures`) of a plan."""
+    dropped = sum(int(d["seq_len"]) for d in p.dropped)
+    if p.group is None:
+        return token_figures(total, dropped, 0, 0, 0)
+    piece = p.group >= 0
+    docs = int(p.group.max()) + 1 if piece.any() else 0
+    return token_figures(total, dropped, int(p.lens[piece].sum()), docs, int(piece.sum()))
 
 
 def _cp_block(p: PlanArrays) -> dict[str, Any]:

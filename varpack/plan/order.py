@@ -244,13 +244,19 @@ def _regroup(perm, lens, step, window_size, fixed):  # type: ignore[no-untyped-d
 _PIECE = 1 << 22  # samples per piece of the moved figures (small temporaries)
 
 
-def input_rows(sample_len: np.ndarray, sample_id: np.ndarray) -> np.ndarray:
-    """Each sample's row in the input order (by length, ties by id) among the samples given.
+def input_rows(
+    sample_len: np.ndarray, sample_id: np.ndarray, sample_offset: np.ndarray | None = None
+) -> np.ndarray:
+    """Each sample's row in the input order (by length, ties by id, then by offset: the pieces
+    of ``--oversize split``) among the samples given.
 
     >>> input_rows(np.array([5, 2, 5]), np.array([1, 9, 0])).tolist()
     [2, 0, 1]
     """
-    order = np.lexsort((sample_id, sample_len))
+    keys = (
+        (sample_id, sample_len) if sample_offset is None else (sample_offset, sample_id, sample_len)
+    )
+    order = np.lexsort(keys)
     rows = np.empty(len(order), dtype=np.int64)
     rows[order] = np.arange(len(order), dtype=np.int64)
     return rows

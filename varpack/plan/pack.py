@@ -71,11 +71,35 @@ def _fits_more(cnt, tok, mx, x, fixed, bsize, layout, multiple, budget):  # type
 
 
 @njit(cache=True)
-def _greedy(lens, alone, buf, m, cap, fixed, bsize, layout, multiple, budget, out):  # type: ignore[no-untyped-def]
+def _clash(group, q, seen, ns):  # type: ignore[no-untyped-def]
+    """Is item ``q`` a piece of a document that has a piece among ``seen[:ns]`` already?"""
+    g = group[q]
+    if g < 0:
+        return False
+    for j in range(ns):
+        if seen[j] == g:
+            return True
+    return False
+
+
+@njit(cache=True)
+def _note(group, q, seen, ns):  # type: ignore[no-untyped-def]
+    """Record item ``q``'s document in ``seen`` if it is a piece; the new count."""
+    if group[q] >= 0:
+        seen[ns] = group[q]
+        return ns + 1
+    return ns
+
+
+@njit(cache=True)
+def _greedy(lens, alone, group, buf, m, cap, fixed, bsize, layout, multiple, budget, out):  # type: ignore[no-untyped-def]
     """Pack ``buf[:m]`` greedily into at most ``cap`` micro-batches (0: no cap).
 
     Writes the local start of each micro-batch to ``out``; returns (micro-batches, items packed).
+    ``group`` (empty: none) numbers split documents, whose pieces never share a micro-batch.
     """
+    grouped = len(group) > 0
+    seen = np.empty(m if grouped else 0, dtype=np.int64)
     nmb = 0
     i = 0
     while i < m:
@@ -88,11 +112,16 @@ def _greedy(lens, alone, buf, m, cap, fixed, bsize, layout, multiple, budget, ou
         tok = x
         mx = x
         lone = alone[buf[i]]
+        ns = _note(group, buf[i], seen, 0) if grouped else 0
         i += 1
         while i < m and not lone and not alone[buf[i]]:
             x = np.int64(lens[buf[i]])
             if not _fits_more(cnt, tok, mx, x, fixed, bsize, layout, multiple, budget):
                 break
+            if grouped:
+                if _clash(group, buf[i], seen, ns):
+                    break
+                ns = _note(group, buf[i], seen, ns)
             cnt += 1
             tok += x
             mx = max(mx, x)
@@ -135,7 +164,7 @@ def _split_to(lens, buf, starts, nmb, want):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _pack_steps(lens, alone, bounds, cap, fixed, bsize, layout, multiple, budget):  # type: ignore[no-untyped-def]
+def _pack_steps(lens, alone, group, bounds, cap, fixed, bsize, layout, multiple, budget):  # type: ignore[no-untyped-def]
     """Pack each segment into exactly ``cap`` micro-batches (carrying the overflow forward)."""
     n = len(lens)
     perm = np.empty(n, dtype=np.int64)
@@ -161,7 +190,18 @@ def _pack_steps(lens, alone, bounds, cap, fixed, bsize, layout, multiple, budget
             continue
         last = s >= nseg - 1
         nmb, used = _greedy(
-            lens, alone, buf, m, 0 if last else cap, fixed, bsize, layout, multiple, budget, local
+            lens,
+            alone,
+            group,
+            buf,
+            m,
+            0 if last else cap,
+            fixed,
+            bsize,
+            layout,
+            multiple,
+            budget,
+            local,
         )
         if not last and nmb < cap:
             nmb = _split_to(lens, buf, local, nmb, cap)
@@ -184,10 +224,13 @@ def _pack_steps(lens, alone, bounds, cap, fixed, bsize, layout, multiple, budget
 
 
 @njit(cache=True)
-def _pack_free(lens, alone, bounds, fixed, bsize, layout, multiple, budget):  # type: ignore[no-untyped-def]
+def _pack_free(lens, alone, group, bounds, fixed, bsize, layout, multiple, budget):  # type: ignore[no-untyped-def]
     """No cap: greedy over each segment in place (no re-ordering, no buffers)."""
     n = len(lens)
     starts = np.empty(n + 1, dtype=np.int64)
+    grouped = len(group) > 0
+    seen = np.empty(n if grouped else 0, dtype=np.int64)
+    ns = 0
     k = 0
     seg = 1
     cnt = np.int64(0)
@@ -203,8 +246,11 @@ def _pack_free(lens, alone, bounds, fixed, bsize, layout, multiple, budget):  # 
             lone
             or alone[i]
             or not _fits_more(cnt, tok, mx, x, fixed, bsize, layout, multiple, budget)
+            or (grouped and _clash(group, i, seen, ns))
         ):
             cnt = np.int64(0)
+        if grouped:
+            ns = _note(group, i, seen, 0 if cnt == 0 else ns)
         if cnt == 0:
             starts[k] = i
             k += 1
@@ -221,7 +267,12 @@ def _pack_free(lens, alone, bounds, fixed, bsize, layout, multiple, budget):  # 
 
 
 def pack(
-    lens: np.ndarray, bounds: np.ndarray, alone: np.ndarray, rule: PackRule, cap: int = 0
+    lens: np.ndarray,
+    bounds: np.ndarray,
+    alone: np.ndarray,
+    rule: PackRule,
+    cap: int = 0,
+    group: np.ndarray | None = None,
 ) -> tuple[np.ndarray | None, np.ndarray]:
     """Micro-batches of a stream: ``(perm, offsets)``.
 
@@ -232,6 +283,8 @@ def pack(
     (one step): what does not fit moves on to the next segment, a short one is split (the
     micro-batches with the most tokens, at their token midpoint) or, with too few samples, joins
     the next. ``alone[i]`` gives sample ``i`` a micro-batch of its own (``--oversize alone``).
+    ``group[i]`` >= 0 numbers the split document sample ``i`` is a piece of: two pieces of one
+    document never share a micro-batch (``--oversize split``).
 
     >>> lens = np.array([3] * 10 + [7] * 4)
     >>> perm, off = pack(lens, np.array([0, 14]), np.zeros(14, bool), PackRule(max_tokens=30))
@@ -241,16 +294,19 @@ def pack(
     n = len(lens)
     if n == 0:
         return None, np.zeros(1, dtype=np.int64)
+    groups = np.zeros(0, np.int64) if group is None else np.ascontiguousarray(group, np.int64)
     if cap == 0:  # the stream order stands (perm None: the identity)
         return None, _pack_free(
             lens,
             np.ascontiguousarray(alone, dtype=np.bool_),
+            groups,
             np.ascontiguousarray(bounds, dtype=np.int64),
             *rule.kernel_args(),
         )
     return _pack_steps(
         np.ascontiguousarray(lens, dtype=np.int64),
         np.ascontiguousarray(alone, dtype=np.bool_),
+        groups,
         np.ascontiguousarray(bounds, dtype=np.int64),
         np.int64(cap),
         *rule.kernel_args(),

@@ -4,7 +4,8 @@ Pure (arrays and a config in, arrays and dicts out); reading the input and writi
 the plan artifact's job (:mod:`varpack.manifest.make`). :func:`plan_arrays` runs the stages in
 order, each a function in its own module, passing small dataclasses (:mod:`.arrays`) between:
 
-1. **select** (:mod:`.select`): input checks, oversize samples dropped, kept alone or refused;
+1. **select** (:mod:`.select`): input checks, oversize samples dropped, kept alone, split into
+   pieces (:mod:`.split`) or refused;
 2. **order + pack** (:mod:`.batching`): per epoch, the stream in ``--order`` (curriculum or
    windowed shuffle, :mod:`.order`) cut into micro-batches by a batching strategy (greedy budget
    or count, pipeline groups, blocks) and numbered into steps;
@@ -80,6 +81,9 @@ def _finish(
         moved=batches.moved if placed.warmup is None else None,  # reorder moves steps
         cp_placement=None if cp is None else cp.placement,
         cp_cost=None if cp is None else cp.load.cost,
+        sample_offsets=chosen.offsets,
+        group=chosen.group,
+        notes=chosen.notes,
     )
 
 

@@ -3,8 +3,10 @@
 Checks the input (non-empty, positive lengths that fit the manifest's int32), fills the
 data-dependent defaults (the block length is the longest sample), then applies the oversize
 strategy chosen by name from :data:`OVERSIZE`: ``error`` (refuse, naming the samples), ``drop``
-(plan the rest; plan.json lists the dropped ones and why) or ``alone`` (each gets a micro-batch
-of its own). Later selections (split documents, mixtures) are strategies of this stage.
+(plan the rest; plan.json lists the dropped ones and why), ``alone`` (each gets a micro-batch
+of its own, within the bound of :func:`varpack.plan.oversize.check_alone`) or ``split`` (every
+document longer than ``--split-len`` becomes pieces, :mod:`varpack.plan.split`; the selection's
+units are then documents and pieces, with their offsets).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import numpy as np
 from varpack.errors import ConfigError, InputError
 from varpack.plan.arrays import Selection
 from varpack.plan.config import PlanConfig
+from varpack.plan.oversize import check_alone
 from varpack.plan.pack import oversize_mask
+from varpack.plan.split import split_units
 
 _SHOW_IDS = 5
 
@@ -27,7 +31,7 @@ def select(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> Selection:
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     check_input(ids, lens)
     cfg = cfg.with_block_len(int(lens.max()))
-    over = _oversize(lens, cfg)
+    over = lens > (cfg.split_len or 0) if cfg.oversize == "split" else _oversize(lens, cfg)
     if not over.any():
         chosen = Selection(cfg, ids, lens, np.zeros(len(ids), dtype=bool))
     else:
@@ -96,7 +100,8 @@ def _error(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig)
     value = cfg.block_len if cfg.batching == "blocks" else cfg.max_tokens
     raise ConfigError(
         f"{len(where)} samples do not fit {limit} {value} even alone: sample_id {shown}{more}; "
-        f"raise {limit}, or pass --oversize drop (skip them)"
+        + ("pass --oversize split (pieces of the budget), " if cfg.batching != "blocks" else "")
+        + f"raise {limit}, or pass --oversize drop (skip them)"
         + (" or --oversize alone (own micro-batch)" if cfg.batching != "blocks" else "")
     )
 
@@ -110,7 +115,16 @@ def _drop(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig) 
 
 
 def _alone(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig) -> Selection:
-    return Selection(cfg, ids, lens, over)
+    notes = check_alone(ids[over], lens[over], cfg)
+    return Selection(cfg, ids, lens, over, notes=notes)
+
+
+def _split(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig) -> Selection:
+    assert cfg.split_len is not None
+    units = split_units(ids, lens, cfg.split_len)
+    assert units is not None  # ``over`` holds a document longer than the split length
+    alone = np.zeros(len(units.ids), dtype=bool)
+    return Selection(cfg, units.ids, units.lens, alone, offsets=units.offsets, group=units.group)
 
 
 #: oversize strategy name -> ``fn(ids, lens, oversize mask, cfg) -> Selection``
@@ -118,4 +132,5 @@ OVERSIZE: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray, PlanConfig], S
     "error": _error,
     "drop": _drop,
     "alone": _alone,
+    "split": _split,
 }

@@ -46,7 +46,7 @@ class BatchInfo:
     micro: int
     lr_factor: float
     step_tokens: int
-    step_samples: int
+    step_samples: int  # sequences of the global step: a piece of a split document counts as one
     is_last_micro: bool
     warmup: bool
     epoch: int
@@ -62,7 +62,8 @@ class BatchInfo:
 
     @property
     def label_tokens(self) -> int:
-        """Supervised tokens of the whole global step: each sample predicts all but its first token."""
+        """Supervised tokens of the whole global step: each sample (each piece of a split
+        document too) predicts all but its first token."""
         return self.step_tokens - self.step_samples
 
     def to(self: B, device: torch.device | str, non_blocking: bool = False) -> B:

@@ -43,6 +43,7 @@ class RowInfo:
     epoch: int = 0
     pad_rows: int = 0
     block_index: np.ndarray | None = None
+    sample_offsets: np.ndarray | None = None  # --oversize split: each piece's first token
     carry: dict[str, np.ndarray] | None = None  # carried columns (strings: object arrays)
 
     def where(self) -> str:
@@ -219,8 +220,13 @@ def _tensors(arrays: dict[str, Any]) -> dict[str, Any]:
     return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
 
 
-def collate_numpy(row: RowInfo, fetch: Any, layout: str, pad_id: int = 0) -> RawBatch:
-    """Fetch the row's samples (``fetch(ids) -> (flat tokens, lens)``) and collate them (NumPy)."""
+def collate_numpy(
+    row: RowInfo, fetch: Any, layout: str, pad_id: int = 0, positions: str = "restart"
+) -> RawBatch:
+    """Fetch the row's samples (``fetch(ids) -> (flat tokens, lens)``; pieces of split documents
+    ``fetch(ids, offsets, lens)``) and collate them (NumPy). Every piece is a sequence of its
+    own: no label crosses its boundary; ``positions="continue"`` numbers its positions from its
+    offset in the document instead of from 0."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     ids, planned = row.sample_ids, row.seq_lens.astype(np.int64)
@@ -232,7 +238,8 @@ def collate_numpy(row: RowInfo, fetch: Any, layout: str, pad_id: int = 0) -> Raw
             )
         order = block_order(row.block_index)
         ids, planned, bidx = ids[order], planned[order], row.block_index[order]
-    tokens, lens = fetch(ids)
+    offs = row.sample_offsets
+    tokens, lens = fetch(ids) if offs is None else fetch(ids, offs, planned)
     _check_lengths(row, ids, planned, lens)
     fields = _info(row, ids, lens, order)
     if layout == "packed":
@@ -244,11 +251,21 @@ def collate_numpy(row: RowInfo, fetch: Any, layout: str, pad_id: int = 0) -> Raw
     else:
         fields.update(pack_blocks(tokens, lens, bidx, row.pad_to, row.pad_rows, pad_id))
         fields.update(block_index=bidx.astype(np.int32), pad_rows=row.pad_rows)
+    if positions == "continue" and offs is not None and layout != "blocks":
+        _continue_positions(fields["position_ids"], offs, lens, layout)
     return RawBatch(layout, fields)
 
 
+def _continue_positions(pos: np.ndarray, offs: np.ndarray, lens: np.ndarray, layout: str) -> None:
+    """Shift each piece's positions by its offset in its document (in place)."""
+    if layout == "packed":
+        pos[: int(lens.sum())] += np.repeat(offs.astype(np.int64), lens)
+    else:
+        pos[: len(offs)] += offs.astype(np.int64)[:, None]
+
+
 def collate(
-    row: RowInfo, fetch: Any, layout: str, pad_id: int = 0
+    row: RowInfo, fetch: Any, layout: str, pad_id: int = 0, positions: str = "restart"
 ) -> PackedBatch | PaddedBatch | BlockBatch:
     """Fetch the row's samples and build its batch dataclass (tensors on the CPU)."""
-    return collate_numpy(row, fetch, layout, pad_id).to_batch()
+    return collate_numpy(row, fetch, layout, pad_id, positions).to_batch()

@@ -44,6 +44,7 @@ from varpack.errors import InputError
 from varpack.metadata.contract import first_duplicate, resolve_files
 from varpack.metadata.lengths import write_arrow_tokens
 from varpack.metadata.tokens import SUFFIXES as IPC_SUFFIXES
+from varpack.torch.gather import fetch_flat, segment_gather_index, slice_pieces
 
 __all__ = [
     "ID_COLUMNS",
@@ -337,17 +338,25 @@ class ParquetTokenDataset:
             self._cache.popitem(last=False)
         return entry
 
-    def get_flat(self, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def get_flat(
+        self,
+        sample_ids: np.ndarray,
+        offsets: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Tokens of ``sample_ids`` concatenated in the given order, and each sample's length.
 
-        One read per distinct row group; the copy is a vectorised segment gather.
+        With ``offsets`` and ``lengths`` (the pieces of split documents, ``--oversize split``),
+        the tokens ``[offset, offset + length)`` of each sample instead of all of them. One read
+        per distinct row group; the copy is a vectorised segment gather.
         """
         ids = np.asarray(sample_ids, dtype=np.int64)
         if len(ids) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         rows = self.rows(ids)
+        piece = None if offsets is None else (ids, offsets, lengths)
         if self.ipc:
-            return self._gather_ipc(rows)
+            return self._gather_ipc(rows, piece)
         groups = np.searchsorted(self._rg_start, rows, side="right") - 1
         order = np.argsort(groups, kind="stable")
         uniq, first = np.unique(groups[order], return_index=True)
@@ -363,6 +372,8 @@ class ParquetTokenDataset:
             src_start[sel] = offsets[local]
             lens[sel] = offsets[local + 1] - offsets[local]
             tables.append((sel, values))
+        if piece is not None:
+            src_start, lens = slice_pieces(src_start, lens, piece)
         if len(tables) == 1:  # one row group (the usual case with Arrow IPC): one gather
             return tables[0][1][segment_gather_index(src_start, lens)], lens
         dst = np.zeros(len(ids) + 1, dtype=np.int64)
@@ -373,9 +384,11 @@ class ParquetTokenDataset:
             out[segment_gather_index(dst[sel], lens[sel])] = values[idx]
         return out, lens
 
-    def _gather_ipc(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _gather_ipc(self, rows: np.ndarray, piece: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """One gather per file (usually one file) straight from the mapping."""
         starts, lens = self._tok_start[rows], self._tok_len[rows].astype(np.int64)
+        if piece is not None:
+            starts, lens = slice_pieces(starts, lens, piece)
         if len(self.files) == 1:
             return self._view(0)[segment_gather_index(starts, lens)], lens
         files = np.searchsorted(self._file_start, rows, side="right") - 1
@@ -403,43 +416,3 @@ def _whole(mapped: pa.MemoryMappedFile) -> pa.Buffer:
     buf = mapped.read_buffer(mapped.size())
     mapped.seek(0)
     return buf
-
-
-def segment_gather_index(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenated ranges ``[s, s + l)`` for every (start, length), vectorised.
-
-    >>> segment_gather_index(np.array([10, 3]), np.array([2, 3])).tolist()
-    [10, 11, 3, 4, 5]
-    """
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(lens)
-    shift = np.repeat(starts - (ends - lens), lens)
-    return np.arange(total, dtype=np.int64) + shift
-
-
-def fetch_flat(dataset: Any, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens of ``sample_ids`` concatenated, and their lengths, from any dataset keyed by id.
-
-    Uses ``dataset.get_flat`` when it exists (batched reads); otherwise one ``dataset[id]`` each
-    (a dict, a Hugging Face dataset indexed by id, ...), converting tensors or lists to NumPy.
-    """
-    if hasattr(dataset, "get_flat"):
-        flat, lens = dataset.get_flat(sample_ids)
-        return np.asarray(flat), np.asarray(lens, dtype=np.int64)
-    parts = []
-    for sid in sample_ids.tolist():
-        try:
-            item = dataset[sid]
-        except (KeyError, IndexError):
-            raise InputError(
-                f"sample id {sid} is not in the dataset; was the plan made from this data?"
-            ) from None
-        if hasattr(item, "numpy"):  # a torch tensor
-            item = item.numpy()
-        parts.append(np.asarray(item).reshape(-1))
-    if not parts:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    lens = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-    return np.concatenate(parts), lens

@@ -122,6 +122,8 @@ class ManifestRows:
         self.block, self.block_off = np.zeros(0, np.int32), np.zeros(n + 1, np.int64)
         if self.has_blocks:
             self.block, self.block_off = _flat(col("block_index"))
+        # --oversize split: each piece's first token in its document (parallel to sample_ids)
+        self.offs = _flat(col("sample_offsets"))[0] if "sample_offsets" in names else None
         self.carry = {
             name[len(CARRY_PREFIX) :]: _carried(col(name))
             for name in table.column_names
@@ -153,6 +155,7 @@ class ManifestRows:
             block_index=self.block[self.block_off[i] : self.block_off[i + 1]]
             if self.has_blocks
             else None,
+            sample_offsets=self.offs[a:b] if self.offs is not None else None,
             carry={k: v[a:b] for k, v in self.carry.items()} if self.carry else None,
         )
 
@@ -189,18 +192,29 @@ def _carried(column: pa.ChunkedArray) -> np.ndarray:
 class MicroBatches(Dataset[Any]):
     """Map-style dataset: index ``(epoch, row)`` -> the collated micro-batch of that row."""
 
-    def __init__(self, rows: ManifestRows, dataset: Any, layout: str, pad_id: int = 0) -> None:
+    def __init__(
+        self,
+        rows: ManifestRows,
+        dataset: Any,
+        layout: str,
+        pad_id: int = 0,
+        positions: str = "restart",
+    ) -> None:
         self.rows, self.dataset, self.layout, self.pad_id = rows, dataset, layout, pad_id
+        self.positions = positions  # position ids of pieces (plan.json's split_positions)
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def fetch(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return fetch_flat(self.dataset, ids)
+    def fetch(
+        self, ids: np.ndarray, offsets: np.ndarray | None = None, lens: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return fetch_flat(self.dataset, ids, offsets, lens)
 
     def __getitem__(self, index: tuple[int, int]) -> RawBatch:
         epoch, i = index
-        return collate_numpy(self.rows.row(i, epoch), self.fetch, self.layout, self.pad_id)
+        row = self.rows.row(i, epoch)
+        return collate_numpy(row, self.fetch, self.layout, self.pad_id, self.positions)
 
     def batch(self, i: int, epoch: int = 0) -> PackedBatch | PaddedBatch | BlockBatch:
         """The collated batch of row ``i`` (in this process)."""
@@ -270,7 +284,8 @@ class PlanLoader:
         self.rows = ManifestRows(table)
         self.cp_rows = cp_mod.CPRows(table, self.cp_size) if self.cp_size > 1 else None
         self.fingerprint = plan_fingerprint(self.plan)
-        self.dataset = MicroBatches(self.rows, dataset, layout, pad_id)
+        positions = (self.plan.meta.get("config") or {}).get("split_positions", "restart")
+        self.dataset = MicroBatches(self.rows, dataset, layout, pad_id, positions)
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.prefetch_factor, self.multiprocessing_context = (
             prefetch_factor,

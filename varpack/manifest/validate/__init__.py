@@ -5,8 +5,10 @@ this order: :mod:`.files` (plan.json's keys and types, rank files as plain decla
 the plan, config and layout, checksums and row counts, the plan fingerprint, manifest schema,
 parallel list columns), :mod:`.numbering` (steps and micro-batches numbered alike on every rank),
 :mod:`.rows` (each micro-batch's shape and budget, the shape rules: rows per shape, shape bound,
-pipeline steps, blocks, warm-up prefix, ``shape_lengths``), :mod:`.coverage` (every sample
-exactly once per epoch or dropped, against the fingerprint or ``--metadata``), :mod:`.carried`
+pipeline steps, blocks, warm-up prefix, ``shape_lengths``), :mod:`.pieces` (``--oversize
+split``: pieces tile their documents, never two of one document in a micro-batch),
+:mod:`.coverage` (every sample exactly once per epoch or dropped, against the fingerprint or
+``--metadata``), :mod:`.carried`
 (each carried ``carry.COL`` value is the metadata's, when the metadata is given), :mod:`.figures`
 (step totals and LR factors on every row, per-rank shapes, plan.json's stats), :mod:`.cp`
 (``--cp``: placement once per sample, in range, within each CP rank's capacity) and, when asked,
@@ -47,6 +49,7 @@ from varpack.manifest.validate.files import (
     read_rank,
 )
 from varpack.manifest.validate.numbering import check_numbering
+from varpack.manifest.validate.pieces import documents, recompute_tokens
 from varpack.manifest.validate.replay import check_replay
 from varpack.manifest.validate.report import Report
 from varpack.manifest.validate.rows import check_micro_batches, recompute_lengths, shape_lengths
@@ -93,17 +96,23 @@ def validate_plan(
     # figures: the step columns
     whole = combine(ranks, micros, int(meta["num_steps"]), cfg)
     check_step_columns(ranks, whole, report)
-    # coverage
+    # coverage (split: the pieces tile their documents, which are then covered)
     reordered = cfg.warmup == "reorder"
+    split = cfg.oversize == "split"
+    ids, lens, steps = (
+        documents(meta, cfg, ranks, whole.sample_step, reordered, report)
+        if split
+        else (whole.ids, whole.lens, whole.sample_step)
+    )
     check_coverage(
         meta,
-        whole.ids,
-        whole.lens,
-        whole.sample_step,
+        ids,
+        lens,
+        steps,
         metadata,
         report,
         whole=reordered,
-        locate=Locator(ranks),
+        locate=None if split else Locator(ranks),
     )
     unchecked: str | None = "give --metadata or --carry-from META"
     if carry_source is not None:
@@ -114,6 +123,7 @@ def validate_plan(
     # figures: shapes and stats
     check_rank_shapes(meta, whole, report)
     stats = recompute_stats(ranks, whole, lengths, cfg, meta.get("epochs"))
+    stats["tokens"] = recompute_tokens(meta, ranks, len(meta.get("epochs") or [0]), split)
     compare_stats(meta.get("stats", {}), stats, report)
     check_cp(meta, ranks, whole, cfg, report)
     report.facts = {
@@ -125,6 +135,7 @@ def validate_plan(
         "padding_ratio": stats["padding_ratio"],
         "time_vs_ideal": stats["time_vs_ideal"],
         "budget_fill": stats["budget_fill"],
+        "tokens": stats["tokens"],
         "carried": [name for name, _ in carried_columns(meta)],
         "carry_unchecked": unchecked,
     }

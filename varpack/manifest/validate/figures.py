@@ -42,6 +42,7 @@ class AllRanks:
     lr: np.ndarray
     shapes: list[Any]  # per rank: distinct [rows, pad_to], largest first
     num_steps: int
+    offsets: np.ndarray | None = None  # per planned sample (--oversize split)
 
 
 def combine(
@@ -67,6 +68,9 @@ def combine(
         ),
         shapes=rank_shapes(rank_of, allm.rows, allm.pad_to, cfg.dp),
         num_steps=num_steps,
+        offsets=None
+        if any(rk.sample_offsets is None for rk in ranks)
+        else np.concatenate([rk.sample_offsets for rk in ranks if rk.sample_offsets is not None]),
     )
 
 
@@ -146,7 +150,8 @@ def _input_rows(whole: AllRanks, epochs: list[dict[str, int]]) -> np.ndarray:
     epoch_of = np.searchsorted(starts, whole.sample_step, side="right") - 1
     for e in range(len(epochs)):
         at = np.flatnonzero(epoch_of == e)
-        rows[at] = input_rows(whole.lens[at], whole.ids[at])
+        offs = None if whole.offsets is None else whole.offsets[at]
+        rows[at] = input_rows(whole.lens[at], whole.ids[at], offs)
     return rows
 
 

@@ -6,10 +6,11 @@ plan directory and no undeclared ``*.parquet`` file lies beside them (nothing ou
 ever opened); that plan.json's config is valid and its layout matches it; that every rank file is
 readable with the checksum and row count plan.json records; that the recorded plan fingerprint
 fits the config, input and checksums (a config edited after planning); that each manifest has
-exactly the schema its config calls for (the base columns, plus ``pad_rows`` and ``block_index``
-where used, and the ``carry.COL`` columns plan.json's ``carry`` names, with their types); and
-that the list columns are parallel (``seq_lens``, ``block_index`` and the carried columns hold one
-entry per ``sample_ids`` entry). A rank that passes is read into :class:`RankRows`, the arrays
+exactly the schema its config calls for (the base columns, plus ``pad_rows``, ``block_index``
+and ``sample_offsets`` where used, and the ``carry.COL`` columns plan.json's ``carry`` names,
+with their types); and that the list columns are parallel (``seq_lens``, ``block_index``,
+``sample_offsets`` and the carried columns hold one entry per ``sample_ids`` entry). A rank that
+passes is read into :class:`RankRows`, the arrays
 every later check works on.
 """
 
@@ -51,6 +52,7 @@ class RankRows:
     pad_rows: np.ndarray
     block_index: np.ndarray | None
     warmup: np.ndarray
+    sample_offsets: np.ndarray | None = None  # per planned sample (--oversize split)
     carry: dict[str, pa.Array] = field(default_factory=dict)  # name -> flat values, like ids
 
 
@@ -134,6 +136,8 @@ def expected_columns(cfg: PlanConfig) -> list[str]:
         names.append("block_index")
     if cfg.cp > 1:
         names.append("cp_placement")
+    if cfg.oversize == "split":
+        names.append("sample_offsets")
     return names
 
 
@@ -172,6 +176,13 @@ def read_rank(
             report.add(f"rank {rank}: block_index lists are not parallel to sample_ids")
             return None
         block_index = bcol.flatten().to_numpy().astype(np.int64)
+    sample_offsets = None
+    if "sample_offsets" in table.column_names:
+        ocol = table.column("sample_offsets").combine_chunks()
+        if not np.array_equal(ocol.offsets.to_numpy().astype(np.int64), off_ids):
+            report.add(f"rank {rank}: sample_offsets lists are not parallel to sample_ids")
+            return None
+        sample_offsets = ocol.flatten().to_numpy().astype(np.int64)
     carry = {}
     for name, _ in carried_columns(plan.meta):
         ccol = table.column(CARRY_PREFIX + name).combine_chunks()
@@ -194,5 +205,6 @@ def read_rank(
         pad_rows=pad_rows,
         block_index=block_index,
         warmup=table.column("warmup").to_numpy(zero_copy_only=False).astype(bool),
+        sample_offsets=sample_offsets,
         carry=carry,
     )

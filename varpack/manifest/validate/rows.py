@@ -188,9 +188,14 @@ def recompute_lengths(
         epochs = meta.get("epochs") or [{"first_step": 0, "num_steps": int(meta["num_steps"])}]
         if len(epochs) > 1 and cfg.warmup != "reorder":
             lens = lens[sample_step < int(epochs[0]["num_steps"])]
-        elif len(epochs) > 1:  # reordered across epochs: one of each sample
+        elif len(epochs) > 1:  # reordered across epochs: one of each sample (or piece)
             ids = np.concatenate([rk.ids for rk in ranks])
-            lens = lens[np.unique(ids, return_index=True)[1]]
+            offs = [rk.sample_offsets for rk in ranks]
+            if all(o is not None for o in offs):  # --oversize split: a piece is (id, offset)
+                key = np.stack((ids, np.concatenate([o for o in offs if o is not None])), axis=1)
+                lens = lens[np.unique(key, axis=0, return_index=True)[1]]
+            else:
+                lens = lens[np.unique(ids, return_index=True)[1]]
     else:  # over the micro-batch totals
         lens = np.concatenate([segment_sums(rk.offsets, rk.lens) for rk in ranks])
     want = choose_lengths(lens, cfg.max_shapes, cfg.pad_multiple)

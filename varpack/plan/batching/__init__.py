@@ -25,9 +25,13 @@ from varpack.plan.arrays import Batches, Selection
 from varpack.plan.batching import blocks, costed, gds, greedy, pipeline
 from varpack.plan.config import PlanConfig
 
-Batcher = Callable[[np.ndarray, np.ndarray, PlanConfig, np.ndarray | None], Batches]
+Batcher = Callable[
+    [np.ndarray, np.ndarray, PlanConfig, np.ndarray | None, np.ndarray | None], Batches
+]
 
-#: strategy name -> ``build(lens, alone, cfg, lengths) -> Batches``
+#: strategy name -> ``build(lens, alone, cfg, lengths, group) -> Batches``; ``group`` numbers
+#: the pieces of split documents (``--oversize split``, greedy only), which never share a
+#: micro-batch
 BATCHERS: dict[str, Batcher] = {
     "greedy": greedy.build,
     "costed": costed.build,
@@ -51,9 +55,11 @@ def batcher_name(cfg: PlanConfig) -> str:
 
 
 def composes_by_cost(cfg: PlanConfig) -> bool:
-    """``--compose cost`` applies: shuffled budget batching, packed layout, no ``--pp``/``--cp``."""
+    """``--compose cost`` applies: shuffled budget batching, packed layout, no ``--pp``/``--cp``,
+    no ``--oversize split`` (its pieces are kept apart by the greedy batcher only)."""
     return (
         cfg.compose == "cost"
+        and cfg.oversize != "split"
         and cfg.order == "shuffle"
         and cfg.batching == "budget"
         and cfg.layout == "packed"
@@ -65,4 +71,4 @@ def composes_by_cost(cfg: PlanConfig) -> bool:
 def build_batches(chosen: Selection, lengths: np.ndarray | None) -> Batches:
     """Micro-batches and steps of all epochs over the selected samples."""
     cfg = chosen.cfg
-    return BATCHERS[batcher_name(cfg)](chosen.lens, chosen.alone, cfg, lengths)
+    return BATCHERS[batcher_name(cfg)](chosen.lens, chosen.alone, cfg, lengths, chosen.group)

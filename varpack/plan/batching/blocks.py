@@ -221,7 +221,11 @@ def check_blocks(
 
 
 def build(
-    lens: np.ndarray, alone: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None
+    lens: np.ndarray,
+    alone: np.ndarray,
+    cfg: PlanConfig,
+    lengths: np.ndarray | None,
+    group: np.ndarray | None = None,  # always None: --oversize split is refused here
 ) -> Batches:
     """``--batching blocks``: best-fit blocks of whole samples, ``blocks_per_batch`` per row."""
     t, per = cfg.block_len, cfg.blocks_per_batch

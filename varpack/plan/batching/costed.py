@@ -40,7 +40,11 @@ def cost_coefficients(model: CostModel) -> tuple[float, float]:
 
 
 def build(
-    lens: np.ndarray, alone: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None
+    lens: np.ndarray,
+    alone: np.ndarray,
+    cfg: PlanConfig,
+    lengths: np.ndarray | None,
+    group: np.ndarray | None = None,  # always None: --oversize split is refused here
 ) -> Batches:
     """Micro-batches and steps of all epochs, composed by cost."""
     assert cfg.max_tokens is not None

@@ -137,7 +137,11 @@ def _regroup(lens, offsets, dp, k, cap, lin, quad):  # type: ignore[no-untyped-d
 
 
 def build(
-    lens: np.ndarray, alone: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None
+    lens: np.ndarray,
+    alone: np.ndarray,
+    cfg: PlanConfig,
+    lengths: np.ndarray | None,
+    group: np.ndarray | None = None,  # always None: --oversize split is refused here
 ) -> Batches:
     """Greedy steps, each re-formed by GDS (module doc); micro-batches grouped per rank."""
     batches = greedy.build(lens, alone, cfg, lengths)

@@ -25,9 +25,13 @@ from varpack.plan.pack import complete, pack
 
 
 def build(
-    lens: np.ndarray, alone: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None
+    lens: np.ndarray,
+    alone: np.ndarray,
+    cfg: PlanConfig,
+    lengths: np.ndarray | None,
+    group: np.ndarray | None = None,
 ) -> Batches:
-    """Micro-batches and steps of all epochs."""
+    """Micro-batches and steps of all epochs; pieces of one ``group`` never share one."""
     per_step = cfg.micro_per_step
     view = (
         lens if lengths is None or cfg.layout == "packed" else effective_lengths(lens, cfg, lengths)
@@ -43,8 +47,9 @@ def build(
         # (curriculum: the stream is the input order, no gather at all).
         sview = view[idx] if shuffled else view
         salone = alone if not shuffled else alone[idx] if any_alone else np.zeros(len(idx), bool)
-        perm, off = pack(sview, bounds, salone, rule, per_step if shuffled else 0)
-        del salone
+        sgroup = None if group is None else group[idx] if shuffled else group
+        perm, off = pack(sview, bounds, salone, rule, per_step if shuffled else 0, sgroup)
+        del salone, sgroup
         if perm is not None:  # close to the identity: cheap gathers
             idx, sview = idx[perm], sview[perm]
         del perm

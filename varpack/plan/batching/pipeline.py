@@ -210,7 +210,11 @@ def expand_groups(
 
 
 def build(
-    lens: np.ndarray, alone: np.ndarray, cfg: PlanConfig, lengths: np.ndarray | None
+    lens: np.ndarray,
+    alone: np.ndarray,
+    cfg: PlanConfig,
+    lengths: np.ndarray | None,
+    group: np.ndarray | None = None,  # always None: --oversize split is refused here
 ) -> Batches:
     """(step, rank) groups of ``grad_accum`` micro-batches of one shape, all epochs."""
     k, dp = cfg.grad_accum, cfg.dp

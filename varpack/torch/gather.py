@@ -1,0 +1,94 @@
+"""Vectorised gathers of samples and of pieces of samples (``--oversize split``).
+
+:func:`segment_gather_index` turns (start, length) pairs into one index array, so a micro-batch
+is one NumPy gather; :func:`slice_pieces` moves those pairs onto the pieces a plan names
+(``tokens[offset : offset + length]`` of each document); :func:`fetch_flat` fetches a
+micro-batch from any dataset keyed by sample id (``get_flat`` when it has one, else one lookup
+per sample).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from varpack.errors import InputError
+
+
+def slice_pieces(
+    starts: np.ndarray, lens: np.ndarray, piece: tuple[np.ndarray, Any, Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where the pieces ``(ids, offsets, lengths)`` of samples at ``starts`` / ``lens`` lie."""
+    ids, offsets, lengths = piece
+    offs = np.asarray(offsets, dtype=np.int64)
+    want = np.asarray(lengths, dtype=np.int64)
+    bad = (offs < 0) | (offs + want > lens)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise InputError(
+            f"sample id {int(ids[k])} has {int(lens[k])} tokens; the plan's piece at offset "
+            f"{int(offs[k])} of {int(want[k])} tokens lies outside it; was the plan made from this data?"
+        )
+    return starts + offs, want
+
+
+def segment_gather_index(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenated ranges ``[s, s + l)`` for every (start, length), vectorised.
+
+    >>> segment_gather_index(np.array([10, 3]), np.array([2, 3])).tolist()
+    [10, 11, 3, 4, 5]
+    """
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lens)
+    shift = np.repeat(starts - (ends - lens), lens)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+def fetch_flat(
+    dataset: Any,
+    sample_ids: np.ndarray,
+    offsets: np.ndarray | None = None,
+    lengths: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of ``sample_ids`` concatenated, and their lengths, from any dataset keyed by id.
+
+    Uses ``dataset.get_flat`` when it exists (batched reads; with pieces it is called as
+    ``get_flat(ids, offsets, lengths)``); otherwise one ``dataset[id]`` each (a dict, a Hugging
+    Face dataset indexed by id, ...), converting tensors or lists to NumPy. With ``offsets`` and
+    ``lengths`` each sample is the piece ``tokens[offset:offset + length]`` of its document.
+    """
+    if hasattr(dataset, "get_flat"):
+        got = (
+            dataset.get_flat(sample_ids)
+            if offsets is None
+            else dataset.get_flat(sample_ids, offsets, lengths)
+        )
+        return np.asarray(got[0]), np.asarray(got[1], dtype=np.int64)
+    flat, lens = _fetch_each(dataset, sample_ids)
+    if offsets is None:
+        return flat, lens
+    starts = np.cumsum(lens) - lens
+    starts, lens = slice_pieces(starts, lens, (sample_ids, offsets, lengths))
+    return flat[segment_gather_index(starts, lens)], lens
+
+
+def _fetch_each(dataset: Any, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One ``dataset[id]`` per sample, concatenated."""
+    parts = []
+    for sid in sample_ids.tolist():
+        try:
+            item = dataset[sid]
+        except (KeyError, IndexError):
+            raise InputError(
+                f"sample id {sid} is not in the dataset; was the plan made from this data?"
+            ) from None
+        if hasattr(item, "numpy"):  # a torch tensor
+            item = item.numpy()
+        parts.append(np.asarray(item).reshape(-1))
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lens = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+    return np.concatenate(parts), lens
