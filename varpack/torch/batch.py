@@ -54,6 +54,9 @@ class BatchInfo:
     seq_lens: torch.Tensor  # int32 [num_samples]
     # carried metadata columns: name -> [num_samples] tensor, or list of str (parallel to sample_ids)
     carry: dict[str, torch.Tensor | list[str]] = field(default_factory=dict, kw_only=True)
+    # --oversize split: each piece's first token in its document, parallel to sample_ids
+    # (int64 [num_samples]); None for plans that split nothing
+    sample_offsets: torch.Tensor | None = field(default=None, kw_only=True)
 
     @property
     def num_tokens(self) -> int:

@@ -203,7 +203,16 @@ def _info(
         # Copies: the manifest's arrays are read-only views of Arrow memory.
         "sample_ids": np.array(ids, dtype=np.int64),
         "seq_lens": np.array(lens, dtype=np.int32),
+        "sample_offsets": _offsets(row, order),
     }
+
+
+def _offsets(row: RowInfo, order: np.ndarray | None) -> np.ndarray | None:
+    """Each piece's first token in its document (``--oversize split``), in the batch's order."""
+    offs = row.sample_offsets
+    if offs is None:
+        return None
+    return np.array(offs if order is None else offs[order], dtype=np.int64)
 
 
 def _check_lengths(row: RowInfo, ids: np.ndarray, planned: np.ndarray, got: np.ndarray) -> None:
