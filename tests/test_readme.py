@@ -46,9 +46,13 @@ def test_the_key_blocks_are_run() -> None:
     run = [code for lang, code in blocks() if lang in RUN]
     five = [c for c in run if all(f"varpack {cmd} " in c for cmd in ("lengths", "check", "plan"))]
     assert five and "mpiexec" in five[0] and "varpack sort" in five[0]
-    assert "varpack validate" in five[0]
-    assert any("varpack synth" in c and "--tokenized" in c for c in run), "data step not run"
-    assert any("PlanLoader" in c and "backward()" in c for c in run), "trainer loop not run"
+    assert "varpack validate" in five[0] and "--oversize split" in five[0]
+    assert "--id-column id" in five[0], "Hugging Face-style ids not used"
+    data = [c for c in run if '"id":' in c and '"input_ids":' in c and "write_table" in c]
+    assert data, "the Hugging Face-style data step is not run"
+    loop = [c for c in run if "PlanLoader" in c and "backward()" in c]
+    assert loop and "hf_inputs" in loop[0] and "num_items_in_batch" in loop[0], "HF loop not run"
+    assert any(c.lstrip().startswith("torchrun") and "jobs/train.py" in c for c in run)
 
 
 def test_readme_runs_as_pasted(tmp_path: Path) -> None:
@@ -60,6 +64,7 @@ def test_readme_runs_as_pasted(tmp_path: Path) -> None:
         OMP_NUM_THREADS="1",
         MPLBACKEND="Agg",
     )
+    (tmp_path / "jobs").symlink_to(ROOT / "jobs")  # the README's torchrun line names jobs/train.py
     ran = 0
     for i, (lang, code) in enumerate(blocks()):
         if lang not in RUN:

@@ -3,8 +3,8 @@ and the preview of every choice that ``varpack check --max-tokens`` prints.
 
 ``--oversize split`` is supported wherever the greedy batcher packs (``--batching budget``, both
 layouts and orders, epochs, grad-accum, ``--max-shapes``, ``--pack-to``, ``--pp`` in the packed
-layout; shuffled steps are then composed by tokens, as ``--compose cost`` has no way to keep
-pieces apart); it is refused with ``--batching blocks``, ``--pp`` in the padded layout, ``--cp`` with
+layout; shuffled steps are composed by cost when the pieces fill the budget, the default, and by
+tokens with a shorter ``--split-len``, as ``--compose cost`` has no way to keep shorter pieces apart); it is refused with ``--batching blocks``, ``--pp`` in the padded layout, ``--cp`` with
 ``--cp-batching gds``, whose batchers do not keep the pieces of one document apart.
 """
 

@@ -24,6 +24,7 @@ import numpy as np
 from varpack.plan.arrays import Batches, Selection
 from varpack.plan.batching import blocks, costed, gds, greedy, pipeline
 from varpack.plan.config import PlanConfig
+from varpack.plan.split import fit_len
 
 Batcher = Callable[
     [np.ndarray, np.ndarray, PlanConfig, np.ndarray | None, np.ndarray | None], Batches
@@ -56,10 +57,11 @@ def batcher_name(cfg: PlanConfig) -> str:
 
 def composes_by_cost(cfg: PlanConfig) -> bool:
     """``--compose cost`` applies: shuffled budget batching, packed layout, no ``--pp``/``--cp``,
-    no ``--oversize split`` (its pieces are kept apart by the greedy batcher only)."""
+    and no ``--oversize split`` with a ``--split-len`` below the budget (the greedy batcher keeps
+    such pieces apart; full-budget pieces, the default, never fit two to a micro-batch)."""
     return (
         cfg.compose == "cost"
-        and cfg.oversize != "split"
+        and (cfg.oversize != "split" or cfg.split_len == fit_len(cfg.max_tokens or 0, cfg.pad_multiple))
         and cfg.order == "shuffle"
         and cfg.batching == "budget"
         and cfg.layout == "packed"
