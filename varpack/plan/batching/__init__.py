@@ -61,7 +61,10 @@ def composes_by_cost(cfg: PlanConfig) -> bool:
     such pieces apart; full-budget pieces, the default, never fit two to a micro-batch)."""
     return (
         cfg.compose == "cost"
-        and (cfg.oversize != "split" or cfg.split_len == fit_len(cfg.max_tokens or 0, cfg.pad_multiple))
+        and (
+            cfg.oversize != "split"
+            or cfg.split_len == fit_len(cfg.max_tokens or 0, cfg.pad_multiple)
+        )
         and cfg.order == "shuffle"
         and cfg.batching == "budget"
         and cfg.layout == "packed"
