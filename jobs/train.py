@@ -305,6 +305,16 @@ def main(argv: list[str] | None = None) -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+        _leave(0)
+
+
+def _leave(code: int) -> None:
+    """End a distributed run now: freeing a DDP model or a gloo group at interpreter teardown can
+    deadlock (gloo's worker thread waits for the GIL that the destructor joining it holds), and
+    everything the run writes is written and flushed by now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def checkpoint(
@@ -366,5 +376,7 @@ if __name__ == "__main__":
     try:
         main()
     except VarpackError as exc:  # a user mistake: one line, exit 2 (as the varpack CLI does)
-        print(f"varpack: error: {exc}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"varpack: error: {exc}\n")  # one write: ranks share the stream
+        if dist.is_initialized():
+            _leave(2)
         sys.exit(2)
