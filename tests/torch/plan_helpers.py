@@ -6,6 +6,10 @@ reader's tests do not depend on the planner; the example trainer's test uses ``v
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -154,3 +158,36 @@ def random_lengths(rng: np.random.Generator, n: int, lo: int = 2, hi: int = 40) 
     """n samples with shuffled, non-contiguous ids and lengths in [lo, hi]."""
     ids = rng.permutation(n * 3)[:n] + 1000
     return {int(i): int(x) for i, x in zip(ids, rng.integers(lo, hi + 1, n), strict=True)}
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def torchrun(
+    nproc: int, script: Path, *args: object, timeout: float = 600, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone --nproc-per-node N script args`` from the repository root, on
+    the CPU (one thread per process, PYTHONPATH to this checkout). It runs in a session of its
+    own, so a timeout kills every rank, not only the launcher (no stray ranks left behind)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", str(script), *map(str, args)]  # fmt: skip
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        start_new_session=True,
+    ) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if check:
+        assert done.returncode == 0, f"rc={done.returncode}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
+    return done

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +11,7 @@ import pytest
 pytest.importorskip("torch.nn")
 
 import torch  # noqa: E402
+from plan_helpers import torchrun as run_torchrun  # noqa: E402
 from plan_helpers import write_tokens  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
@@ -61,15 +59,7 @@ def test_shards_cover_every_token_once_with_balanced_chunks(n):
 
 
 def torchrun(nproc: int, *args: object) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(HERE / "cp_equivalence.py"), *map(str, args)]  # fmt: skip
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    )
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    run_torchrun(nproc, HERE / "cp_equivalence.py", *args)
 
 
 @pytest.mark.slow
@@ -106,12 +96,10 @@ def test_dp2_cp2_equals_dp2(tmp_path) -> None:
 
 
 def _train(nproc: int, plan: Path, tmp: Path, *extra: object) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(ROOT / "jobs" / "train.py"), "--plan", str(plan), "--data", str(tmp / "tok.parquet"),
-           "--out", str(tmp / f"run{nproc}"), "--warmup-steps", "1", *map(str, extra)]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_torchrun(
+        nproc, ROOT / "jobs" / "train.py", "--plan", plan, "--data", tmp / "tok.parquet",
+        "--out", tmp / f"run{nproc}", "--warmup-steps", 1, *extra,
+    )  # fmt: skip
     return [line.split("lr")[0] for line in proc.stdout.splitlines() if " loss " in line]
 
 

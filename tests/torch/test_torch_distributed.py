@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,21 +13,15 @@ import pytest
 pytest.importorskip("torch.nn")
 
 import torch  # noqa: E402
-from plan_helpers import random_lengths, write_tokens  # noqa: E402
+from plan_helpers import random_lengths, write_tokens
+from plan_helpers import torchrun as run_torchrun  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(nproc: int, *args: object, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(ROOT / "jobs" / "train.py"), *map(str, args)]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    assert proc.returncode == 0, (
-        f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-    )
-    return proc
+def torchrun(nproc: int, *args: object) -> subprocess.CompletedProcess[str]:
+    return run_torchrun(nproc, ROOT / "jobs" / "train.py", *args)
 
 
 def _records(out: Path) -> list[dict]:

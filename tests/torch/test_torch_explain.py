@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("torch.nn")
 
-from plan_helpers import make_plan, random_lengths, write_tokens  # noqa: E402
+from plan_helpers import make_plan, random_lengths, torchrun, write_tokens  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
 from varpack.errors import InputError  # noqa: E402
@@ -197,11 +197,10 @@ def test_two_ranks_stop_together_when_one_rank_has_a_bad_token_id(tmp_path) -> N
     truth[5][3] = 300  # beyond the tiny preset's 256 entries
     write_tokens_exact(tmp_path / "tok.parquet", truth)
     plan = make_plan(tmp_path / "plan", lens, dp=2, micros=[[0, 1], [5, 6], [2, 3], [4, 7]])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "jobs" / "train.py"), "--plan", str(plan), "--data",
-           str(tmp_path / "tok.parquet"), "--out", str(tmp_path / "run")]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    proc = torchrun(
+        2, ROOT / "jobs" / "train.py", "--plan", plan, "--data", tmp_path / "tok.parquet",
+        "--out", tmp_path / "run", check=False,
+    )  # fmt: skip
     assert proc.returncode != 0
     errors = [x for x in proc.stderr.splitlines() if x.startswith("varpack: error: ")]
     assert len(errors) == 2, proc.stderr[-3000:]
