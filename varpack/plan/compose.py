@@ -41,23 +41,25 @@ _CLOSED = np.int64(1) << 62  # tokens of a micro-batch that takes nothing more (
 SMALL = 0.1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _cost(x, lin, quad):  # type: ignore[no-untyped-def]
     """A sample's cost: ``lin * x + quad * x^2`` (tokens: 1, 0; flops: its two parts)."""
     return lin * x + quad * x * x
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _least(bin_tok, base, k):  # type: ignore[no-untyped-def]
     """Index (in ``base .. base+k``) of the micro-batch with the fewest tokens."""
     best = base
+    low = bin_tok[base]
     for j in range(base + 1, base + k):
-        if bin_tok[j] < bin_tok[best]:
-            best = j
+        v = bin_tok[j]
+        best = j if v < low else best
+        low = v if v < low else low
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _room(x, lone, bin_tok, j, cap):  # type: ignore[no-untyped-def]
     """Does sample ``x`` (``lone``: it needs an empty micro-batch) join micro-batch ``j``?
 
@@ -81,25 +83,30 @@ def _cap(multiple: int, budget: int) -> int:
     return t
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _lightest(s, x, lone, dp, load, bin_tok, least, cap):  # type: ignore[no-untyped-def]
     """The slot of step ``s`` with the least cost that has room for the sample (-1: none)."""
     best = -1
+    low = np.inf
     for slot in range(s * dp, s * dp + dp):
-        if (best < 0 or load[slot] < load[best]) and _room(x, lone, bin_tok, least[slot], cap):
-            best = slot
+        v = load[slot]
+        ok = (v < low) & _room(x, lone, bin_tok, least[slot], cap)
+        best = slot if ok else best
+        low = v if ok else low
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _choose(x, c, small, lone, due, level, p, dp, load, bin_tok, least, spare, cap):  # type: ignore[no-untyped-def]
     """``(step, slot)`` for the next sample of cost ``c``: the step due first whose lightest
     slot with room stays within the step's level with it; else the step due first with room
     at all; ``slot`` -1 where none has room."""
     top = 0
+    low = due[0]
     for s in range(1, p):
-        if due[s] < due[top]:
-            top = s
+        v = due[s]
+        top = s if v < low else top
+        low = v if v < low else low
     slot = -1
     if lone or _room(x, lone, spare, top, cap):
         slot = _lightest(top, x, lone, dp, load, bin_tok, least, cap)
@@ -124,21 +131,22 @@ def _choose(x, c, small, lone, due, level, p, dp, load, bin_tok, least, spare, c
     return any_s, anyslot
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _place(
-    i, slot, buf, lens, alone, lin, quad, dp, k, where, bin_tok, bin_cnt, load, least, spare
+    i, s, slot, buf, lens, alone, lin, quad, dp, k, where, bin_tok, bin_cnt, load, least, spare
 ):  # type: ignore[no-untyped-def]
-    """Sample ``i`` of the window into ``slot``'s micro-batch with the fewest tokens."""
+    """Sample ``i`` of the window into ``slot`` (of step ``s``): its micro-batch with the fewest
+    tokens."""
     x = lens[buf[i]]
     j = least[slot]
     was = bin_tok[j]
     _put(i, x, alone[buf[i]], _cost(x, lin, quad), slot, j, where, bin_tok, bin_cnt, load)
     least[slot] = _least(bin_tok, slot * k, k)
-    if was == spare[slot // dp]:  # the step's emptiest micro-batch filled up a little
-        _spare_of(slot // dp, dp, spare, bin_tok, least)
+    if was == spare[s]:  # the step's emptiest micro-batch filled up a little
+        _spare_of(s, dp, spare, bin_tok, least)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _spare_of(s, dp, spare, bin_tok, least):  # type: ignore[no-untyped-def]
     """``spare[s]``: the fewest tokens in a micro-batch of step ``s``, so that a step none of
     whose slots can take a sample is passed over at once."""
@@ -148,7 +156,7 @@ def _spare_of(s, dp, spare, bin_tok, least):  # type: ignore[no-untyped-def]
     spare[s] = low
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _put(i, x, lone, c, slot, j, where, bin_tok, bin_cnt, load):  # type: ignore[no-untyped-def]
     where[i] = j
     bin_tok[j] = _CLOSED if lone else bin_tok[j] + x
@@ -230,9 +238,24 @@ def _compose_window(buf, order, carried, lens, alone, lin, quad, p, dp, k, cap, 
     lead = min(m, groups * dp)  # the last group is completed by the next costliest samples
     for q in range(lead):  # backbones: one per rank, groups spread evenly over the steps
         i = order[q]
-        slot = ((q // dp) * p // groups) * dp + q % dp
+        s = (q // dp) * p // groups
         _place(
-            i, slot, buf, lens, alone, lin, quad, dp, k, where, bin_tok, bin_cnt, load, least, spare
+            i,
+            s,
+            s * dp + q % dp,
+            buf,
+            lens,
+            alone,
+            lin,
+            quad,
+            dp,
+            k,
+            where,
+            bin_tok,
+            bin_cnt,
+            load,
+            least,
+            spare,
         )
     # Each step takes a share of the rest in proportion to its free tokens, dealt costliest
     # first by count (weighted round robin): every step gets a stratified share of every
@@ -248,30 +271,19 @@ def _compose_window(buf, order, carried, lens, alone, lin, quad, p, dp, k, cap, 
     for g in range(groups):
         level[(g * p) // groups] = _cost(lens[buf[order[g * dp]]], lin, quad)
     for q in range(lead, 2 * m - lead):  # samples carried from the last window first
-        i = order[lead + (q - lead) % (m - lead)]
+        i = order[q if q < m else q - m + lead]
         if (i < carried) != (q < m):
             continue
         x = lens[buf[i]]
         c = _cost(x, lin, quad)
         s, slot = _choose(
-            x,
-            c,
-            SMALL * mean,
-            alone[buf[i]],
-            due,
-            level,
-            p,
-            dp,
-            load,
-            bin_tok,
-            least,
-            spare,
-            cap,
+            x, c, SMALL * mean, alone[buf[i]], due, level, p, dp, load, bin_tok, least, spare, cap
         )
         if slot >= 0:
             due[s] += 1.0 / room[s]
             _place(
                 i,
+                s,
                 slot,
                 buf,
                 lens,

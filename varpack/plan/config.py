@@ -122,7 +122,8 @@ class PlanConfig(ContextOptions):
     )
     shuffle_window: int = _opt(
         8,
-        "shuffle: regroup samples within windows of this many steps (1 = most random)",
+        "shuffle: regroup samples within windows of this many steps (1 = most random); "
+        "curriculum (flops/time cost): order micro-batches by cost within such windows",
         bounds=(1, INT32_MAX),
     )
     compose: str = _opt(

@@ -26,10 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-
-def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
-    """The generator of one epoch: independent streams for every (seed, epoch) pair."""
-    return np.random.default_rng([seed, epoch])
+from varpack.plan.permute import permutation, permuted
 
 
 def step_size(
@@ -99,7 +96,7 @@ def shuffle(
 def _step_segments(lens: np.ndarray, epoch: int, rule: OrderRule) -> tuple[np.ndarray, np.ndarray]:
     """Windows sorted and dealt to their steps (:func:`_regroup`): one segment per step."""
     n = len(lens)
-    perm = epoch_rng(rule.seed, epoch).permutation(n)
+    perm = permutation(rule.seed, epoch, n)
     idx, new_seg = _regroup(
         perm,
         np.ascontiguousarray(lens, dtype=np.int64),
@@ -113,7 +110,7 @@ def _step_segments(lens: np.ndarray, epoch: int, rule: OrderRule) -> tuple[np.nd
 def _plain(lens: np.ndarray, epoch: int, rule: OrderRule) -> tuple[np.ndarray, np.ndarray]:
     """The epoch's permutation as it is, one segment."""
     n = len(lens)
-    return epoch_rng(rule.seed, epoch).permutation(n).astype(np.int64), np.array([0, n], np.int64)
+    return permutation(rule.seed, epoch, n), np.array([0, n], np.int64)
 
 
 def _window_segments(
@@ -130,8 +127,7 @@ def _window_segments(
     ([0, 1, 2, 3, 4], 0, 5)
     """
     n = len(lens)
-    perm = epoch_rng(rule.seed, epoch).permutation(n).astype(np.int64)
-    plens = lens[perm]
+    perm, plens = permuted(rule.seed, epoch, lens)
     weight = np.ones(n, dtype=np.int64) if rule.by_samples else plens
     window = (np.cumsum(weight, dtype=np.int64) - weight) // (rule.window * rule.step)
     order = np.lexsort((plens, window))  # windows are consecutive; each sorted by length
@@ -275,9 +271,20 @@ class MovedTally:
         """Samples trained at ``step`` whose middle token sits at ``pos2 / 2`` of the epoch's
         permuted stream; ``per``: the epoch's steps per half token."""
         d = np.abs(step - (first_step + pos2 * per))
-        self.total += float(d.sum())
-        self.top = max(self.top, float(d.max()))
-        whole = np.bincount(d.astype(np.int64))
+        self.merge(float(d.sum()), float(d.max()), np.bincount(d.astype(np.int64)))
+
+    def add_epoch(
+        self, pos: np.ndarray, starts: np.ndarray, plens: np.ndarray, per_step: int
+    ) -> None:
+        """One epoch's micro-batches (``starts``; ``per_step`` make a step) of the samples at
+        ``pos`` in the epoch's permuted stream of lengths ``plens``."""
+        if len(pos):
+            self.merge(*_epoch_moved(pos, starts, plens, np.int64(per_step)))
+
+    def merge(self, total: float, top: float, whole: np.ndarray) -> None:
+        """Add distances summed up as ``total``, their ``top`` and whole-step counts ``whole``."""
+        self.total += total
+        self.top = max(self.top, top)
         if len(whole) > len(self.hist):
             self.hist = np.concatenate((self.hist, np.zeros(len(whole) - len(self.hist), np.int64)))
         self.hist[: len(whole)] += whole
@@ -291,6 +298,29 @@ class MovedTally:
             "moved_steps_max": self.top,
             "moved_windows_max": self.top / window,
         }
+
+
+@njit(cache=True)
+def _epoch_moved(pos, starts, plens, per_step):  # type: ignore[no-untyped-def]
+    """``(total, top, whole)`` of :meth:`MovedTally.add` for one epoch, in one pass."""
+    pos2 = np.empty(len(plens), dtype=np.int64)
+    run = np.int64(0)
+    for i in range(len(plens)):
+        pos2[i] = 2 * run + plens[i]
+        run += plens[i]
+    nmb = len(starts) - 1
+    steps = nmb // per_step
+    per = steps / (2.0 * run)
+    whole = np.zeros(steps + 2, dtype=np.int64)
+    total = top = 0.0
+    for j in range(nmb):
+        step = j // per_step
+        for q in range(starts[j], starts[j + 1]):
+            d = abs(step - pos2[pos[q]] * per)
+            total += d
+            top = max(top, d)
+            whole[np.int64(d)] += 1
+    return total, top, whole
 
 
 def stream_positions(plens: np.ndarray) -> np.ndarray:
@@ -332,9 +362,10 @@ def moved(
         mask = np.flatnonzero(np.searchsorted(starts, sample_step, side="right") - 1 == e["epoch"])
         if len(mask) == 0 or span == 0:
             continue
-        perm = epoch_rng(seed, e["epoch"]).permutation(len(mask))
+        perm, plens = permuted(seed, e["epoch"], np.asarray(row_lens))
         pos2 = np.empty(len(perm), dtype=np.int64)
-        pos2[perm] = stream_positions(np.asarray(row_lens)[perm])
+        pos2[perm] = stream_positions(plens)
+        del plens
         del perm
         for a in range(0, len(mask), _PIECE):
             at = mask[a : a + _PIECE]

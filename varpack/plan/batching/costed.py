@@ -1,7 +1,8 @@
 """Cost-composed batching: shuffled steps whose ranks carry the same cost (``--compose cost``).
 
 The strategy for ``--order shuffle`` with ``--batching budget`` in the packed layout (without
-``--pp``). Per epoch the order stage gives the permutation (``segments="none"``), and
+``--pp``). Per epoch the shuffle order's permutation comes with the lengths moved along
+(:func:`varpack.plan.permute.permuted`), and
 :func:`varpack.plan.compose.compose_epoch` deals each window of it to steps, ranks and
 micro-batches by cost: heavy samples one per rank of a step, the rest filled to each rank's
 level within the budget. Every ``grad_accum`` consecutive micro-batches of a step are one rank's
@@ -16,13 +17,12 @@ import numpy as np
 
 from varpack.plan.arrays import Batches
 from varpack.plan.batching import greedy
-from varpack.plan.batching.common import EpochJoiner, epoch_order, order_rule, tokens_per_micro
+from varpack.plan.batching.common import EpochJoiner, order_rule, tokens_per_micro
 from varpack.plan.compose import compose_epoch
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import CostModel, linear_flops_per_token
-from varpack.plan.order import MovedTally, stream_positions
-
-_PIECE = 1 << 22  # samples per piece of the moved tally
+from varpack.plan.order import MovedTally
+from varpack.plan.permute import permuted
 
 
 def cost_coefficients(model: CostModel) -> tuple[float, float]:
@@ -54,8 +54,7 @@ def build(
     joined, slens, tally = EpochJoiner(), [], MovedTally()
     per_step = cfg.micro_per_step
     for epoch in range(cfg.epochs):
-        perm, _ = epoch_order(lens, cfg, epoch, "none", orule)
-        plens = lens[perm]
+        perm, plens = permuted(cfg.seed, epoch, lens)  # the shuffle order's permutation
         got = compose_epoch(
             plens,
             alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
@@ -70,29 +69,11 @@ def build(
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
         pos, off = got
-        first = joined.n_steps
         joined.add(epoch, perm[pos], off, per_step)
-        _tally(tally, pos, off, plens, per_step, first, joined.n_steps - first)
+        tally.add_epoch(pos, off, plens, per_step)
         slens.append(plens[pos])
         del perm, plens, pos
     batches = Batches(*joined.join(), joined.epochs, group=cfg.grad_accum)
     batches.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
     batches.moved = tally.figures(cfg.shuffle_window)
     return batches
-
-
-def _tally(
-    tally: MovedTally,
-    pos: np.ndarray,
-    off: np.ndarray,
-    plens: np.ndarray,
-    per_step: int,
-    first: int,
-    steps: int,
-) -> None:
-    """How far this epoch moved its samples: ``pos`` is each stream entry's permuted position."""
-    pos2 = stream_positions(plens)
-    per = steps / (2 * float(plens.sum()))
-    step = np.repeat(np.arange(len(off) - 1, dtype=np.int64) // per_step + first, np.diff(off))
-    for a in range(0, len(pos), _PIECE):
-        tally.add(step[a : a + _PIECE], pos2[pos[a : a + _PIECE]], first, per)

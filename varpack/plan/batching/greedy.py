@@ -4,7 +4,8 @@ The strategy for ``--batching budget`` and ``fixed`` (without ``--pp`` in the pa
 epoch: the order stage gives the stream (one segment per step when shuffled), the packing kernel
 (:func:`varpack.plan.pack.pack`) cuts it into micro-batches, exactly one step's worth per shuffled
 segment, and the count is completed to a multiple of ``dp x grad_accum`` by splitting the
-costliest micro-batches (:func:`varpack.plan.pack.complete`).
+costliest micro-batches (:func:`varpack.plan.pack.complete`). A curriculum scored by FLOPs or time then orders each window's
+micro-batches by cost (:mod:`varpack.plan.levelling`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from varpack.plan.batching.common import (
     tokens_per_micro,
 )
 from varpack.plan.config import PlanConfig
+from varpack.plan.levelling import by_cost_in_windows, levels
 from varpack.plan.micro import summarize
 from varpack.plan.pack import complete, pack
 
@@ -62,6 +64,10 @@ def build(
             lambda o, v: summarize(o, v, mrule).cost,
             f"epoch {epoch}",
         )
+        if levels(cfg.cost, cfg.order):
+            cost = summarize(off, epoch_lens, mrule).cost
+            window = cfg.shuffle_window * per_step
+            idx, off, epoch_lens = by_cost_in_windows(idx, off, epoch_lens, cost, window)
         joined.add(epoch, idx, off, per_step)
         slens.append(epoch_lens)
     batches = Batches(*joined.join(), joined.epochs)
