@@ -73,6 +73,8 @@ def test_raw_metadata_input_carries_every_column(tmp_path, rng):
     )
     report = validate_plan(out, carry_source=tmp_path / "meta")
     assert report.problems == [] and report.facts["carried"][0] == "source"
+    shown = cli("inspect", out).stdout
+    assert "source (string), quality (float64), lang (int64), flag (bool) from " in shown
 
 
 def test_sorted_input_needs_carry_from(tmp_path, rng):
@@ -118,6 +120,7 @@ def test_plan_without_carry_has_no_carry_key(tmp_path, rng):
     cli("plan", tmp_path / "meta", tmp_path / "p", *OPTS)
     meta = load_plan(tmp_path / "p").meta
     assert "carry" not in meta
+    assert "carried" not in cli("inspect", tmp_path / "p").stdout
     t = pq.read_table(tmp_path / "p" / "rank-00000.parquet")
     assert not [c for c in t.column_names if c.startswith("carry.")]
 

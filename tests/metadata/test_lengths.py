@@ -228,3 +228,28 @@ def test_bad_input_one_line_nothing_written(tmp_path: Path, case: str) -> None:
     assert re.search(BAD[case], lines[0]), lines[0]
     assert "Traceback" not in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no output, no temporary
+
+
+def test_ids_from_an_id_column_by_default(tmp_path: Path) -> None:
+    """Hugging Face-style data with an integer ``id``: the ids are taken from it, as the reader
+    does; ``--number-rows`` numbers the rows; a string ``id`` is not an id column."""
+    ids = np.array([70, 12, 905, 3], dtype=np.int64)
+    src = write_tokens(tmp_path / "hf.parquet", [5, 2, 9, 4], id=pa.array(ids))
+    result = cli("lengths", src, tmp_path / "auto")
+    assert "ids from column 'id'" in result.stderr
+    assert read_metadata(tmp_path / "auto").column("sample_id").to_pylist() == ids.tolist()
+    result = cli("lengths", src, tmp_path / "rows", "--number-rows")
+    assert "ids from row positions" in result.stderr
+    assert read_metadata(tmp_path / "rows").column("sample_id").to_pylist() == [0, 1, 2, 3]
+    both = cli("lengths", src, tmp_path / "x", "--number-rows", "--id-column", "id", expect=2)
+    assert "choose one" in both.stderr and not (tmp_path / "x").exists()
+    named = write_tokens(tmp_path / "s.parquet", [5, 2], id=pa.array(["a", "b"]))
+    result = cli("lengths", named, tmp_path / "str")
+    assert "ids from row positions" in result.stderr
+    assert read_metadata(tmp_path / "str").column("sample_id").to_pylist() == [0, 1]
+    # sample_id wins over id, as in the reader
+    both_ids = write_tokens(
+        tmp_path / "b.parquet", [3, 3], id=pa.array([1, 2]), sample_id=pa.array([40, 50])
+    )
+    cli("lengths", both_ids, tmp_path / "b", "-q")
+    assert read_metadata(tmp_path / "b").column("sample_id").to_pylist() == [40, 50]

@@ -7,14 +7,21 @@ from pathlib import Path
 import click
 
 from varpack.console import info
-from varpack.metadata.lengths import DEFAULT_COLUMN, ROWS_PER_SHARD, derive_lengths
+from varpack.errors import ConfigError
+from varpack.metadata.lengths import AUTO, DEFAULT_COLUMN, ROWS_PER_SHARD, derive_lengths
 
 
 @click.command()
 @click.argument("input", type=str)
 @click.argument("output", type=click.Path(path_type=Path))
 @click.option("--column", default=DEFAULT_COLUMN, help="List column holding the token ids.")
-@click.option("--id-column", default=None, help="Integer id column; default: global row position.")
+@click.option(
+    "--id-column",
+    default=AUTO,
+    show_default=True,
+    help="Integer id column; auto: sample_id, else id, where present (else the row positions).",
+)
+@click.option("--number-rows", is_flag=True, help="Ids are the global row positions (0, 1, ...).")
 @click.option(
     "--rows-per-shard",
     type=click.IntRange(min=1),
@@ -34,7 +41,8 @@ def lengths(
     input: str,
     output: Path,
     column: str,
-    id_column: str | None,
+    id_column: str,
+    number_rows: bool,
     rows_per_shard: int,
     arrow_copy: Path | None,
     overwrite: bool,
@@ -43,16 +51,22 @@ def lengths(
     """Write metadata shards for the tokenized dataset INPUT (file, directory or glob) to OUTPUT.
 
     Reads one row group at a time; the length of a sample is the length of its token list.
-    Without --id-column, ids are row positions in the sorted file order (0, 1, 2, ...).
+    The ids come from --id-column: by default an integer sample_id or id column where the data
+    has one, else the row positions in the sorted file order (0, 1, 2, ...), as with
+    --number-rows. The reader (varpack.torch) looks for the same columns.
     With --arrow-copy PATH the same pass writes an uncompressed Arrow IPC copy of the tokens keyed
     by the same ids, which varpack.torch.ParquetTokenDataset memory-maps.
     """
+    if number_rows and id_column != AUTO:
+        raise ConfigError(f"--number-rows and --id-column {id_column}: choose one")
+    ids = None if number_rows else id_column
     result = derive_lengths(
-        input, output, column, id_column, rows_per_shard, overwrite, quiet, arrow_copy
+        input, output, column, ids, rows_per_shard, overwrite, quiet, arrow_copy
     )
+    where = "row positions" if result.id_column is None else f"column '{result.id_column}'"
     info(
         f"lengths: wrote {result.num_samples:,} samples ({result.tokens:,} tokens) "
-        f"in {len(result.files)} file(s) to {output}"
+        f"in {len(result.files)} file(s) to {output}; ids from {where}"
         + (f"; token copy {arrow_copy}" if arrow_copy is not None else ""),
         quiet,
     )

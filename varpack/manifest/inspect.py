@@ -27,6 +27,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "stats": meta["stats"],
         "dropped": len(meta.get("dropped") or []),
         **({"cp": meta["cp"]} if isinstance(meta.get("cp"), dict) else {}),
+        **({"carry": meta["carry"]} if isinstance(meta.get("carry"), dict) else {}),
         "shape_lengths": meta.get("shape_lengths"),
         "ranks": [
             {
@@ -170,6 +171,15 @@ def _cp_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     ]  # fmt: skip
 
 
+def _carry_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """The metadata columns carried into the manifests (``--carry``) and where they came from."""
+    c = info.get("carry")
+    if not c or not c.get("columns"):
+        return []
+    cols = ", ".join(f"{col['name']} ({col['type']})" for col in c["columns"])
+    return [("carried", f"{cols} from {c['from']}; manifest columns carry.NAME, batch.carry")]
+
+
 def render(info: dict[str, Any]) -> str:
     """Human-readable summary (plain text, one figure per line)."""
     s, lay, cfg = info["stats"], info["layout"], info["config"]
@@ -215,6 +225,7 @@ def render(info: dict[str, Any]) -> str:
         ("dropped", f"{info['dropped']:,}; oversize alone {len(s.get('oversize_alone', []))}"),
         ("tokens", token_line(s.get("tokens"), lead="")),
     ]
+    rows.extend(_carry_rows(info))
     if cfg.get("oversize") == "split":
         rows.append(
             ("split", f"pieces of <= {cfg['split_len']} tokens, positions {cfg['split_positions']}")

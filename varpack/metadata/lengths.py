@@ -45,6 +45,9 @@ from varpack.metadata.tokens import TokenCopyWriter, is_token_copy
 
 TASK = TaskID(0)  # the one task of varpack.console.progress
 DEFAULT_COLUMN = "input_ids"
+#: The id columns ``--id-column auto`` takes, in this order (the torch reader looks for the same).
+ID_COLUMNS = ("sample_id", "id")
+AUTO = "auto"
 #: Rows per output shard.
 ROWS_PER_SHARD = 10_000_000
 
@@ -68,6 +71,7 @@ class LengthsResult:
     files: list[Path]
     num_samples: int
     tokens: int
+    id_column: str | None = None  # the column the ids came from (None: row positions)
 
 
 def check_token_schema(schema: pa.Schema, where: str, column: str, id_column: str | None) -> None:
@@ -88,13 +92,30 @@ def check_token_schema(schema: pa.Schema, where: str, column: str, id_column: st
     if schema.get_field_index(id_column) < 0:
         raise InputError(
             f"{where}: no id column '{id_column}' (columns: {', '.join(schema.names)}); "
-            "fix --id-column or leave it out to number rows"
+            "fix --id-column, or pass --number-rows to number the rows"
         )
     typ = schema.field(id_column).type
     if not pat.is_integer(typ):
         raise InputError(
             f"{where}: id column '{id_column}' has type {typ}, expected an integer type"
         )
+
+
+def pick_id_column(schema: pa.Schema, id_column: str | None) -> str | None:
+    """``id_column`` as given, or for ``"auto"`` the first of :data:`ID_COLUMNS` that holds
+    integers; None (number the rows) when there is none.
+
+    >>> pick_id_column(pa.schema([("id", pa.int64()), ("input_ids", pa.list_(pa.int32()))]), AUTO)
+    'id'
+    >>> pick_id_column(pa.schema([("id", pa.string())]), AUTO) is None  # not an integer id
+    True
+    """
+    if id_column != AUTO:
+        return id_column
+    names = schema.names
+    return next(
+        (c for c in ID_COLUMNS if c in names and pat.is_integer(schema.field(c).type)), None
+    )
 
 
 def list_sources(files: Sequence[Path | str], column: str, id_column: str | None) -> list[Source]:
@@ -195,7 +216,8 @@ def derive_lengths(
     With ``arrow_copy``, the same pass also writes the memory-mappable token copy there
     (:mod:`varpack.metadata.tokens`); either both outputs are published or neither is.
     With ``id_column`` the ids are checked for uniqueness at the end, which keeps all ids in
-    memory (8 bytes per sample, the size of the metadata, not of the dataset).
+    memory (8 bytes per sample, the size of the metadata, not of the dataset); ``"auto"`` takes
+    the first integer column of :data:`ID_COLUMNS`, else numbers the rows.
     """
     if rows_per_shard < 1:
         raise ConfigError(f"--rows-per-shard {rows_per_shard}: need at least one row per shard")
@@ -205,7 +227,7 @@ def derive_lengths(
     if arrow_copy is not None:
         _check_apart(output, arrow_copy)
         check_output(arrow_copy, overwrite, inputs, is_token_copy)
-    sources = _sources(input, column, id_column, files)
+    sources, id_column = _sources(input, column, id_column, files)
     total = sum(s.num_rows for s in sources)
     published = False
     try:
@@ -220,7 +242,7 @@ def derive_lengths(
         if published:  # publishing the copy failed: take the metadata back too
             remove(Path(output))
         raise
-    return LengthsResult([Path(output) / f.name for f in writer.files], total, tokens)
+    return LengthsResult([Path(output) / f.name for f in writer.files], total, tokens, id_column)
 
 
 def write_arrow_tokens(
@@ -239,7 +261,7 @@ def write_arrow_tokens(
     files = resolve_files(src)
     inputs = [*files, *_given_dirs(src)]
     check_output(dst, overwrite, inputs, is_token_copy)
-    sources = _sources(src, column, id_column, files)
+    sources, id_column = _sources(src, column, id_column, files)
     with _maybe_copy(dst, overwrite, sources, inputs) as copy:
         _stream(sources, column, id_column, None, copy, quiet)
     return Path(dst)
@@ -250,11 +272,16 @@ def _sources(
     column: str,
     id_column: str | None,
     files: Sequence[Path] | None = None,
-) -> list[Source]:
-    sources = list_sources(resolve_files(input) if files is None else files, column, id_column)
+) -> tuple[list[Source], str | None]:
+    """The input files and the id column (``"auto"`` resolved on the first file's schema)."""
+    files = resolve_files(input) if files is None else files
+    if id_column == AUTO:
+        list_sources(files[:1], column, None)  # readable, with a token column
+        id_column = pick_id_column(pq.read_schema(files[0]), AUTO)
+    sources = list_sources(files, column, id_column)
     if sum(s.num_rows for s in sources) == 0:
         raise InputError(f"{input}: the dataset holds no rows; nothing to do")
-    return sources
+    return sources, id_column
 
 
 def _check_apart(output: str | os.PathLike[str], arrow_copy: str | os.PathLike[str]) -> None:

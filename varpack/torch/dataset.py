@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from varpack.errors import InputError
 from varpack.metadata.contract import first_duplicate, resolve_files
-from varpack.metadata.lengths import write_arrow_tokens
+from varpack.metadata.lengths import ID_COLUMNS, write_arrow_tokens
 from varpack.metadata.tokens import SUFFIXES as IPC_SUFFIXES
 from varpack.torch.gather import fetch_flat, segment_gather_index, slice_pieces
 
@@ -58,7 +58,6 @@ __all__ = [
 
 #: what ``column="auto"`` / ``id_column="auto"`` look for, in this order
 TOKEN_COLUMNS = ("input_ids", "tokens")
-ID_COLUMNS = ("sample_id", "id")
 AUTO = "auto"
 
 
