@@ -16,6 +16,8 @@ What it shows, in the order a real trainer needs it:
 - before anything is built, ``check_vocab`` compares the plan's token ids (this rank's samples)
   with the model's vocabulary: one line, exit 2, instead of an error deep inside the model;
 - the final line gives the global tokens (every rank) and the per-rank tokens, each named;
+- ``--log-by COL`` (a plan made with ``--carry COL``) adds each value's mean token loss to the
+  log line, over every rank (``GroupTally``: per source, per language);
 - ``--cp N`` replays a ``varpack plan --cp N`` plan as DP x CP (world = dp x N, CP groups of
   consecutive ranks): local samples whole on one CP rank, distributed ones as 2N-chunk shares
   with all-gathered K/V (``varpack.torch.cp``); the same loss normalisation over the whole world.
@@ -47,6 +49,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from varpack.errors import ConfigError, InputError, VarpackError
 from varpack.torch import (
+    GroupTally,
     ParquetTokenDataset,
     PlanLoader,
     VariableBatchSizeLR,
@@ -55,9 +58,10 @@ from varpack.torch import (
     compiled_graphs,
     cp,
     dummy_batch,
+    group_losses,
     normalise,
     resolve_backend,
-    token_loss_sum,
+    token_losses,
 )
 from varpack.torch.model import PRESETS, TinyGPT, model_inputs, param_count_str
 
@@ -106,6 +110,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--log-every", type=int, default=1)
+    p.add_argument(
+        "--log-by",
+        default=None,
+        metavar="COL",
+        help="also log the mean loss per value of this carried column (varpack plan --carry COL)",
+    )
     p.add_argument("--record", action="store_true", help="write OUT/record-rank-R.json (ids seen)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -169,6 +179,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.cp > 1 and args.compile != "none":
         raise ConfigError("--cp runs eagerly here; drop --compile")
+    if args.log_by and args.cp > 1:
+        raise ConfigError("--log-by needs whole samples on a rank; drop it with --cp")
+    carried = [c["name"] for c in (loader.plan.meta.get("carry") or {}).get("columns", [])]
+    if args.log_by and args.log_by not in carried:
+        have = ", ".join(carried) or "none"
+        raise ConfigError(
+            f"--log-by {args.log_by}: the plan carries no such column (carried: {have}); "
+            f"plan with --carry {args.log_by}"
+        )
+    tally = GroupTally()
     cp_group = cp.cp_group(args.cp) if args.cp > 1 else None
     cfg = PRESETS[args.preset]
     if args.vocab_size:
@@ -226,7 +246,10 @@ def main(argv: list[str] | None = None) -> None:
         inputs = model_inputs(batch, attention, dtype, max_seqlen=max_seqlen)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             logits = m(**inputs)
-        return normalise(token_loss_sum(logits, batch.labels), batch, world)
+        losses = token_losses(logits, batch.labels)
+        if args.log_by and args.log_by in batch.carry:  # not in the compile warm-up's batches
+            tally.add(*group_losses(batch, losses.detach(), args.log_by))
+        return normalise(losses.sum(), batch, world)
 
     if args.compile == "static":
         t0 = time.perf_counter()
@@ -280,6 +303,9 @@ def main(argv: list[str] | None = None) -> None:
             log(rank, f"step {batch.step:5d}  loss {float(step_loss) / world:.4f}  lr {lr_now:.2e} "
                 f"(x{batch.lr_factor:.3g})  step tokens {batch.step_tokens} (this rank {rank_tokens})  "
                 f"{win_tokens / (now - t_win):,.0f} tok/s")  # fmt: skip
+            if args.log_by:  # every rank takes part in the gather; rank 0 logs
+                log(rank, f"step {batch.step:5d}  loss by {args.log_by}: "
+                    f"{tally.line(tally.flush())}")  # fmt: skip
             win_tokens, t_win = 0, now
         step_loss.zero_()
         rank_tokens = 0

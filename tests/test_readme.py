@@ -81,6 +81,8 @@ def test_readme_runs_as_pasted(tmp_path: Path) -> None:
             f"README block {i} ({lang}) exited {proc.returncode}:\n{code}\n"
             f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
         )
+        if "--log-by source" in code:  # every rank's sources merged into one line per step
+            assert re.search(r"loss by source: \S+ \d+\.\d+ \(", proc.stdout), proc.stdout[-2000:]
         ran += 1
     assert ran >= 4
     for path in ("meta", "sorted/_index.json", "plan/plan.json", "plan/rank-00001.parquet"):

@@ -217,3 +217,56 @@ def write_tokens_exact(path: Path, data: dict[int, np.ndarray]) -> None:
         }
     )
     pq.write_table(table, path)
+
+
+@pytest.mark.slow
+def test_train_logs_the_loss_per_carried_value(tmp_path) -> None:
+    """--log-by source: each source's mean token loss; weighted by its tokens they give the
+    step's loss (the same token-mean), and a column the plan does not carry is one line."""
+    lens = random_lengths(np.random.default_rng(5), 40, 2, 30)
+    write_tokens(tmp_path / "tok.parquet", list(lens), list(lens.values()), vocab=256)
+    source = ["web" if i % 3 else "code" for i in lens]
+    write_metadata(tmp_path / "meta" / "m.parquet", list(lens), list(lens.values()), source=source)
+    opts = ["--max-tokens", 64, "--grad-accum", 2, "-q"]
+    cli("plan", tmp_path / "meta", tmp_path / "plan", *opts, "--carry", "source")
+    base = ["--plan", tmp_path / "plan", "--data", tmp_path / "tok.parquet"]
+    run = train(*base, "--out", tmp_path / "run", "--log-by", "source", "--max-steps", 3)
+    steps = re.findall(r"step +(\d+)  loss (\d+\.\d+)  lr", run.stdout)
+    by = re.findall(r"step +(\d+)  loss by source: (.*)", run.stdout)
+    assert len(steps) == len(by) == 3
+    for (step, loss), (step2, groups) in zip(steps, by, strict=True):
+        assert step == step2
+        parts = re.findall(r"(\w+) (\d+\.\d+) \(([\d,]+) tok\)", groups)
+        assert {p[0] for p in parts} <= {"web", "code"} and parts
+        tok = np.array([int(p[2].replace(",", "")) for p in parts])
+        mean = np.array([float(p[1]) for p in parts])
+        assert float((mean * tok).sum() / tok.sum()) == pytest.approx(float(loss), abs=2e-4)
+    cli("plan", tmp_path / "meta", tmp_path / "bare", *opts)
+    bare = ["--plan", tmp_path / "bare", "--data", tmp_path / "tok.parquet"]
+    line = _error_line(train(*bare, "--out", tmp_path / "x", "--log-by", "source", expect=2))
+    assert "--log-by source: the plan carries no such column (carried: none)" in line
+
+
+@pytest.mark.slow
+def test_two_ranks_log_the_loss_per_carried_value_over_both(tmp_path) -> None:
+    """Each rank sees its own sources; the logged groups are merged over both ranks, and
+    weighted by their tokens they give the step's (all-reduced) loss."""
+    lens = random_lengths(np.random.default_rng(6), 60, 2, 30)
+    write_tokens(tmp_path / "tok.parquet", list(lens), list(lens.values()), vocab=256)
+    source = [f"s{i % 4}" for i in lens]
+    write_metadata(tmp_path / "meta" / "m.parquet", list(lens), list(lens.values()), source=source)
+    cli("plan", tmp_path / "meta", tmp_path / "plan", "--max-tokens", 64, "--dp", 2,
+        "--carry", "source", "-q")  # fmt: skip
+    proc = torchrun(
+        2, ROOT / "jobs" / "train.py", "--plan", tmp_path / "plan", "--data",
+        tmp_path / "tok.parquet", "--out", tmp_path / "run", "--log-by", "source",
+        "--max-steps", 2,
+    )  # fmt: skip
+    steps = dict(re.findall(r"step +(\d+)  loss (\d+\.\d+)  lr", proc.stdout))
+    by = re.findall(r"step +(\d+)  loss by source: (.*)", proc.stdout)
+    assert len(by) == 2 and set(steps) == {s for s, _ in by}
+    for step, groups in by:
+        parts = re.findall(r"(\w+) (\d+\.\d+) \(([\d,]+) tok\)", groups)
+        tok = np.array([int(p[2].replace(",", "")) for p in parts])
+        mean = np.array([float(p[1]) for p in parts])
+        assert float((mean * tok).sum() / tok.sum()) == pytest.approx(float(steps[step]), abs=2e-4)

@@ -20,7 +20,7 @@ The only part of varpack that imports torch. The pieces:
 from varpack.torch.attention import AttentionMeta, attention_meta, packed_attention, resolve_backend
 from varpack.torch.batch import IGNORE_INDEX, BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.dataset import ParquetTokenDataset
-from varpack.torch.grouped import group_losses, sample_losses
+from varpack.torch.grouped import GroupTally, group_losses, sample_losses
 from varpack.torch.loader import PlanLoader, load_lr_factors
 from varpack.torch.loss import normalise, token_loss_sum, token_losses
 from varpack.torch.lr import VariableBatchSizeLR
@@ -41,6 +41,7 @@ __all__ = [
     "compile_warmup",
     "compiled_graphs",
     "dummy_batch",
+    "GroupTally",
     "group_losses",
     "load_lr_factors",
     "normalise",

@@ -76,3 +76,48 @@ def group_losses(
     tokens = torch.zeros(len(keys), dtype=torch.int64, device=per_sample.device)
     tokens.index_add_(0, group, batch.seq_lens.to(torch.int64).to(per_sample.device) - 1)
     return keys.tolist(), loss_sums, tokens
+
+
+class GroupTally:
+    """Loss sums and supervised tokens per group, summed over micro-batches and steps until
+    :meth:`flush`, which merges every rank's groups (a rank may see groups the others do not).
+
+    >>> t = GroupTally()
+    >>> t.add(["a", "b"], torch.tensor([2.0, 3.0]), torch.tensor([4, 1]))
+    >>> t.add(["a"], torch.tensor([1.0]), torch.tensor([2]))
+    >>> t.line(t.flush())
+    'a 0.5000 (6 tok) | b 3.0000 (1 tok)'
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[list[Any], torch.Tensor, torch.Tensor]] = []
+
+    def add(self, keys: list[Any], loss_sums: torch.Tensor, tokens: torch.Tensor) -> None:
+        """One micro-batch's :func:`group_losses` (kept on the device until the flush)."""
+        self._parts.append((keys, loss_sums.detach(), tokens.detach()))
+
+    def flush(self) -> dict[Any, tuple[float, int]]:
+        """``{key: (loss sum, tokens)}`` over everything added on every rank; then empty."""
+        mine: dict[Any, tuple[float, int]] = {}
+        for keys, sums, toks in self._parts:
+            for key, s, n in zip(keys, sums.tolist(), toks.tolist(), strict=True):
+                a, b = mine.get(key, (0.0, 0))
+                mine[key] = (a + s, b + n)
+        self._parts = []
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return mine
+        every: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(every, mine)
+        merged: dict[Any, tuple[float, int]] = {}
+        for part in every:
+            for key, (s, n) in part.items():
+                a, b = merged.get(key, (0.0, 0))
+                merged[key] = (a + s, b + n)
+        return merged
+
+    @staticmethod
+    def line(groups: dict[Any, tuple[float, int]]) -> str:
+        """Each group's mean token loss and its supervised tokens, by key."""
+        return " | ".join(
+            f"{k} {s / max(n, 1):.4f} ({n:,} tok)" for k, (s, n) in sorted(groups.items())
+        )
