@@ -281,3 +281,30 @@ def test_killed_plan_leaves_a_temporary_the_next_run_removes(
     assert left and all(name.startswith(".plan.tmp-") for name in left)  # SIGKILL: no cleanup
     cli("plan", big_meta, out, "--max-tokens", "65536", "--oversize", "drop", "--dp", "2", "-q")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]
+
+
+def test_a_file_written_during_removal_does_not_keep_the_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that creates a file while the tree is removed: one pass leaves the directory
+    (its rmdir fails); the next pass removes it."""
+    import shutil
+
+    from varpack.atomic import remove
+
+    tmp = tmp_path / ".plan.tmp-abc"
+    tmp.mkdir()
+    (tmp / "rank-00000.parquet").write_bytes(b"x")
+    real = shutil.rmtree
+    passes = []
+
+    def racing(path, ignore_errors=False):  # type: ignore[no-untyped-def]
+        passes.append(path)
+        real(path, ignore_errors=ignore_errors)
+        if len(passes) == 1:  # the late writer: the directory and a new file are back
+            Path(path).mkdir()
+            (Path(path) / "rank-00001.parquet").write_bytes(b"y")
+
+    monkeypatch.setattr(shutil, "rmtree", racing)
+    remove(tmp)
+    assert not tmp.exists() and len(passes) == 2

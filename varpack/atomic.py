@@ -209,9 +209,16 @@ def publish(tmp: Path, path: str | os.PathLike[str], overwrite: bool) -> None:
 
 
 def remove(path: Path) -> None:
-    """Remove a file or a directory tree, ignoring a missing one."""
+    """Remove a file or a directory tree, ignoring a missing one.
+
+    A tree is removed in up to three passes: a file created inside it while it is being removed
+    (by a writer not yet stopped) makes one pass leave the directory behind.
+    """
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
+        for _ in range(3):
+            shutil.rmtree(path, ignore_errors=True)
+            if not path.exists():
+                break
     else:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

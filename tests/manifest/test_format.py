@@ -72,3 +72,49 @@ def test_load_plan_refuses_wrong_format_version_layout(tmp_path: Path, edit, mes
 def test_load_plan_on_a_non_plan(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a varpack plan"):
         load_plan(tmp_path)
+
+
+def test_a_signal_while_writers_are_joined_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal that interrupts the wait for the writer threads: the writers are waited for
+    again before the temporary directory is removed, so none writes while it is removed."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import varpack.atomic as atomic
+    import varpack.manifest.format as fmt
+
+    writing = []  # writers at work now
+    seen = []  # writers at work when the temporary was removed
+    slow, drop = fmt._write_table, atomic.drop_temp
+
+    def write_late(table, path):  # type: ignore[no-untyped-def]
+        writing.append(path)
+        time.sleep(0.3)  # still writing when the signal comes
+        try:
+            return slow(table, path)
+        finally:
+            writing.remove(path)
+
+    def drop_and_look(tmp):  # type: ignore[no-untyped-def]
+        seen.append(len(writing))
+        drop(tmp)
+
+    class Interrupted(ThreadPoolExecutor):
+        calls = 0
+
+        def shutdown(self, wait=True, *, cancel_futures=False):  # type: ignore[no-untyped-def]
+            Interrupted.calls += 1
+            if Interrupted.calls == 1:
+                raise KeyboardInterrupt  # what the signal handler raises, before any join
+            super().shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    monkeypatch.setattr(fmt, "_write_table", write_late)
+    monkeypatch.setattr(fmt, "ThreadPoolExecutor", Interrupted)
+    monkeypatch.setattr(atomic, "drop_temp", drop_and_look)
+    meta = {"layout": {"dp": 2, "pp": 1, "cp": 1, "grad_accum": 1}, "num_steps": 3}
+    with pytest.raises(KeyboardInterrupt):
+        write_plan(tmp_path / "plan", meta, [_tiny_manifest(3), _tiny_manifest(3)])
+    assert seen == [0]  # removed once, with no writer at work
+    assert list(tmp_path.iterdir()) == []

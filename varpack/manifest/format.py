@@ -123,6 +123,21 @@ def _write_table(table: pa.Table, path: Path) -> dict[str, Any]:
     return {"file": path.name, "rows": table.num_rows, "sha256": sha256_file(path)}
 
 
+def _join(pool: ThreadPoolExecutor) -> None:
+    """Wait until no writer thread runs, then let an error or a signal go on.
+
+    A signal that arrives while the threads are joined interrupts the join: without a second
+    wait a writer could still create a rank file while the temporary directory is removed,
+    and the directory would stay. The signal handlers ignore further signals by then
+    (:func:`varpack.atomic.interruptible`), so the second wait runs to its end.
+    """
+    try:
+        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+
+
 def write_plan(
     out: str | os.PathLike[str],
     meta: dict[str, Any],
@@ -143,7 +158,8 @@ def write_plan(
         # release the GIL) while this thread builds the next table; at most WRITERS in flight.
         pending: list[Future[dict[str, Any]]] = []
         entries: list[dict[str, Any]] = []
-        with ThreadPoolExecutor(max_workers=_WRITERS) as pool:
+        pool = ThreadPoolExecutor(max_workers=_WRITERS)
+        try:
             for rank, table in enumerate(tables):
                 schema = manifest_schema(table.column_names, table_carry(table.schema))
                 if table.schema != schema:
@@ -153,6 +169,8 @@ def write_plan(
                 pending.append(pool.submit(_write_table, table, tmp / rank_file(rank)))
                 del table
             entries.extend(f.result() for f in pending)
+        finally:
+            _join(pool)
         ranks = [
             {"rank": rank, **entry, **(rank_extra[rank] if rank_extra is not None else {})}
             for rank, entry in enumerate(entries)
