@@ -132,15 +132,12 @@ def _choose(x, c, small, lone, due, level, p, dp, load, bin_tok, least, spare, c
 
 
 @njit(cache=True, inline="always")
-def _place(
-    i, s, slot, buf, lens, alone, lin, quad, dp, k, where, bin_tok, bin_cnt, load, least, spare
-):  # type: ignore[no-untyped-def]
-    """Sample ``i`` of the window into ``slot`` (of step ``s``): its micro-batch with the fewest
-    tokens."""
-    x = lens[buf[i]]
+def _place(i, x, lone, c, s, slot, dp, k, where, bin_tok, bin_cnt, load, least, spare):  # type: ignore[no-untyped-def]
+    """Sample ``i`` of the window (``x`` tokens, cost ``c``; ``lone``: it needs an empty
+    micro-batch) into ``slot`` (of step ``s``): its micro-batch with the fewest tokens."""
     j = least[slot]
     was = bin_tok[j]
-    _put(i, x, alone[buf[i]], _cost(x, lin, quad), slot, j, where, bin_tok, bin_cnt, load)
+    _put(i, x, lone, c, slot, j, where, bin_tok, bin_cnt, load)
     least[slot] = _least(bin_tok, slot * k, k)
     if was == spare[s]:  # the step's emptiest micro-batch filled up a little
         _spare_of(s, dp, spare, bin_tok, least)
@@ -239,24 +236,10 @@ def _compose_window(buf, order, carried, lens, alone, lin, quad, p, dp, k, cap, 
     for q in range(lead):  # backbones: one per rank, groups spread evenly over the steps
         i = order[q]
         s = (q // dp) * p // groups
-        _place(
-            i,
-            s,
-            s * dp + q % dp,
-            buf,
-            lens,
-            alone,
-            lin,
-            quad,
-            dp,
-            k,
-            where,
-            bin_tok,
-            bin_cnt,
-            load,
-            least,
-            spare,
-        )
+        x = lens[buf[i]]
+        c = _cost(x, lin, quad)
+        slot = s * dp + q % dp
+        _place(i, x, alone[buf[i]], c, s, slot, dp, k, where, bin_tok, bin_cnt, load, least, spare)
     # Each step takes a share of the rest in proportion to its free tokens, dealt costliest
     # first by count (weighted round robin): every step gets a stratified share of every
     # length range, so its mix follows the window's (low mixing).
@@ -274,31 +257,14 @@ def _compose_window(buf, order, carried, lens, alone, lin, quad, p, dp, k, cap, 
         i = order[q if q < m else q - m + lead]
         if (i < carried) != (q < m):
             continue
-        x = lens[buf[i]]
+        x, lone = lens[buf[i]], alone[buf[i]]
         c = _cost(x, lin, quad)
         s, slot = _choose(
-            x, c, SMALL * mean, alone[buf[i]], due, level, p, dp, load, bin_tok, least, spare, cap
+            x, c, SMALL * mean, lone, due, level, p, dp, load, bin_tok, least, spare, cap
         )
         if slot >= 0:
             due[s] += 1.0 / room[s]
-            _place(
-                i,
-                s,
-                slot,
-                buf,
-                lens,
-                alone,
-                lin,
-                quad,
-                dp,
-                k,
-                where,
-                bin_tok,
-                bin_cnt,
-                load,
-                least,
-                spare,
-            )
+            _place(i, x, lone, c, s, slot, dp, k, where, bin_tok, bin_cnt, load, least, spare)
     return _fill_empty(order, where[:m], bin_cnt, k)
 
 

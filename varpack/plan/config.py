@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from varpack.errors import ConfigError
-from varpack.plan.context import ContextOptions, unused
+from varpack.plan.context import ContextOptions, option, unused
 from varpack.plan.cost import CostModel
 from varpack.plan.micro import MicroRule
 from varpack.plan.models import PRESETS, ModelDims
@@ -30,154 +30,139 @@ INT32_MAX = 2**31 - 1
 COUNT_MAX = 2**20
 
 
-def _opt(
-    default: Any,
-    help: str,
-    choices: tuple[str, ...] | None = None,
-    bounds: tuple[int, int] | None = None,
-) -> Any:
-    """A config field: its default, one line of help, its choices or its integer bounds."""
-    meta: dict[str, Any] = {"help": help}
-    if choices is not None:
-        meta["choices"] = choices
-    if bounds is not None:
-        meta["bounds"] = bounds
-    return field(default=default, metadata=meta)
-
-
 @dataclass(frozen=True)
 class PlanConfig(ContextOptions):
     """All options of ``varpack plan``; build with :meth:`resolved`."""
 
-    batching: str = _opt(
+    batching: str = option(
         "budget",
         "budget: as many samples as fit --max-tokens; fixed: --batch-size samples; "
         "blocks: whole samples packed into rows of --block-len (BLoad)",
         ("budget", "fixed", "blocks"),
     )
-    max_tokens: int | None = _opt(
+    max_tokens: int | None = option(
         None,
         "token budget of one micro-batch (padded tokens: B x T padded, or the packed total); "
         "required with --batching budget",
         bounds=(1, INT32_MAX),
     )
-    batch_size: int | None = _opt(
+    batch_size: int | None = option(
         None, "samples per micro-batch; required with --batching fixed", bounds=(1, INT32_MAX)
     )
-    layout: str = _opt(
+    layout: str = option(
         "packed",
         "packed: one flattened row per micro-batch; padded: B rows padded to the longest",
         ("packed", "padded"),
     )
-    pad_multiple: int = _opt(
+    pad_multiple: int = option(
         1,
         "round the padded length (padded) or the packed total (packed) up to this multiple",
         bounds=(1, INT32_MAX),
     )
-    oversize: str = _opt(
+    oversize: str = option(
         "error",
         "a sample longer than the budget: error; drop it (listed in plan.json); alone (a "
         "micro-batch of its own); split it into pieces of --split-len tokens. error is the "
         "default because a split cuts an SFT sample from its prompt: varpack splits only when asked",
         ("error", "drop", "alone", "split"),
     )
-    split_len: int | None = _opt(
+    split_len: int | None = option(
         None, "--oversize split: longest piece (default: fits alone)", bounds=(1, INT32_MAX)
     )
-    split_positions: str = _opt(
+    split_positions: str = option(
         "restart", "--oversize split: positions restart at 0, or continue", ("restart", "continue")
     )
-    max_alone_tokens: int | None = _opt(
+    max_alone_tokens: int | None = option(
         None, "--oversize alone: bound (default 4 x --max-tokens)", bounds=(1, 2**62)
     )
-    dp: int = _opt(1, "data-parallel ranks (one manifest each)", bounds=(1, COUNT_MAX))
-    grad_accum: int = _opt(1, "micro-batches per rank per optimizer step", bounds=(1, COUNT_MAX))
-    cost: str = _opt(
+    dp: int = option(1, "data-parallel ranks (one manifest each)", bounds=(1, COUNT_MAX))
+    grad_accum: int = option(1, "micro-batches per rank per optimizer step", bounds=(1, COUNT_MAX))
+    cost: str = option(
         "tokens",
         "cost model used to balance ranks and to score the plan",
         ("tokens", "padded", "flops", "time"),
     )
-    model_preset: str | None = _opt(
+    model_preset: str | None = option(
         None, f"model dimensions for --cost flops/time: {', '.join(sorted(PRESETS))}"
     )
-    hidden: int | None = _opt(None, "hidden size h for --cost flops", bounds=(1, COUNT_MAX))
-    kv_hidden: int | None = _opt(
+    hidden: int | None = option(None, "hidden size h for --cost flops", bounds=(1, COUNT_MAX))
+    kv_hidden: int | None = option(
         None,
         "key/value hidden size (kv heads x head dim) for --cost flops",
         bounds=(1, COUNT_MAX),
     )
-    layers: int | None = _opt(
+    layers: int | None = option(
         None, "number of transformer layers for --cost flops", bounds=(1, COUNT_MAX)
     )
-    order: str = _opt(
+    order: str = option(
         "curriculum",
         "curriculum: steps follow the sorted order; shuffle: random order, regrouped in windows",
         ("curriculum", "shuffle"),
     )
-    seed: int = _opt(
+    seed: int = option(
         0, "seed of the shuffle (each epoch reseeded from (seed, epoch))", bounds=(0, 2**63 - 1)
     )
-    epochs: int = _opt(
+    epochs: int = option(
         1, "number of passes over the data (steps are numbered continuously)", bounds=(1, COUNT_MAX)
     )
-    shuffle_window: int = _opt(
+    shuffle_window: int = option(
         8,
         "shuffle: regroup samples within windows of this many steps (1 = most random); "
         "curriculum (flops/time cost): order micro-batches by cost within such windows",
         bounds=(1, INT32_MAX),
     )
-    compose: str = _opt(
+    compose: str = option(
         "cost",
         "shuffle: compose steps by cost (every rank of a step carries the same cost; budget "
         "batching, packed layout) or by tokens (micro-batches filled to the budget)",
         ("cost", "tokens"),
     )
-    lr_scaling: str = _opt(
+    lr_scaling: str = option(
         "none",
         "LR factor per step from the realised global batch: none, linear (k) or sqrt (sqrt k)",
         ("none", "linear", "sqrt"),
     )
-    base_batch_size: float | None = _opt(
+    base_batch_size: float | None = option(
         None, "reference global batch size for --lr-scaling (in --base-unit)"
     )
-    base_unit: str = _opt(
+    base_unit: str = option(
         "samples",
         "unit of --base-batch-size and of the realised batch: samples or tokens",
         ("samples", "tokens"),
     )
-    max_shapes: int | None = _opt(
+    max_shapes: int | None = option(
         None,
         "at most K distinct shapes per rank (lengths chosen to minimise padding); "
         "padded: B = max-tokens // T, short micro-batches get empty pad_rows",
         bounds=(1, COUNT_MAX),
     )
-    pack_to: int | None = _opt(
+    pack_to: int | None = option(
         None,
         "packed: pad every micro-batch to exactly L tokens (the budget is L)",
         bounds=(1, INT32_MAX),
     )
-    warmup: str = _opt(
+    warmup: str = option(
         "list",
         "list: record each rank's shapes; reorder: also move one micro-batch of every shape "
         "to the front of each rank, largest first (compile warm-up); none: same as list",
         ("list", "reorder", "none"),
     )
-    pp: int = _opt(
+    pp: int = option(
         1,
         "pipeline-parallel stages: one shape per (step, rank); --grad-accum must be a multiple",
         bounds=(1, COUNT_MAX),
     )
-    block_len: int | None = _opt(
+    block_len: int | None = option(
         None,
         "--batching blocks: length T of a block (default: the longest sample)",
         bounds=(1, INT32_MAX),
     )
-    blocks_per_batch: int | None = _opt(
+    blocks_per_batch: int | None = option(
         None,
         "--batching blocks: blocks per micro-batch (default: max-tokens // block-len)",
         bounds=(1, INT32_MAX),
     )
-    block_window: int = _opt(
+    block_window: int = option(
         8192,
         "--batching blocks: samples packed together by best fit (stream window)",
         bounds=(1, INT32_MAX),

@@ -27,7 +27,13 @@ from varpack.errors import ConfigError
 _BIG = 2**62  # bytes of memory and similar: far beyond any device, inside int64
 
 
-def _opt(default: Any, help: str, choices: Any = None, bounds: Any = None) -> Any:
+def option(
+    default: Any,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    bounds: tuple[int, int] | None = None,
+) -> Any:
+    """A config field: its default, one line of help, its choices or its integer bounds."""
     meta: dict[str, Any] = {"help": help}
     if choices is not None:
         meta["choices"] = choices
@@ -40,49 +46,49 @@ def _opt(default: Any, help: str, choices: Any = None, bounds: Any = None) -> An
 class ContextOptions:
     """Context-parallel, memory-model and time-model options (see the module docstring)."""
 
-    cp: int = _opt(
+    cp: int = option(
         1,
         "context-parallel ranks per data-parallel rank: each micro-batch is placed over them",
         bounds=(1, 1 << 16),
     )
-    cp_placement: str = _opt(
+    cp_placement: str = option(
         "dacp",
         "--cp: dacp (samples whole on one CP rank where memory allows, balanced, rollback), "
         "round-robin (into the emptiest rank, rollback), distributed (every sample sharded)",
         ("dacp", "round-robin", "distributed"),
     )
-    cp_batching: str = _opt(
+    cp_batching: str = option(
         "gds",
         "--cp: gds (each step's samples balanced over DP ranks by FLOPs, long and short paired "
         "in micro-batches) or greedy (micro-batches as the order gives them)",
         ("gds", "greedy"),
     )
-    bucket_size: int | None = _opt(
+    bucket_size: int | None = option(
         None,
         "tokens one (CP) rank holds in memory (C); the micro-batch budget is C x cp",
         bounds=(1, 2**31 - 1),
     )
-    memory_per_token: float | None = _opt(
+    memory_per_token: float | None = option(
         None, "activation bytes per token A of the memory model A*S + B (with --memory-capacity)"
     )
-    memory_fixed: float | None = _opt(
+    memory_fixed: float | None = option(
         None, "fixed activation bytes B of the memory model A*S + B (default 0)"
     )
-    memory_capacity: int | None = _opt(
+    memory_capacity: int | None = option(
         None,
         "bytes one rank may use for activations; bucket size = (capacity - B) // A",
         bounds=(1, _BIG),
     )
-    time_per_flop: float | None = _opt(
+    time_per_flop: float | None = option(
         None, "--cost time: seconds per FLOP a of the time model a*flops + b (varpack calibrate)"
     )
-    time_fixed: float | None = _opt(
+    time_fixed: float | None = option(
         None, "--cost time: fixed seconds b per micro-batch of the time model (default 0)"
     )
-    comm_bytes_per_s: float | None = _opt(
+    comm_bytes_per_s: float | None = option(
         None, "--cp with --cost time: bytes per second of the K/V all-gather of a CP group"
     )
-    comm_latency: float | None = _opt(
+    comm_latency: float | None = option(
         None, "--cp with --cost time: fixed seconds of one K/V all-gather (default 0)"
     )
 

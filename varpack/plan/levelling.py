@@ -35,15 +35,13 @@ def by_cost_in_windows(
     """``(idx, off, lens)`` with the micro-batches (``idx[off[j]:off[j+1]]``, costing ``cost[j]``)
     in cost order inside each run of ``window`` micro-batches.
 
-    >>> i, o, v = by_cost_in_windows(
-    ...     np.arange(5), np.array([0, 2, 3, 5]), np.array([4, 4, 9, 3, 3]), np.array([8.0, 9, 6]), 2
-    ... )
+    >>> idx, off, lens = np.arange(5), np.array([0, 2, 3, 5]), np.array([4, 4, 9, 3, 3])
+    >>> i, o, v = by_cost_in_windows(idx, off, lens, np.array([8.0, 9, 6]), 2)  # in order
     >>> i.tolist(), o.tolist(), v.tolist()
     ([0, 1, 2, 3, 4], [0, 2, 3, 5], [4, 4, 9, 3, 3])
-    >>> by_cost_in_windows(
-    ...     np.arange(5), np.array([0, 2, 3, 5]), np.array([4, 4, 9, 3, 3]), np.array([9.0, 8, 6]), 2
-    ... )[1].tolist()
-    [0, 1, 3, 5]
+    >>> i, o, v = by_cost_in_windows(idx, off, lens, np.array([9.0, 8, 6]), 2)  # 1st pair swaps
+    >>> i.tolist(), o.tolist(), v.tolist()
+    ([2, 0, 1, 3, 4], [0, 1, 3, 5], [9, 4, 4, 3, 3])
     """
     return _reorder(
         np.ascontiguousarray(idx),

@@ -4,8 +4,8 @@ The strategy for ``--batching budget`` and ``fixed`` (without ``--pp`` in the pa
 epoch: the order stage gives the stream (one segment per step when shuffled), the packing kernel
 (:func:`varpack.plan.pack.pack`) cuts it into micro-batches, exactly one step's worth per shuffled
 segment, and the count is completed to a multiple of ``dp x grad_accum`` by splitting the
-costliest micro-batches (:func:`varpack.plan.pack.complete`). A curriculum scored by FLOPs or time then orders each window's
-micro-batches by cost (:mod:`varpack.plan.levelling`).
+costliest micro-batches (:func:`varpack.plan.pack.complete`). A curriculum scored by FLOPs or
+time then orders each window's micro-batches by cost (:mod:`varpack.plan.levelling`).
 """
 
 from __future__ import annotations
