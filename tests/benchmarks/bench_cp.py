@@ -6,7 +6,7 @@ Skrull's setting: `synth --dist bimodal` lengths (about 40 % under 8K, the rest 
 CP 8, DP 4, bucket size 26K tokens (their Qwen2.5-0.5B) and 13K (their 7B; Qwen2.5-7B
 dimensions). Every row plans the same samples with the real planner (`make_plan`) and reports
 plan.json's `cp.estimated_time`: per step the slowest DP rank's summed micro-batch times, each
-micro-batch its slowest CP rank (`varpack.plan.cp_cost`). Rows:
+micro-batch its slowest CP rank (`varpack.plan.cp.cost`). Rows:
 
 * standard CP (a): shuffled greedy batching, every sample distributed (DeepSpeed-Ulysses/ring);
 * sorted + standard CP (b): sorted (curriculum) greedy batching, every sample distributed;

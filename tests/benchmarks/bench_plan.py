@@ -8,7 +8,8 @@
     PR 7104's greedy `batch_by_seqlens` at sizes it can finish.
 (b) Quality on synthetic long-tail (budget 16K), bimodal (128K) and video (16K frames) data, dp 8,
     flops cost of Qwen2.5-0.5B, all strategies scored by the same functions
-    (varpack.plan.micro.summarize / stats): padding ratio, estimated time / ideal, imbalance, mixing.
+    (varpack.plan.kernels.micro.summarize / stats): padding ratio, estimated time / ideal,
+    imbalance, mixing.
 (b2) Shuffled balance at grad-accum 1, 2, 4, 16 on long-tail, bimodal and heavy-bodied data, with
     the yardstick (shuffle + LPT on cost) and a lower bound (plan_balance.py).
 (c) Shapes, all through the real planner (make_plan) with its own stats: padding vs --max-shapes K
@@ -34,8 +35,8 @@ from varpack.manifest.tables import plan_tables
 from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig, plan_arrays
 from varpack.plan.cost import sample_cost
-from varpack.plan.micro import summarize
-from varpack.plan.stats import mixing, step_loads
+from varpack.plan.figures.stats import mixing, step_loads
+from varpack.plan.kernels.micro import summarize
 
 DP = 8
 MODEL = "qwen2.5-0.5b"
@@ -195,7 +196,7 @@ def peer_sorted(lens: np.ndarray, b: int, k: int, rng: np.random.Generator) -> L
 
 def _greedy_sorted(x: np.ndarray, budget: int) -> np.ndarray:
     cfg = PlanConfig(max_tokens=budget).resolved()
-    from varpack.plan.pack import pack
+    from varpack.plan.kernels.pack import pack
 
     return pack(x, np.array([0, len(x)]), np.zeros(len(x), bool), cfg.pack_rule())[1]
 
@@ -261,7 +262,7 @@ def peer_roll(
     per_step = max(DP, int(DP * k * budget / x.mean() * 0.9))
     parts, counts, step, rank = [], [], [], []
     cfg = PlanConfig(max_tokens=budget, layout="padded", pad_multiple=round_to).resolved()
-    from varpack.plan.pack import pack
+    from varpack.plan.kernels.pack import pack
 
     for s, a in enumerate(range(0, len(x) - per_step + 1, per_step)):
         g = np.sort(x[a : a + per_step])
@@ -380,7 +381,7 @@ def _stats(lens: np.ndarray, **kw: object) -> tuple[dict, float]:
 
 
 def shapes_vs_k(n: int) -> None:
-    from varpack.plan.shapes import choose_lengths, padding_of
+    from varpack.plan.kernels.shapes import choose_lengths, padding_of
 
     lens = np.sort(sample_lengths("long-tail", n, np.random.default_rng(0), max_len=SHAPE_BUDGET))
     real = int(lens.sum())

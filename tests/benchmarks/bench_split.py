@@ -24,7 +24,7 @@ import numpy as np
 
 from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig, make_plan
-from varpack.plan.split import split_units
+from varpack.plan.kernels.split import split_units
 
 
 def _data(n: int) -> tuple[np.ndarray, np.ndarray, int]:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from varpack.errors import ConfigError
 from varpack.plan import PlanConfig, make_plan
 from varpack.plan.cost import sample_flops
-from varpack.plan.cp_cost import cp_load, cp_model, over_capacity
+from varpack.plan.cp.cost import cp_load, cp_model, over_capacity
 from varpack.plan.models import PRESETS
 
 BASE = dict(cp=4, bucket_size=300, cost="flops", model_preset="qwen2.5-0.5b")

@@ -16,12 +16,12 @@ from varpack.manifest.format import write_plan
 from varpack.manifest.tables import plan_tables
 from varpack.manifest.validate import validate_plan
 from varpack.plan import PlanConfig, make_plan, plan_arrays
-from varpack.plan.assign import balance_ranks
 from varpack.plan.cost import sample_flops
-from varpack.plan.micro import summarize
+from varpack.plan.figures.stats import mixing
+from varpack.plan.kernels.assign import balance_ranks
+from varpack.plan.kernels.micro import summarize
+from varpack.plan.kernels.pack import complete, pack
 from varpack.plan.models import PRESETS
-from varpack.plan.pack import complete, pack
-from varpack.plan.stats import mixing
 
 
 def _plan(ids, lens, **kw):

@@ -32,8 +32,8 @@ from varpack.manifest.tables import plan_tables
 from varpack.manifest.validate import validate_plan
 from varpack.metadata.synth import action_genome_lengths
 from varpack.plan import PlanConfig, make_plan, plan_arrays
-from varpack.plan.batching.blocks import reset_table
-from varpack.plan.shapes import choose_lengths, padding_of
+from varpack.plan.kernels.shapes import choose_lengths, padding_of
+from varpack.plan.stages.batching.blocks import reset_table
 
 
 def _write(tmp: Path, ids, lens, cfg: PlanConfig) -> Path:

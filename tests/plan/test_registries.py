@@ -6,14 +6,14 @@ import dataclasses
 
 import pytest
 
-from varpack.plan.batching import BATCHERS, batcher_name
 from varpack.plan.config import CHOICES, PlanConfig
 from varpack.plan.cost import COST_MODELS
-from varpack.plan.cp_place import CP_PLACEMENTS
+from varpack.plan.cp.place import CP_PLACEMENTS
+from varpack.plan.kernels.order import ORDERS
 from varpack.plan.lr import LR_SCALINGS
-from varpack.plan.order import ORDERS
-from varpack.plan.select import OVERSIZE
-from varpack.plan.warmup import WARMUPS
+from varpack.plan.stages.batching import BATCHERS, batcher_name
+from varpack.plan.stages.select import OVERSIZE
+from varpack.plan.stages.warmup import WARMUPS
 
 REGISTRIES = {
     "order": ORDERS,

@@ -129,7 +129,7 @@ def plan(
     for note in arrays.notes:
         click.echo(note, err=True)
     if not quiet:
-        from varpack.plan.stats import TIME_VS_IDEAL_LEGEND
+        from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 
         click.echo(summary_line(out, meta, cfg))
         click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")

@@ -87,6 +87,6 @@ def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | No
         f"time {f['time_vs_ideal']:.3f}x ideal; "
         f"{token_line(f['tokens'])}{replayed}"
     )
-    from varpack.plan.stats import TIME_VS_IDEAL_LEGEND
+    from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 
     click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")

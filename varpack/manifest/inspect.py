@@ -1,7 +1,7 @@
 """``varpack inspect``: a plan's figures as a table or JSON.
 
-The figures are plan.json's stats (computed by :mod:`varpack.plan.stats` when the plan was made),
-read back with the checksums verified and laid out one per line. The four-panel figure of
+The figures are plan.json's stats (computed by :mod:`varpack.plan.figures.stats` when the plan was
+made), read back with the checksums verified and laid out one per line. The four-panel figure of
 ``--plot`` is :mod:`varpack.manifest.plot`'s.
 """
 
@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from varpack.manifest.format import load_plan
-from varpack.plan.stats import TIME_VS_IDEAL_LEGEND
+from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 
 
 def describe(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from varpack.errors import ConfigError, InputError
 from varpack.manifest.format import write_plan
 from varpack.manifest.tables import plan_tables
 from varpack.plan import PlanArrays, PlanConfig, make_plan
-from varpack.plan.select import plan_bytes
-from varpack.plan.split import unit_count
+from varpack.plan.kernels.split import unit_count
+from varpack.plan.stages.select import plan_bytes
 from varpack.sort.output import is_sorted_output
 
 #: Keys of a ``--config`` file that are not planning options: the carried columns (``carry``

@@ -2,9 +2,9 @@
 
 Panels: the sample length histogram, real tokens per micro-batch over the plan, the LR factor per
 step, and each rank's load per step relative to the step mean. The plot reads the manifests and
-scores micro-batches with the plan's own cost model (:func:`varpack.plan.micro.summarize`,
-:func:`varpack.plan.stats.step_loads`). matplotlib is imported only when a plot is drawn (the
-``plot`` extra).
+scores micro-batches with the plan's own cost model (:func:`varpack.plan.kernels.micro.summarize`,
+:func:`varpack.plan.figures.stats.step_loads`). matplotlib is imported only when a plot is drawn
+(the ``plot`` extra).
 
 The figure is an output like any other (:mod:`varpack.atomic`): it must stay apart from the plan
 and the plan's input, replaces an existing file only with ``--overwrite``, and is written under a
@@ -23,9 +23,9 @@ from varpack.atomic import atomic_file, check_output
 from varpack.errors import ConfigError, VarpackError
 from varpack.manifest.format import load_plan
 from varpack.plan.config import PlanConfig
-from varpack.plan.cp_cost import cp_load, cp_model
-from varpack.plan.micro import summarize
-from varpack.plan.stats import step_loads
+from varpack.plan.cp.cost import cp_load, cp_model
+from varpack.plan.figures.stats import step_loads
+from varpack.plan.kernels.micro import summarize
 
 _MAX_POINTS = 200_000
 

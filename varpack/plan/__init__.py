@@ -4,6 +4,9 @@ Owns: the options (:class:`PlanConfig`), the cost models, and the planner's stag
 order + pack -> shapes -> assign -> warm-up -> LR, see :mod:`varpack.plan.planner`), each a
 pure function over NumPy arrays with its strategies chosen by name from a registry, plus the
 rule functions (budget, shape, pipeline, blocks, warm-up checks) that ``validate`` reuses.
+Rooms: :mod:`.stages` (the stages), :mod:`.kernels` (the pure array functions they call),
+:mod:`.cp` (context parallelism) and :mod:`.figures` (plan.json's stats and content); the options,
+the arrays passed between stages, the cost models and the rules sit at the top, shared by all.
 May import: NumPy, numba, and ``varpack.errors`` / ``varpack.fingerprint``. Nothing here
 imports pyarrow or another varpack package: turning the arrays into files is
 :mod:`varpack.manifest`'s job.

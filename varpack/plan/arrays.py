@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from varpack.plan.config import PlanConfig
-from varpack.plan.micro import Micro
+from varpack.plan.kernels.micro import Micro
 
 
 @dataclass

@@ -19,10 +19,10 @@ from typing import Any
 from varpack.errors import ConfigError
 from varpack.plan.context import ContextOptions, option, unused
 from varpack.plan.cost import CostModel
-from varpack.plan.micro import MicroRule
+from varpack.plan.kernels.micro import MicroRule
+from varpack.plan.kernels.pack import PackRule
 from varpack.plan.models import PRESETS, ModelDims
 from varpack.plan.oversize import resolve_oversize
-from varpack.plan.pack import PackRule
 
 #: Largest length, budget or count a manifest can hold (its int32 columns).
 INT32_MAX = 2**31 - 1

@@ -3,7 +3,7 @@
 :class:`ContextOptions` is the base of :class:`varpack.plan.config.PlanConfig` (its fields are
 plan options like any other, kept here so the config module stays one screenful per concern):
 
-* ``--cp N`` splits every micro-batch over a CP group of N ranks (:mod:`varpack.plan.cp_place`);
+* ``--cp N`` splits every micro-batch over a CP group of N ranks (:mod:`varpack.plan.cp.place`);
 * the memory model gives the token capacity of one CP rank, the *bucket size* C (Skrull's
   BucketSize): ``--bucket-size C``, or ``--memory-per-token A --memory-fixed B
   --memory-capacity BYTES`` with activation bytes ``A * S + B`` (so ``C = (BYTES - B) // A``);

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from varpack.errors import ConfigError
-from varpack.plan.split import alone_volume, fit_len
+from varpack.plan.kernels.split import alone_volume, fit_len
 
 
 class Options(Protocol):

@@ -4,19 +4,20 @@ Pure (arrays and a config in, arrays and dicts out); reading the input and writi
 the plan artifact's job (:mod:`varpack.manifest.make`). :func:`plan_arrays` runs the stages in
 order, each a function in its own module, passing small dataclasses (:mod:`.arrays`) between:
 
-1. **select** (:mod:`.select`): input checks, oversize samples dropped, kept alone, split into
-   pieces (:mod:`.split`) or refused;
-2. **order + pack** (:mod:`.batching`): per epoch, the stream in ``--order`` (curriculum or
-   windowed shuffle, :mod:`.order`) cut into micro-batches by a batching strategy (greedy budget
-   or count, pipeline groups, blocks) and numbered into steps;
-3. **shapes** (:mod:`.shaping`): each micro-batch's ``(rows, pad_to)``, chosen lengths, empty rows;
-3b. **CP placement** (:mod:`.cp_stage`, ``--cp``): each sample local to a CP rank or distributed;
-4. **assign** (:mod:`.placement`): each step's micro-batches balanced over the ranks by cost;
-5. **warm-up** (:mod:`.warmup`): one micro-batch of every shape first on each rank (reorder);
+1. **select** (:mod:`.stages.select`): input checks, oversize samples dropped, kept alone, split
+   into pieces (:mod:`.kernels.split`) or refused;
+2. **order + pack** (:mod:`.stages.batching`): per epoch, the stream in ``--order`` (curriculum or
+   windowed shuffle, :mod:`.kernels.order`) cut into micro-batches by a batching strategy (greedy
+   budget or count, pipeline groups, blocks) and numbered into steps;
+3. **shapes** (:mod:`.stages.shaping`): each micro-batch's ``(rows, pad_to)``, chosen lengths,
+   empty rows;
+3b. **CP placement** (:mod:`.cp.stage`, ``--cp``): each sample local to a CP rank or distributed;
+4. **assign** (:mod:`.stages.placement`): each step's micro-batches balanced over the ranks by cost;
+5. **warm-up** (:mod:`.stages.warmup`): one micro-batch of every shape first on each rank (reorder);
 6. **LR** (:mod:`.lr`): each step's global tokens and samples, and its LR factor;
 
-then :func:`varpack.plan.figures.plan_meta` scores the result (plan.json's stats). A new feature
-is a new stage here, or a new strategy chosen by name inside one of them.
+then :func:`varpack.plan.figures.plan_json.plan_meta` scores the result (plan.json's stats). A new
+feature is a new stage here, or a new strategy chosen by name inside one of them.
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ from typing import Any
 import numpy as np
 
 from varpack.plan.arrays import Batches, Placement, PlanArrays, Selection, Shapes
-from varpack.plan.batching import build_batches
 from varpack.plan.config import PlanConfig
-from varpack.plan.cp_stage import CPPlan, place_cp
-from varpack.plan.figures import input_info, plan_meta
+from varpack.plan.cp.stage import CPPlan, place_cp
+from varpack.plan.figures.plan_json import input_info, plan_meta
 from varpack.plan.lr import lr_factors, step_totals
-from varpack.plan.placement import assign
-from varpack.plan.select import select
-from varpack.plan.shaping import input_lengths, shape
-from varpack.plan.warmup import warm_up
+from varpack.plan.stages.batching import build_batches
+from varpack.plan.stages.placement import assign
+from varpack.plan.stages.select import select
+from varpack.plan.stages.shaping import input_lengths, shape
+from varpack.plan.stages.warmup import warm_up
 
 
 def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArrays:

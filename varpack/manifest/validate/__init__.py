@@ -54,7 +54,7 @@ from varpack.manifest.validate.replay import check_replay
 from varpack.manifest.validate.report import Report
 from varpack.manifest.validate.rows import check_micro_batches, recompute_lengths, shape_lengths
 from varpack.plan.config import PlanConfig
-from varpack.plan.micro import Micro
+from varpack.plan.kernels.micro import Micro
 
 __all__ = ["Report", "validate_plan"]
 

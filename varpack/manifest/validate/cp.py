@@ -1,7 +1,7 @@
 """Context-parallel placement (``--cp``): every sample placed once, in range, within capacity.
 
 Reads each rank's ``cp_placement`` column and checks, with the planner's own cost and memory
-functions (:mod:`varpack.plan.cp_cost`): the lists are parallel to ``sample_ids`` (each sample
+functions (:mod:`varpack.plan.cp.cost`): the lists are parallel to ``sample_ids`` (each sample
 has exactly one placement), every value is -1 (distributed) or a CP rank ``0..cp-1``, no CP rank
 of any micro-batch holds more than the bucket size (``local + distributed / cp`` tokens), and
 plan.json's ``cp`` figures are the ones the manifests give.
@@ -17,8 +17,8 @@ from varpack.manifest.validate.figures import AllRanks, compare_stats
 from varpack.manifest.validate.files import RankRows
 from varpack.manifest.validate.report import Report
 from varpack.plan.config import PlanConfig
-from varpack.plan.cp_cost import cp_load, cp_model, over_capacity
-from varpack.plan.cp_stage import cp_figures
+from varpack.plan.cp.cost import cp_load, cp_model, over_capacity
+from varpack.plan.cp.stage import cp_figures
 
 
 def read_placement(ranks: list[RankRows], report: Report) -> np.ndarray | None:

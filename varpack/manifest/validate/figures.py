@@ -2,10 +2,11 @@
 
 With every rank read, the micro-batches of all ranks are put together (:class:`AllRanks`) and each
 step's global samples and tokens recomputed, with its LR factor (:func:`varpack.plan.lr.lr_factors`)
-and each rank's distinct shapes (:func:`varpack.plan.stats.rank_shapes`). Checks that every row
-carries its step's ``step_tokens``, ``step_samples`` and ``lr_factor``; that plan.json's per-rank
-shapes are the manifests'; and that plan.json's stats are the ones the planner's own assembler
-(:func:`varpack.plan.figures.plan_figures`) gives on the manifests (floats within 1e-6).
+and each rank's distinct shapes (:func:`varpack.plan.figures.stats.rank_shapes`). Checks that every
+row carries its step's ``step_tokens``, ``step_samples`` and ``lr_factor``; that plan.json's
+per-rank shapes are the manifests'; and that plan.json's stats are the ones the planner's own
+assembler (:func:`varpack.plan.figures.plan_json.plan_figures`) gives on the manifests (floats
+within 1e-6).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from varpack.manifest.validate.files import RankRows
 from varpack.manifest.validate.report import SHOW, Report
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import sample_cost
-from varpack.plan.figures import plan_figures
+from varpack.plan.figures.plan_json import plan_figures
+from varpack.plan.figures.stats import rank_shapes
+from varpack.plan.kernels.micro import Micro
+from varpack.plan.kernels.order import input_rows
 from varpack.plan.lr import lr_factors
-from varpack.plan.micro import Micro
-from varpack.plan.order import input_rows
-from varpack.plan.stats import rank_shapes
 
 
 @dataclass

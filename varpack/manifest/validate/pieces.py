@@ -19,7 +19,7 @@ import numpy as np
 from varpack.manifest.validate.files import RankRows
 from varpack.manifest.validate.report import SHOW, Report
 from varpack.plan.config import PlanConfig
-from varpack.plan.split import token_figures
+from varpack.plan.kernels.split import token_figures
 
 
 def check_apart(ranks: list[RankRows], report: Report) -> None:

@@ -1,16 +1,17 @@
 """Rows and shapes: each micro-batch's padded shape, by the planner's own rule functions.
 
 Checks, per rank: micro-batches are non-empty with positive lengths; ``pad_to`` is the shape rule's
-(:func:`varpack.plan.micro.summarize` with the plan's layout, pad multiple and chosen lengths; with
-``--pp`` the largest of the step's own shapes); ``pad_rows`` is not negative; the token budget
-(:func:`varpack.plan.rules.volume`, an ``--oversize alone`` sample excepted) or ``--batch-size``.
-Then the shape rules: with blocks, :func:`varpack.plan.batching.blocks.check_blocks` and
-``blocks_per_batch`` rows per micro-batch; with ``--max-shapes`` on the padded layout, the rows of
-each length's shape (:func:`varpack.plan.shaping.shape_rows`); at most K shapes per rank; one shape
-per pipeline step; ``--warmup reorder``'s prefix (whole pipeline steps, one micro-batch per shape,
-largest first, no new shape after it). Last, plan.json's ``shape_lengths`` against the options
-that choose them, and recomputed as the padding-minimal ones
-(:func:`varpack.plan.shapes.choose_lengths` on the same data).
+(:func:`varpack.plan.kernels.micro.summarize` with the plan's layout, pad multiple and chosen
+lengths; with ``--pp`` the largest of the step's own shapes); ``pad_rows`` is not negative; the
+token budget (:func:`varpack.plan.rules.volume`, an ``--oversize alone`` sample excepted) or
+``--batch-size``. Then the shape rules: with blocks,
+:func:`varpack.plan.stages.batching.blocks.check_blocks` and ``blocks_per_batch`` rows per
+micro-batch; with ``--max-shapes`` on the padded layout, the rows of each length's shape
+(:func:`varpack.plan.stages.shaping.shape_rows`); at most K shapes per rank; one shape per pipeline
+step; ``--warmup reorder``'s prefix (whole pipeline steps, one micro-batch per shape, largest first,
+no new shape after it). Last, plan.json's ``shape_lengths`` against the options that choose them,
+and recomputed as the padding-minimal ones (:func:`varpack.plan.kernels.shapes.choose_lengths` on
+the same data).
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ import numpy as np
 
 from varpack.manifest.validate.files import RankRows
 from varpack.manifest.validate.report import SHOW, Report
-from varpack.plan.batching.blocks import check_blocks
-from varpack.plan.batching.pipeline import check_pipeline_steps
 from varpack.plan.config import PlanConfig
-from varpack.plan.micro import Micro, summarize
+from varpack.plan.kernels.micro import Micro, summarize
+from varpack.plan.kernels.shapes import check_shape_bound, choose_lengths
 from varpack.plan.rules import LAYOUT_CODE, volume
 from varpack.plan.segments import segment_sums
-from varpack.plan.shapes import check_shape_bound, choose_lengths
-from varpack.plan.shaping import shape_rows
-from varpack.plan.warmup import check_warmup_prefix, encode_shapes
+from varpack.plan.stages.batching.blocks import check_blocks
+from varpack.plan.stages.batching.pipeline import check_pipeline_steps
+from varpack.plan.stages.shaping import shape_rows
+from varpack.plan.stages.warmup import check_warmup_prefix, encode_shapes
 
 
 def check_micro_batches(

@@ -1,0 +1,197 @@
+"""Shuffled steps composed by cost (``--compose cost``): invariants, balance, windows."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from varpack.errors import ConfigError
+from varpack.manifest.format import write_plan
+from varpack.manifest.tables import plan_tables
+from varpack.manifest.validate import validate_plan
+from varpack.metadata.synth import sample_lengths
+from varpack.plan import PlanConfig, make_plan, plan_arrays
+from varpack.plan.kernels.compose import compose_epoch
+from varpack.plan.stages.batching import batcher_name
+
+FLOPS = dict(cost="flops", model_preset="qwen2.5-0.5b")
+
+
+def _sorted(lens):
+    return np.sort(np.asarray(lens, dtype=np.int64), kind="stable")
+
+
+def _heavy_bodied(n, seed=0, cap=16384):
+    x = np.random.default_rng(seed).lognormal(np.log(450), 1.45, n)
+    return _sorted(np.clip(np.rint(x), 1, cap))
+
+
+def _per_step_rank_counts(p):
+    return np.bincount(p.step * p.cfg.dp + p.rank, minlength=p.num_steps * p.cfg.dp)
+
+
+# ---- properties ----------------------------------------------------------------------------------
+
+lengths = st.lists(
+    st.one_of(st.integers(1, 60), st.integers(1, 400), st.just(400)), min_size=1, max_size=300
+)
+configs = st.fixed_dictionaries(
+    {
+        "dp": st.integers(1, 4),
+        "grad_accum": st.integers(1, 4),
+        "window": st.integers(1, 4),
+        "epochs": st.integers(1, 2),
+        "seed": st.integers(0, 5),
+        "cost": st.sampled_from(["tokens", "padded", "flops"]),
+        "pad_multiple": st.sampled_from([1, 1, 8]),
+        "oversize": st.sampled_from(["error", "drop", "alone"]),
+        "budget": st.sampled_from([400, 512, 300]),
+        "warmup": st.sampled_from(["list", "reorder"]),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lens=lengths, c=configs)
+def test_property_composed_plans_keep_every_promise(lens, c):
+    lens_a = _sorted(lens)
+    ids = np.arange(len(lens_a), dtype=np.int64) * 3 + 1
+    cfg = PlanConfig(
+        max_tokens=c["budget"],
+        dp=c["dp"],
+        grad_accum=c["grad_accum"],
+        order="shuffle",
+        shuffle_window=c["window"],
+        epochs=c["epochs"],
+        seed=c["seed"],
+        cost=c["cost"],
+        model_preset="qwen2.5-0.5b" if c["cost"] == "flops" else None,
+        pad_multiple=c["pad_multiple"],
+        oversize=c["oversize"],
+        warmup=c["warmup"],
+    )
+    assert batcher_name(cfg) == "costed"
+    try:
+        p, meta, extra = make_plan(ids, lens_a, cfg)
+    except ConfigError as exc:
+        assert any(
+            s in str(exc) for s in ("cannot be split", "cannot fill one step", "do not fit")
+        ), str(exc)
+        return
+    n = len(p.ids)
+    # every sample once per epoch
+    for e in meta["epochs"]:
+        first = p.offsets[e["first_step"] * cfg.micro_per_step]
+        assert sorted(p.stream[first : first + n].tolist()) == list(range(n))
+    # grad_accum micro-batches per rank per step, never empty
+    assert (_per_step_rank_counts(p) == cfg.grad_accum).all()
+    assert (p.micro.samples >= 1).all()
+    # the budget holds (a lone oversize sample is the only exception)
+    lone = p.micro.samples == 1
+    assert ((p.micro.pad_to <= cfg.max_tokens) | lone).all()
+    # a sample trains within about one window of its random position; the warm-up reorder
+    # moves a micro-batch of each shape to the front on purpose (and across epochs a step then
+    # no longer says its epoch: no figure)
+    if cfg.warmup != "reorder":
+        assert meta["stats"]["moved_steps_max"] <= 2 * cfg.shuffle_window + 2
+    elif cfg.epochs == 1:
+        assert meta["stats"]["moved_steps_max"] <= meta["num_steps"]
+    # deterministic, and validate accepts it
+    again = plan_arrays(ids, lens_a, cfg)
+    assert np.array_equal(again.stream, p.stream) and np.array_equal(again.rank, p.rank)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plan"
+        write_plan(out, meta, list(plan_tables(p)), rank_extra=extra)
+        assert validate_plan(out, (ids, lens_a)).problems == []
+
+
+# ---- what cost composition is for ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_balanced_where_token_composition_is_not(k):
+    lens = _heavy_bodied(6000)
+    cfg = PlanConfig(max_tokens=16384, dp=8, grad_accum=k, order="shuffle", **FLOPS)
+    cost = make_plan(np.arange(len(lens)), lens, cfg)[1]["stats"]
+    tokens = make_plan(np.arange(len(lens)), lens, dataclasses.replace(cfg, compose="tokens"))[1][
+        "stats"
+    ]
+    assert cost["time_vs_ideal"] < min(1.12, tokens["time_vs_ideal"])
+    assert cost["mixing"] < 0.15
+    assert cost["padding_ratio"] == 0.0
+    if k == 1:
+        assert tokens["time_vs_ideal"] > 1.5 > cost["time_vs_ideal"] + 0.3
+
+
+def test_heavy_samples_come_one_per_rank():
+    # 16 samples at the budget among short ones: each step holds none of them or one per rank
+    lens = _sorted([100] * 3000 + [1024] * 16)
+    cfg = PlanConfig(
+        max_tokens=1024, dp=4, grad_accum=1, order="shuffle", shuffle_window=10_000, **FLOPS
+    )
+    p = plan_arrays(np.arange(len(lens)), lens, cfg)
+    heavy = p.micro.max_len == 1024
+    per_step = np.bincount(p.step[heavy], minlength=p.num_steps)
+    assert set(per_step.tolist()) <= {0, 4}
+    assert (p.micro.samples[heavy] == 1).all()  # nothing else fits beside them
+
+
+def test_a_rank_with_a_heavy_sample_gets_lighter_micro_batches():
+    # one sample at the budget costs ~4 micro-batches of short ones: its rank's other
+    # micro-batches hold fewer tokens, and its step is better balanced than by tokens
+    lens = _sorted([300] * 3000 + [16384])
+    cfg = PlanConfig(
+        max_tokens=16384, dp=4, grad_accum=4, order="shuffle", shuffle_window=10_000, **FLOPS
+    )
+    p = plan_arrays(np.arange(len(lens)), lens, cfg)
+    top = p.micro.max_len == 16384
+    in_step = p.step == p.step[top][0]
+    mine = in_step & (p.rank == p.rank[top][0])
+    assert p.micro.tokens[mine & ~top].mean() < 0.5 * p.micro.tokens[in_step & ~mine].mean()
+    loads = np.bincount(p.rank[in_step], weights=p.micro.cost[in_step])
+    by_tokens = plan_arrays(np.arange(len(lens)), lens, dataclasses.replace(cfg, compose="tokens"))
+    at = by_tokens.step == by_tokens.step[by_tokens.micro.max_len == 16384][0]
+    tloads = np.bincount(by_tokens.rank[at], weights=by_tokens.micro.cost[at])
+    assert loads.max() / loads.mean() < tloads.max() / tloads.mean()
+
+
+def test_curriculum_and_token_composition_are_untouched():
+    lens = _sorted(sample_lengths("long-tail", 3000, np.random.default_rng(0), max_len=2048))
+    for kw in (dict(order="curriculum"), dict(order="shuffle", compose="tokens")):
+        cfg = PlanConfig(max_tokens=2048, dp=2, grad_accum=2, **kw)  # type: ignore[arg-type]
+        assert batcher_name(cfg) == "greedy"
+    cur = PlanConfig(max_tokens=2048, dp=2, grad_accum=2)
+    a = plan_arrays(np.arange(3000), lens, cur)
+    b = plan_arrays(np.arange(3000), lens, dataclasses.replace(cur, compose="tokens"))
+    assert np.array_equal(a.stream, b.stream) and np.array_equal(a.rank, b.rank)
+    padded = PlanConfig(max_tokens=2048, dp=2, order="shuffle", layout="padded")
+    assert batcher_name(padded) == "greedy"
+
+
+def test_too_few_samples_fall_back_to_token_composition():
+    # five samples that each need a micro-batch of their own, steps of four micro-batches
+    lens = _sorted([40] * 5)
+    cfg = PlanConfig(max_tokens=64, dp=2, grad_accum=2, order="shuffle")
+    none = np.zeros(5, bool)
+    assert compose_epoch(lens, none, (1.0, 0.0), 64, 60, 2, 2, 1, 64) is None
+    with pytest.raises(ConfigError, match="cannot be split"):  # the token composition's error
+        plan_arrays(np.arange(5), lens, cfg)
+
+
+def test_moved_figures_follow_the_window():
+    lens = _sorted(sample_lengths("long-tail", 20_000, np.random.default_rng(1), max_len=4096))
+    moved = []
+    for w in (1, 8):
+        cfg = PlanConfig(max_tokens=4096, dp=4, order="shuffle", shuffle_window=w)
+        stats = make_plan(np.arange(len(lens)), lens, cfg)[1]["stats"]
+        assert stats["moved_windows_max"] <= 2.0
+        moved.append(stats["moved_steps_mean"])
+    assert moved[0] < moved[1]
+    cur = make_plan(np.arange(len(lens)), lens, PlanConfig(max_tokens=4096, dp=4))[1]["stats"]
+    assert "moved_steps_mean" not in cur  # curriculum plans have no random position

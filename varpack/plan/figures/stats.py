@@ -1,0 +1,284 @@
+"""Figures that score a plan; the planner stores them in plan.json, ``inspect`` shows them and
+``validate`` recomputes them from the manifests with these same functions.
+
+* padding: real tokens vs the tokens the model processes (micro-batch volumes).
+* budget fill: real tokens / (micro-batches x the token budget of one micro-batch): how much of
+  the budget the plan uses (padding and the budget left empty at the end of each micro-batch both
+  count against it; a micro-batch of one oversize sample, ``--oversize alone``, can exceed it).
+* imbalance per step: slowest rank's cost / mean rank cost (mean and max over steps).
+* time vs ideal: ``sum over steps of the slowest rank's cost`` divided by the ideal
+  ``sum(sample_cost) / dp`` (real samples, no padding, perfect balance). It counts padding,
+  imbalance and (with ``flops``) attention's quadratic cost on padded rows.
+* mixing: mean over steps of the Kolmogorov-Smirnov distance between the step's length
+  distribution and the whole plan's, evaluated at up to 127 quantiles of the lengths (0: every
+  step looks like the dataset; sorted batching is close to 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from varpack.plan.rules import LAYOUT_CODE, volume
+
+#: the one-line meaning of "time vs ideal", printed wherever the figure is
+TIME_VS_IDEAL_LEGEND = (
+    "time vs ideal = estimated time (the slowest rank of each step, summed) / the ideal "
+    "(no padding, perfect balance over the ranks); 1.000 is ideal"
+)
+
+_BINS = 128
+_CELLS = 1 << 24  # histogram cells per pass of the mixing computation
+_CHUNK = 1 << 22  # samples per chunk
+_PIECE = 1 << 18  # samples per piece of a chunk (temporaries the allocator reuses)
+
+
+def _length_histogram(lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct lengths and their counts (bincount when lengths are small ints)."""
+    top = int(lens.max())
+    if top <= (1 << 24):
+        counts = np.bincount(lens, minlength=top + 1)
+        values = np.flatnonzero(counts)
+        return values, counts[values]
+    values, counts = np.unique(lens, return_counts=True)
+    return values, counts
+
+
+def mixing(sample_step: np.ndarray, sample_len: np.ndarray, num_steps: int) -> float:
+    """Mean KS distance between each step's lengths and all lengths (see module doc).
+
+    >>> lens = np.array([1, 2, 3, 4] * 2)
+    >>> mixing(np.array([0, 0, 0, 0, 1, 1, 1, 1]), lens, 2)  # each step = the dataset
+    0.0
+    >>> mixing(np.array([0, 0, 1, 1, 0, 0, 1, 1]), lens, 2)  # sorted halves
+    0.5
+    """
+    n = len(sample_len)
+    if n == 0 or num_steps == 0:
+        return 0.0
+    lens = np.asarray(sample_len)
+    values, counts = _length_histogram(lens)
+    cum = np.cumsum(counts)
+    picks = np.searchsorted(cum, np.arange(1, _BINS) * n / _BINS)  # quantile positions
+    edges = np.unique(values[np.minimum(picks, len(values) - 1)])
+    edges = edges[edges < values[-1]]  # at the maximum both CDFs are 1
+    if len(edges) == 0:
+        return 0.0
+    cdf = cum[np.searchsorted(values, edges)] / n  # F(edge) = P(len <= edge)
+    # Bin of every length value (edges[b-1] < len <= edges[b]) by table lookup where lengths
+    # are small ints (a binary search per sample costs seconds at 100 M samples).
+    top = int(values[-1])
+    table = np.empty(0, dtype=np.int32)
+    if values[0] >= 0 and top <= (1 << 24):
+        table = np.searchsorted(edges, np.arange(top + 1), side="left").astype(np.int32)
+    nb = len(edges) + 1
+    per_pass = max(1, _CELLS // nb)
+    total = 0.0
+    for lo in range(0, num_steps, per_pass):
+        hi = min(num_steps, lo + per_pass)
+        hist = np.zeros((hi - lo) * nb, dtype=np.int64)
+        _step_histogram(sample_step, lens, edges, table, lo, hi, nb, hist)
+        hist2 = hist.reshape(hi - lo, nb)
+        size = hist2.sum(axis=1)
+        ecdf = np.cumsum(hist2[:, :-1], axis=1) / np.maximum(size, 1)[:, None]
+        ks = np.abs(ecdf - cdf[None, :]).max(axis=1)
+        total += float(ks[size > 0].sum())
+    return total / num_steps
+
+
+@njit(cache=True)
+def _step_histogram(step, lens, edges, table, lo, hi, nb, hist):  # type: ignore[no-untyped-def]
+    """Add 1 to ``hist[(step - lo) * nb + bin(len)]`` for every sample of a step in [lo, hi)."""
+    for i in range(len(step)):
+        s = np.int64(step[i])
+        if s < lo or s >= hi:
+            continue
+        x = lens[i]
+        b = table[x] if len(table) > 0 else np.searchsorted(edges, x)
+        hist[(s - lo) * nb + b] += 1
+
+
+def budget_fill(real_tokens: int, micro_batches: int, budget: int | None) -> float | None:
+    """Real tokens / (micro-batches x budget tokens); ``None`` when the plan has no token budget.
+
+    >>> budget_fill(780, 10, 100), budget_fill(5, 0, 100), budget_fill(5, 1, None)
+    (0.78, 0.0, None)
+    """
+    if budget is None:
+        return None
+    return real_tokens / (micro_batches * budget) if micro_batches else 0.0
+
+
+def chunked_sum(values: np.ndarray, fn: Any) -> float:
+    """``sum(fn(values))`` computed over chunks (no full-size temporary).
+
+    ``fn`` is elementwise. Each chunk's values are computed in small pieces into one reused
+    buffer (fresh large temporaries cost page faults), then summed as a whole chunk.
+
+    >>> chunked_sum(np.arange(5), lambda x: x * 2.0)
+    20.0
+    """
+    buf = np.empty(min(_CHUNK, len(values)), dtype=np.float64)
+    total = 0.0
+    for a in range(0, len(values), _CHUNK):
+        b = min(a + _CHUNK, len(values))
+        for c in range(a, b, _PIECE):
+            d = min(c + _PIECE, b)
+            buf[c - a : d - a] = fn(values[c:d])
+        total += float(buf[: b - a].sum())
+    return total
+
+
+def step_loads(
+    step: np.ndarray, rank: np.ndarray, cost: np.ndarray, num_steps: int, dp: int
+) -> np.ndarray:
+    """(steps, dp) matrix of each rank's cost in each step."""
+    flat = np.bincount(step * dp + rank, weights=cost, minlength=num_steps * dp)
+    return flat.reshape(num_steps, dp)
+
+
+def rank_shapes(rank: np.ndarray, rows: np.ndarray, pad_to: np.ndarray, dp: int) -> list[list[Any]]:
+    """Distinct shapes each rank sees, LARGEST FIRST, as ``[rows, pad_to]`` (plan.json's format).
+
+    ``rows``: 1 in the packed layout, samples + ``pad_rows`` padded, blocks per micro-batch with
+    blocks. Shapes are ordered as :func:`varpack.plan.stages.warmup.encode_shapes` orders them.
+
+    >>> rank_shapes(np.array([0, 0, 1]), np.array([1, 1, 1]), np.array([8, 16, 8]), 2)
+    [[[1, 16], [1, 8]], [[1, 8]]]
+    """
+    from varpack.plan.stages.warmup import encode_shapes
+
+    ids, table = encode_shapes(rows, pad_to)
+    s = len(table)
+    present = np.zeros(dp * s, dtype=bool)
+    present[np.asarray(rank, np.int64) * s + ids] = True
+    present2 = present.reshape(dp, s)
+    return [table[np.flatnonzero(present2[r])[::-1]].tolist() for r in range(dp)]
+
+
+_SHAPES_SHOWN = 64
+
+
+def shape_stats(
+    *,
+    rows: np.ndarray,
+    pad_to: np.ndarray,
+    samples: np.ndarray,
+    tokens: np.ndarray,
+    pad_rows: np.ndarray,
+    own_pad_to: np.ndarray,
+    layout: str,
+    pp: int,
+    blocks: tuple[int, int] | None,
+) -> dict[str, Any]:
+    """Shape figures of plan.json's stats: the padding each shape costs, pp and block padding.
+
+    ``shapes``: the distinct shapes of the plan, largest first (at most 64, then the rest summed in
+    ``shapes_not_shown``), each with its micro-batches, real and padded tokens and padding;
+    ``pad_rows`` / ``pad_row_tokens``: empty rows (empty blocks) and what they cost. With ``pp > 1``:
+    ``pp_extra_padding``, the tokens beyond each micro-batch's own shape rule (its own longest
+    or total, no empty rows), i.e. what one shape per (step, rank) costs. With blocks
+    ``(block_len, blocks_per_batch)``: used and empty blocks and the padding inside used blocks.
+    """
+    from varpack.plan.stages.warmup import encode_shapes
+
+    code = LAYOUT_CODE[layout]
+    vol = np.asarray(volume(rows, pad_to, code), dtype=np.int64)
+    ids, table = encode_shapes(rows, pad_to)
+    s = len(table)
+    count = np.bincount(ids, minlength=s)
+    real = np.bincount(ids, weights=tokens, minlength=s).astype(np.int64)
+    padded = np.bincount(ids, weights=vol, minlength=s).astype(np.int64)
+    order = np.arange(s)[::-1]
+    shown = [
+        {
+            "shape": table[i].tolist(),
+            "micro_batches": int(count[i]),
+            "real_tokens": int(real[i]),
+            "padded_tokens": int(padded[i]),
+            "padding": int(padded[i] - real[i]),
+        }
+        for i in order[:_SHAPES_SHOWN]
+    ]
+    rest = order[_SHAPES_SHOWN:]
+    empty = np.asarray(pad_rows, dtype=np.int64)
+    out: dict[str, Any] = {
+        "num_shapes": int(s),
+        "shapes": shown,
+        "shapes_not_shown": {
+            "shapes": int(len(rest)),
+            "micro_batches": int(count[rest].sum()),
+            "padding": int((padded[rest] - real[rest]).sum()),
+        },
+        "pad_rows": int(empty.sum()),
+        "pad_row_tokens": int((empty * pad_to).sum()),
+    }
+    if pp > 1:
+        own = np.asarray(volume(samples, own_pad_to, code), dtype=np.int64)
+        extra = int(vol.sum() - own.sum())
+        out["pp_extra_padding"] = extra
+        out["pp_extra_padding_ratio"] = extra / int(vol.sum()) if vol.sum() else 0.0
+    if blocks is not None:
+        t, per = blocks
+        used = rows - empty
+        inside = int(used.sum()) * t - int(tokens.sum())
+        out["blocks"] = {
+            "block_len": t,
+            "blocks_per_batch": per,
+            "blocks": int(used.sum()),
+            "empty_blocks": int(empty.sum()),
+            "block_padding": inside,
+            "block_padding_ratio": inside / (int(used.sum()) * t) if used.sum() else 0.0,
+        }
+    return out
+
+
+def plan_stats(
+    *,
+    step: np.ndarray,
+    rank: np.ndarray,
+    count: np.ndarray,
+    tokens: np.ndarray,
+    padded_len: np.ndarray,
+    cost: np.ndarray,
+    sample_step: np.ndarray,
+    sample_len: np.ndarray,
+    ideal_cost: float,
+    lr: np.ndarray,
+    step_samples: np.ndarray,
+    step_tokens: np.ndarray,
+    num_steps: int,
+    dp: int,
+    layout: str,
+    shapes: list[list[Any]],
+) -> dict[str, Any]:
+    """The stats block of plan.json (plain JSON types)."""
+    real = int(tokens.sum())
+    padded = int(volume(count, padded_len, LAYOUT_CODE[layout]).sum())
+    loads = step_loads(step, rank, cost, num_steps, dp)
+    peak = loads.max(axis=1)
+    imbalance = peak / np.maximum(loads.mean(axis=1), 1e-300)
+    est = float(peak.sum())
+    ideal = ideal_cost / dp
+    return {
+        "real_tokens": real,
+        "padded_tokens": padded,
+        "padding_ratio": (padded - real) / padded if padded else 0.0,
+        "num_micro_batches": int(len(step)),
+        "micro_batches_per_rank": int(len(step) // dp),
+        "imbalance_mean": float(imbalance.mean()) if num_steps else 1.0,
+        "imbalance_max": float(imbalance.max()) if num_steps else 1.0,
+        "est_time": est,
+        "ideal_time": ideal,
+        "time_vs_ideal": est / ideal if ideal else 1.0,
+        "lr_factor_min": float(lr.min()) if num_steps else 1.0,
+        "lr_factor_max": float(lr.max()) if num_steps else 1.0,
+        "step_samples_min": int(step_samples.min()) if num_steps else 0,
+        "step_samples_max": int(step_samples.max()) if num_steps else 0,
+        "step_tokens_min": int(step_tokens.min()) if num_steps else 0,
+        "step_tokens_max": int(step_tokens.max()) if num_steps else 0,
+        "mixing": mixing(sample_step, sample_len, num_steps),
+        "shapes_per_rank": [len(s) for s in shapes],
+    }

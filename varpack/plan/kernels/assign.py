@@ -1,0 +1,148 @@
+"""Micro-batches to optimizer steps, and each step's micro-batches to data-parallel ranks.
+
+Steps: step ``s`` takes micro-batches ``s*dp*K .. (s+1)*dp*K - 1`` of the stream (the stream
+order already holds each step's samples together, see :mod:`varpack.plan.kernels.order`).
+
+Ranks: every step's ``dp*K`` micro-batches go to ``dp`` ranks, exactly ``K`` each, minimising
+the slowest rank's cost: longest-processing-time first with a cardinality limit, then pairwise
+swaps out of the slowest rank while they lower it. A per-step loop in a numba kernel; vectorised
+preparation around it. Inside a rank, micro-batches run in stream order (``micro`` 0..K-1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+def steps_in_order(num_micro: int, per_step: int) -> np.ndarray:
+    """Curriculum: consecutive groups of ``per_step`` micro-batches form the steps.
+
+    >>> steps_in_order(6, 2).tolist()
+    [0, 0, 1, 1, 2, 2]
+    """
+    return np.arange(num_micro, dtype=np.int64) // per_step
+
+
+@njit(cache=True)
+def _balance(costs, dp, k, rounds):  # type: ignore[no-untyped-def]
+    """``costs``: (steps, dp*k), each row in descending order. Returns the rank of each entry."""
+    steps, width = costs.shape
+    ranks = np.empty((steps, width), dtype=np.int64)
+    for s in range(steps):
+        load = np.zeros(dp)
+        fill = np.zeros(dp, dtype=np.int64)
+        for i in range(width):
+            best = -1
+            for r in range(dp):
+                if fill[r] < k and (best < 0 or load[r] < load[best]):
+                    best = r
+            ranks[s, i] = best
+            load[best] += costs[s, i]
+            fill[best] += 1
+        # Pairwise swaps out of the slowest rank while one lowers it.
+        for _ in range(rounds):
+            top = 0
+            for r in range(1, dp):
+                if load[r] > load[top]:
+                    top = r
+            best_peak = load[top]
+            bi = -1
+            bj = -1
+            for i in range(width):
+                if ranks[s, i] != top:
+                    continue
+                for j in range(width):
+                    r = ranks[s, j]
+                    if r == top:
+                        continue
+                    d = costs[s, i] - costs[s, j]
+                    if d <= 0:
+                        continue
+                    peak = max(load[top] - d, load[r] + d)
+                    if peak < best_peak:
+                        best_peak = peak
+                        bi = i
+                        bj = j
+            if bi < 0:
+                break
+            r = ranks[s, bj]
+            d = costs[s, bi] - costs[s, bj]
+            load[top] -= d
+            load[r] += d
+            ranks[s, bi] = r
+            ranks[s, bj] = top
+    return ranks
+
+
+@njit(cache=True)
+def _balance_in_order(cost, dp, k, rounds):  # type: ignore[no-untyped-def]
+    """:func:`balance_ranks` where step ``s`` is micro-batches ``s*dp*k .. (s+1)*dp*k - 1``.
+
+    Each step's costs are sorted costliest first, ties by position (a stable insertion sort of
+    ``dp*k`` entries), balanced by :func:`_balance`, and numbered per rank in stream order.
+    """
+    m = len(cost)
+    width = dp * k
+    steps = m // width
+    order = np.empty(m, dtype=np.int64)
+    sorted_cost = np.empty((steps, width), dtype=np.float64)
+    for s in range(steps):
+        base = s * width
+        for i in range(width):  # insert position base+i after every cost >= its own
+            c = cost[base + i]
+            j = i
+            while j > 0 and cost[order[base + j - 1]] < c:
+                order[base + j] = order[base + j - 1]
+                j -= 1
+            order[base + j] = base + i
+        for i in range(width):
+            sorted_cost[s, i] = cost[order[base + i]]
+    ranks_sorted = _balance(sorted_cost, dp, k, rounds)
+    rank = np.empty(m, dtype=np.int64)
+    micro = np.empty(m, dtype=np.int64)
+    fill = np.zeros(dp, dtype=np.int64)
+    for s in range(steps):
+        base = s * width
+        for i in range(width):
+            rank[order[base + i]] = ranks_sorted[s, i]
+        fill[:] = 0
+        for i in range(base, base + width):
+            micro[i] = fill[rank[i]]
+            fill[rank[i]] += 1
+    return rank, micro
+
+
+def balance_ranks(
+    step: np.ndarray, cost: np.ndarray, dp: int, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(rank, micro)`` of every micro-batch; each step must hold exactly ``dp*k`` of them.
+
+    >>> rank, micro = balance_ranks(np.zeros(4, np.int64), np.array([4.0, 3, 2, 1]), 2, 2)
+    >>> rank.tolist(), micro.tolist()
+    ([0, 1, 1, 0], [0, 0, 1, 1])
+    """
+    m = len(step)
+    width = dp * k
+    assert m % width == 0
+    if np.array_equal(step, steps_in_order(m, width)):  # the planner's case: steps in order
+        return _balance_in_order(np.ascontiguousarray(cost, dtype=np.float64), dp, k, 4 * dp)
+    return balance_any_order(step, cost, dp, k)
+
+
+def balance_any_order(
+    step: np.ndarray, cost: np.ndarray, dp: int, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`balance_ranks` for steps in any order (the reference the fast path must equal)."""
+    m = len(step)
+    width = dp * k
+    pos = np.arange(m, dtype=np.int64)
+    order = np.lexsort((pos, -cost, step))  # by step, costliest first, ties by position
+    ranks_sorted = _balance(np.ascontiguousarray(cost[order].reshape(-1, width)), dp, k, 4 * dp)
+    rank = np.empty(m, dtype=np.int64)
+    rank[order] = ranks_sorted.reshape(-1)
+    # micro: position among the rank's micro-batches of the step, in stream order.
+    by_slot = np.lexsort((pos, rank, step))
+    micro = np.empty(m, dtype=np.int64)
+    micro[by_slot] = np.arange(m, dtype=np.int64) % k
+    return rank, micro

@@ -1,0 +1,36 @@
+"""Stage 4, assign: each step's micro-batches to data-parallel ranks, balanced by cost.
+
+Every step's ``dp x grad_accum`` micro-batches go to the ranks, ``grad_accum`` each, minimising
+the slowest rank (:func:`varpack.plan.kernels.assign.balance_ranks`). Pipeline groups (``--pp``,
+padded) move whole, one group per rank and step; with ``--pp`` in the packed layout every
+micro-batch of a (step, rank) takes the largest shape among them (one shape per pipeline step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from varpack.plan.arrays import Batches, Placement, Shapes
+from varpack.plan.config import PlanConfig
+from varpack.plan.kernels import assign as algo
+from varpack.plan.kernels.micro import summarize
+from varpack.plan.segments import group_max
+
+
+def assign(
+    batches: Batches, shaped: Shapes, cfg: PlanConfig, cost: np.ndarray | None = None
+) -> Placement:
+    """Rank and position of every micro-batch in its step (by ``cost`` if given: ``--cp``)."""
+    micro = shaped.micro
+    cost = micro.cost if cost is None else cost
+    if not batches.group:
+        rank, index = algo.balance_ranks(batches.step, cost, cfg.dp, cfg.grad_accum)
+    else:
+        k = batches.group
+        gcost = cost.reshape(-1, k).sum(axis=1)
+        grank, _ = algo.balance_ranks(batches.step[::k], gcost, cfg.dp, 1)
+        rank, index = np.repeat(grank, k), np.tile(np.arange(k, dtype=np.int64), len(gcost))
+    if cfg.pp > 1 and cfg.layout == "packed":  # one shape per (step, rank): its largest pad_to
+        top = group_max(batches.step, rank, micro.pad_to, cfg.dp)
+        micro = summarize(batches.offsets, shaped.stream_lens, cfg.micro_rule(), pad_to=top)
+    return Placement(rank, batches.step, index, micro)
