@@ -135,6 +135,12 @@ def plan(
         click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
 
 
+def bound_text(s: dict[str, Any]) -> str:
+    """`` (bound B)``: the best any composition of the plan's windows could reach, if known."""
+    b = s.get("time_vs_ideal_bound")
+    return "" if b is None else f" (bound {b:.3f})"
+
+
 def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig) -> str:
     """The one-line summary of a new plan (thousands separators; budget fill when known)."""
     from varpack.manifest.inspect import token_line
@@ -145,7 +151,7 @@ def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig) -> str:
     return (
         f"{out}: {meta['input']['num_samples']:,} samples -> {meta['num_steps']:,} steps x {cfg.dp} ranks x "
         f"{cfg.grad_accum} micro-batches; {s['real_tokens']:,} tokens, {fill_text}"
-        f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal, "
+        f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal{bound_text(s)}, "
         f"imbalance max {s['imbalance_max']:.3f}, mixing {s['mixing']:.3f}, dropped {s['dropped']:,}; "
         f"{token_line(s.get('tokens'))}"
     )

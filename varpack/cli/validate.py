@@ -72,6 +72,8 @@ def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | No
             click.echo(f"violation: {' '.join(line.split())}")
         click.echo(f"{plan}: {len(report.problems)} violation(s)", err=True)
         sys.exit(1)
+    from varpack.cli.plan import bound_text
+
     f = report.facts
     replayed = "; re-planned with its config: same rows" if replay else ""
     carried = report.facts.get("carried")
@@ -84,7 +86,7 @@ def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | No
     click.echo(
         f"OK {plan}: {f['samples']:,} planned samples ({f['dropped']:,} dropped), {f['steps']:,} steps x {f['dp']} ranks x "
         f"{f['grad_accum']} micro-batches; {fill_text}padding {100 * f['padding_ratio']:.2f}%, "
-        f"time {f['time_vs_ideal']:.3f}x ideal; "
+        f"time {f['time_vs_ideal']:.3f}x ideal{bound_text(f)}; "
         f"{token_line(f['tokens'])}{replayed}"
     )
     from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND

@@ -139,6 +139,25 @@ def _moved_rows(s: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[str, str]]
     ]
 
 
+def _balance_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The bound on time vs ideal and the fill given up for balance (absent in older plans)."""
+    if "time_vs_ideal_bound" not in s:
+        return []
+    f = s["fill_given_up"]
+    return [
+        (
+            "bound",
+            f"{s['time_vs_ideal_bound']:.4f} (no composition of these windows' samples into "
+            f"as many steps does better; the plan is {s['time_vs_ideal'] - s['time_vs_ideal_bound']:.4f} above)",
+        ),
+        (
+            "fill given up",
+            f"mean {100 * f['mean']:.2f}%, max {100 * f['max']:.2f}% of a step's budget "
+            "(below the median step, to level its ranks)",
+        ),
+    ]
+
+
 def _n(x: Any) -> str:
     """An integer with thousands separators (anything else as it is)."""
     return f"{x:,}" if isinstance(x, int) else str(x)
@@ -208,6 +227,7 @@ def render(info: dict[str, Any]) -> str:
         ("padded tokens", f"{s['padded_tokens']:,} (padding {100 * s['padding_ratio']:.3f}%)"),
         ("time vs ideal", f"{s['time_vs_ideal']:.4f} (cost {s['cost']})"),
         ("", f"({TIME_VS_IDEAL_LEGEND})"),
+        *_balance_rows(s),
         (
             "imbalance",
             f"mean {s['imbalance_mean']:.4f}, max {s['imbalance_max']:.4f} (slowest rank / mean, per step)",

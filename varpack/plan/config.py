@@ -117,6 +117,11 @@ class PlanConfig(ContextOptions):
         "batching, packed layout) or by tokens (micro-batches filled to the budget)",
         ("cost", "tokens"),
     )
+    balance_fill: float = option(
+        0.75,
+        "--compose cost: the budget fill a step keeps at least when it levels its ranks by "
+        "giving a rank with a heavy sample lighter micro-batches (1 = never underfill)",
+    )
     lr_scaling: str = option(
         "none",
         "LR factor per step from the realised global batch: none, linear (k) or sqrt (sqrt k)",
@@ -325,6 +330,9 @@ class PlanConfig(ContextOptions):
         return dataclasses.replace(self, block_len=t, blocks_per_batch=per).resolved()
 
     def _resolve_batching(self) -> PlanConfig:
+        fill = self.balance_fill
+        if isinstance(fill, bool) or not isinstance(fill, int | float) or not 0.0 <= fill <= 1.0:
+            raise ConfigError(f"--balance-fill {fill!r}: must be a number in [0, 1]")
         if self.batching == "blocks":
             return self
         if self.batching == "budget":

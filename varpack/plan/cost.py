@@ -59,6 +59,20 @@ def linear_flops_per_token(dims: ModelDims) -> float:
     return dims.layers * (20.0 * h * h + 4.0 * h * dims.kv_hidden)
 
 
+def cost_coefficients(model: CostModel) -> tuple[float, float]:
+    """``(lin, quad)`` with a sample of ``x`` tokens costing ``lin * x + quad * x^2`` alone.
+
+    >>> cost_coefficients(CostModel("tokens"))
+    (1.0, 0.0)
+    """
+    if model.kind not in ("flops", "time"):  # tokens, and padded: the length
+        return 1.0, 0.0
+    dims = model.model_dims
+    scale = 1.0 if model.time is None else model.time[0]  # time: seconds per FLOP (the fixed
+    # seconds per micro-batch are the same on every rank of a step: they do not move the balance)
+    return scale * linear_flops_per_token(dims), scale * dims.layers * 4.0 * dims.hidden
+
+
 def sample_flops(lens: np.ndarray, dims: ModelDims) -> np.ndarray:
     """FLOPs of each sample run alone (float64).
 

@@ -64,3 +64,13 @@ def fits(count: Any, tokens: Any, max_len: Any, layout: int, multiple: Any, budg
     (True, True, False)
     """
     return volume(count, pad_to(count, tokens, max_len, layout, multiple), layout) <= budget
+
+
+def capacity(multiple: int, budget: int) -> int:
+    """The most real tokens a micro-batch holds under the budget rule (one sample, or the
+    packed total, rounded up to ``multiple`` within ``budget``).
+
+    >>> capacity(1, 100), capacity(8, 100), capacity(64, 100)
+    (100, 96, 64)
+    """
+    return (budget // multiple) * multiple

@@ -134,6 +134,8 @@ def validate_plan(
         "dropped": len(meta.get("dropped") or []),
         "padding_ratio": stats["padding_ratio"],
         "time_vs_ideal": stats["time_vs_ideal"],
+        "time_vs_ideal_bound": stats.get("time_vs_ideal_bound"),
+        "fill_given_up": stats.get("fill_given_up"),
         "budget_fill": stats["budget_fill"],
         "tokens": stats["tokens"],
         "carried": [name for name, _ in carried_columns(meta)],

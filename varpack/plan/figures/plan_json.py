@@ -15,12 +15,14 @@ import numpy as np
 from varpack.fingerprint import Fingerprint, fingerprint
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.config import PlanConfig
-from varpack.plan.cost import sample_cost
+from varpack.plan.cost import cost_coefficients, sample_cost
 from varpack.plan.cp.cost import cp_load, cp_model
 from varpack.plan.cp.stage import cp_figures
+from varpack.plan.figures.bound import time_bound
 from varpack.plan.figures.stats import (
     budget_fill,
     chunked_sum,
+    fill_given_up,
     plan_stats,
     rank_shapes,
     shape_stats,
@@ -28,6 +30,7 @@ from varpack.plan.figures.stats import (
 from varpack.plan.kernels.micro import Micro, shape_rule
 from varpack.plan.kernels.order import moved
 from varpack.plan.kernels.split import token_figures
+from varpack.plan.rules import capacity
 
 _PIECE = 1 << 20  # samples per piece of the input fingerprint
 
@@ -150,6 +153,8 @@ def plan_figures(
         shapes=shapes,
     )
     stats["budget_fill"] = budget_fill(stats["real_tokens"], len(step), budget_tokens(cfg))
+    stats.update(balance_figures(step, micro, sample_step, sample_len, step_tokens, epochs,
+                                 ideal_cost, cfg))  # fmt: skip
     stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
     stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
     # The warm-up reorder may move a micro-batch into an earlier epoch's steps: then a step no
@@ -161,6 +166,40 @@ def plan_figures(
     elif rows is not None and epochs and row_lens is not None:
         stats.update(moved(rows, sample_step, epochs, cfg.seed, cfg.shuffle_window, row_lens))
     return stats
+
+
+def balance_figures(
+    step: np.ndarray,
+    micro: Micro,
+    sample_step: np.ndarray,
+    sample_len: np.ndarray,
+    step_tokens: np.ndarray,
+    epochs: list[dict[str, int]] | None,
+    ideal_cost: float,
+    cfg: PlanConfig,
+) -> dict[str, Any]:
+    """``time_vs_ideal_bound`` (:mod:`.bound`) and ``fill_given_up`` of a plan with a token budget
+    (budget batching, no ``--cp``: context parallelism has a cost model of its own)."""
+    if cfg.batching != "budget" or cfg.max_tokens is None or cfg.cp > 1:
+        return {}
+    num_steps = len(step_tokens)
+    spans = [(e["first_step"], e["num_steps"]) for e in epochs] if epochs else [(0, num_steps)]
+    cap = capacity(cfg.pad_multiple, cfg.max_tokens)
+    bound = time_bound(
+        sample_step=sample_step,
+        sample_len=sample_len,
+        step_tokens=step_tokens,
+        epochs=spans,
+        window=cfg.shuffle_window,
+        dp=cfg.dp,
+        k=cfg.grad_accum,
+        cap=cap,
+        coeffs=cost_coefficients(cfg.cost_model()),
+        ideal_cost=ideal_cost,
+    )
+    last = np.array([a + n - 1 for a, n in spans if n > 0], dtype=np.int64)
+    fill = fill_given_up(step_tokens, cfg.micro_per_step, cfg.max_tokens, last)
+    return {"time_vs_ideal_bound": bound, "fill_given_up": fill}
 
 
 def budget_tokens(cfg: PlanConfig) -> int | None:

@@ -111,6 +111,28 @@ def budget_fill(real_tokens: int, micro_batches: int, budget: int | None) -> flo
     return real_tokens / (micro_batches * budget) if micro_batches else 0.0
 
 
+def fill_given_up(
+    step_tokens: np.ndarray, micro_per_step: int, budget: int, last_steps: np.ndarray
+) -> dict[str, float]:
+    """How far each step's budget fill falls below the plan's median step: ``mean`` and
+    ``max`` over the steps (each epoch's last step, which takes the rest, left out).
+
+    A step that levels its ranks by giving a rank with a heavy sample lighter micro-batches
+    holds fewer tokens than a step filled to the budget; this is the fill it gave up
+    (``--balance-fill``). What packing leaves in every step lowers the median, not this.
+
+    >>> fill_given_up(np.array([8, 8, 4, 8, 1]), 1, 16, np.array([4]))
+    {'mean': 0.0625, 'max': 0.25}
+    """
+    inner = np.ones(len(step_tokens), dtype=bool)
+    inner[last_steps] = False
+    if not inner.any() or budget <= 0:
+        return {"mean": 0.0, "max": 0.0}
+    fill = np.asarray(step_tokens, dtype=np.float64)[inner] / (micro_per_step * budget)
+    short = np.maximum(np.median(fill) - fill, 0.0)
+    return {"mean": float(short.mean()), "max": float(short.max())}
+
+
 def chunked_sum(values: np.ndarray, fn: Any) -> float:
     """``sum(fn(values))`` computed over chunks (no full-size temporary).
 

@@ -130,6 +130,26 @@ def balance_ranks(
     return balance_any_order(step, cost, dp, k)
 
 
+def step_offsets(num_steps: int, dp: int, seed: int) -> np.ndarray:
+    """A pseudo-random rank offset for each step, drawn from ``(seed, step)`` (splitmix64).
+
+    Balancing gives the costliest share of a step to the lowest rank whenever costs tie or the
+    step cannot be levelled; rotating each step's ranks by its offset spreads those shares over
+    all ranks, so that no rank is the slowest step after step.
+
+    >>> step_offsets(6, 4, 0).tolist()
+    [0, 1, 2, 3, 1, 0]
+    """
+    mask = (1 << 64) - 1
+    base = np.uint64((int(seed) * 0xD1B54A32D192ED03 + 0x9E3779B97F4A7C15) & mask)
+    z = np.arange(num_steps, dtype=np.uint64) ^ base
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(dp)).astype(np.int64)
+
+
 def balance_any_order(
     step: np.ndarray, cost: np.ndarray, dp: int, k: int
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,10 @@
 """Stage 4, assign: each step's micro-batches to data-parallel ranks, balanced by cost.
 
 Every step's ``dp x grad_accum`` micro-batches go to the ranks, ``grad_accum`` each, minimising
-the slowest rank (:func:`varpack.plan.kernels.assign.balance_ranks`). Pipeline groups (``--pp``,
+the slowest rank (:func:`varpack.plan.kernels.assign.balance_ranks`), then each step's ranks are
+rotated by an offset drawn from ``(seed, step)`` (:func:`~varpack.plan.kernels.assign.step_offsets`):
+balancing hands a step's costliest share to the lowest rank on ties, and without the rotation one
+rank would be the slowest step after step. Pipeline groups (``--pp``,
 padded) move whole, one group per rank and step; with ``--pp`` in the packed layout every
 micro-batch of a (step, rank) takes the largest shape among them (one shape per pipeline step).
 """
@@ -30,6 +33,10 @@ def assign(
         gcost = cost.reshape(-1, k).sum(axis=1)
         grank, _ = algo.balance_ranks(batches.step[::k], gcost, cfg.dp, 1)
         rank, index = np.repeat(grank, k), np.tile(np.arange(k, dtype=np.int64), len(gcost))
+    if len(rank) and cfg.dp > 1:  # each step's ranks rotated: no rank is favoured step after step
+        rank = (
+            rank + algo.step_offsets(int(batches.step.max()) + 1, cfg.dp, cfg.seed)[batches.step]
+        ) % cfg.dp
     if cfg.pp > 1 and cfg.layout == "packed":  # one shape per (step, rank): its largest pad_to
         top = group_max(batches.step, rank, micro.pad_to, cfg.dp)
         micro = summarize(batches.offsets, shaped.stream_lens, cfg.micro_rule(), pad_to=top)

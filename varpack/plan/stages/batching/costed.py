@@ -17,26 +17,12 @@ import numpy as np
 
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
-from varpack.plan.cost import CostModel, linear_flops_per_token
+from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.compose import compose_epoch
 from varpack.plan.kernels.order import MovedTally
 from varpack.plan.kernels.permute import permuted
 from varpack.plan.stages.batching import greedy
 from varpack.plan.stages.batching.common import EpochJoiner, order_rule, tokens_per_micro
-
-
-def cost_coefficients(model: CostModel) -> tuple[float, float]:
-    """``(lin, quad)`` with a sample of ``x`` tokens costing ``lin * x + quad * x^2``.
-
-    >>> cost_coefficients(CostModel("tokens"))
-    (1.0, 0.0)
-    """
-    if model.kind not in ("flops", "time"):  # tokens, and padded in the packed layout: the length
-        return 1.0, 0.0
-    dims = model.model_dims
-    scale = 1.0 if model.time is None else model.time[0]  # time: seconds per FLOP (the fixed
-    # seconds per micro-batch are the same on every rank of a step: they do not move the balance)
-    return scale * linear_flops_per_token(dims), scale * dims.layers * 4.0 * dims.hidden
 
 
 def build(
@@ -65,6 +51,7 @@ def build(
             cfg.grad_accum,
             cfg.pad_multiple,
             cfg.max_tokens,
+            cfg.balance_fill,
         )
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)

@@ -1,0 +1,194 @@
+"""A lower bound on a plan's time: what no composition of its windows' samples can beat.
+
+A plan's estimated time sums, over steps, its slowest rank's cost. Over a step's ``dp`` ranks
+(*slots*, ``K`` micro-batches each) that is the step's cost over ``dp`` plus the time the other
+ranks wait (*idle*) over ``dp``; so ``time = ideal + idle / dp`` exactly. The bound keeps each
+window of ``--shuffle-window`` steps to its own samples and bounds the idle any composition of
+them into steps must leave:
+
+* a *long* sample (more than half of the most real tokens a micro-batch holds) takes a
+  micro-batch of its own, and its step lasts at least its cost, plus ``K - 1`` micro-batches of
+  at least the plan's cheapest sample on its rank;
+* a rank without a long sample holds at most ``K`` budgets of the other samples, and costs at
+  most those tokens priced at the longest of them (attention grows with the length, so the
+  costliest tokens are the longest samples'; :func:`_phi`); with ``K = 1`` a rank with a long
+  sample carries at most the rest of its budget so;
+* grouping the long samples into steps as sorted runs is optimal for this relaxation (swapping
+  two samples out of order never lowers it), so a small DP over runs gives the least idle.
+
+``ideal + least idle / dp`` over the ideal is :func:`time_bound`. It holds in every layout (a
+step lasts at least its real samples' costs) and needs only the samples of each step, so
+``validate`` recomputes it from the manifests. At ``K = 1`` it depends on how many long samples a
+window holds: a window holding a whole group of ``dp`` per step can be balanced, a few cannot.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_BINS_PER_OCTAVE = 16
+
+
+def length_bins(lens: np.ndarray) -> np.ndarray:
+    """Log-spaced bin of each length (16 per octave); :func:`bin_top` bounds a bin's lengths.
+
+    >>> length_bins(np.array([1, 2, 3, 1024])).tolist()
+    [0, 16, 25, 160]
+    """
+    x = np.asarray(lens, dtype=np.float64)
+    return np.floor(np.log2(np.maximum(x, 1.0)) * _BINS_PER_OCTAVE + 1e-9).astype(np.int64)
+
+
+def bin_top(b: np.ndarray) -> np.ndarray:
+    """A length no sample of bin ``b`` exceeds.
+
+    >>> bool((bin_top(length_bins(np.arange(1, 5000))) >= np.arange(1, 5000)).all())
+    True
+    """
+    return np.ceil(2.0 ** ((np.asarray(b, dtype=np.float64) + 1) / _BINS_PER_OCTAVE))
+
+
+@njit(cache=True)
+def _phi(tok, top, low_tok, low_top, t):  # type: ignore[no-untyped-def]
+    """The most ``sum(x^2)`` of light samples with ``sum(x) <= t``: the longest first, each bin
+    at its top length (``tok``/``top``: bins longest first; ``low_tok`` tokens at ``low_top``)."""
+    out = 0.0
+    left = t
+    for b in range(len(tok)):
+        if left <= 0:
+            return out
+        use = min(left, tok[b])
+        out += use * top[b]
+        left -= use
+    return out + max(min(left, low_tok), 0.0) * low_top
+
+
+@njit(cache=True)
+def _window_idle(c_long, x_long, tok, top, low_tok, low_top, eps, dp, k, cap, lin, quad):  # type: ignore[no-untyped-def]
+    """Least idle of one window (its long samples costliest first), by a DP over sorted runs."""
+    h = len(c_long)
+    if h == 0:
+        return 0.0
+    full = np.empty(dp + 1)  # the most cost n slots without a long sample carry
+    for n in range(dp + 1):
+        full[n] = lin * n * k * cap + quad * _phi(tok, top, low_tok, low_top, n * k * cap)
+    beside = np.zeros(h)  # K = 1: the most a long sample's micro-batch carries
+    if k == 1:
+        for i in range(h):
+            room = max(cap - x_long[i], 0.0)
+            beside[i] = c_long[i] + lin * room + quad * _phi(tok, top, low_tok, low_top, room)
+    most = dp if k == 1 else dp * k  # long samples a step holds
+    best = np.full(h + 1, np.inf)
+    best[0] = 0.0
+    for i in range(h):
+        t = c_long[i] + (k - 1) * eps  # the run from i: its step lasts at least this
+        own = 0.0
+        for j in range(i, min(h, i + most)):
+            if k == 1:
+                own += max(t - beside[j], 0.0)
+            n = max(dp - (j - i + 1), 0)
+            best[j + 1] = min(best[j + 1], best[i] + own + max(n * t - full[n], 0.0))
+    return best[h]
+
+
+@njit(cache=True)
+def _all_windows(
+    lo, c_long, x_long, lo_bin, b_tok, b_top, low_tok, low_top, eps, dp, k, cap, lin, quad
+):  # type: ignore[no-untyped-def]
+    """Sum of :func:`_window_idle` over windows; window ``w``'s long samples are
+    ``lo[w]:lo[w+1]`` and its light bins ``lo_bin[w]:lo_bin[w+1]`` (longest first)."""
+    total = 0.0
+    for w in range(len(lo) - 1):
+        a, b = lo[w], lo[w + 1]
+        p, q = lo_bin[w], lo_bin[w + 1]
+        total += _window_idle(c_long[a:b], x_long[a:b], b_tok[p:q], b_top[p:q], low_tok[w],
+                              low_top, eps, dp, k, cap, lin, quad)  # fmt: skip
+    return total
+
+
+def window_of_steps(epochs: list[tuple[int, int]], num_steps: int, window: int) -> np.ndarray:
+    """Each step's window: ``window`` consecutive steps, counted afresh in every epoch.
+
+    >>> window_of_steps([(0, 5), (5, 3)], 8, 2).tolist()
+    [0, 0, 1, 1, 2, 3, 3, 4]
+    """
+    out = np.zeros(num_steps, dtype=np.int64)
+    base = 0
+    for first, count in epochs:
+        out[first : first + count] = base + np.arange(count, dtype=np.int64) // window
+        base += -(-count // window)
+    return out
+
+
+def time_bound(
+    *,
+    sample_step: np.ndarray,
+    sample_len: np.ndarray,
+    step_tokens: np.ndarray,
+    epochs: list[tuple[int, int]],
+    window: int,
+    dp: int,
+    k: int,
+    cap: int,
+    coeffs: tuple[float, float],
+    ideal_cost: float,
+) -> float:
+    """The bound over the ideal (1.0: no composition of these windows need leave a rank idle).
+
+    ``epochs``: ``(first_step, num_steps)`` of each epoch; ``cap``: the most real tokens a
+    micro-batch holds; ``coeffs``: a sample of ``x`` tokens costs ``lin * x + quad * x^2``;
+    ``ideal_cost``: the plan's samples' cost (``dp`` times the ideal).
+
+    One long sample (cost 100^2) among short ones (10^2 each), two ranks: the other rank of its
+    step carries at most 100 short tokens, so the step waits; no plan reaches 1.0:
+
+    >>> one = dict(epochs=[(0, 2)], window=2, dp=2, k=1, cap=100, coeffs=(0.0, 1.0))
+    >>> lens = np.array([100, 10, 10, 10, 10, 10])
+    >>> b = time_bound(sample_step=np.array([0, 0, 0, 1, 1, 1]), sample_len=lens,
+    ...                step_tokens=np.array([120, 30]), ideal_cost=10500.0, **one)
+    >>> round(b, 3)
+    1.714
+    """
+    lin, quad = float(coeffs[0]), float(coeffs[1])
+    num_steps = len(step_tokens)
+    if num_steps == 0 or ideal_cost <= 0 or len(sample_len) == 0:
+        return 1.0
+    win = window_of_steps(epochs, num_steps, max(window, 1))
+    nwin = int(win.max()) + 1
+    low = _light_floor(sample_len, cap, window)
+    pick = np.flatnonzero(sample_len > low)  # samples priced at their own length
+    x = np.asarray(sample_len[pick], dtype=np.float64)
+    w = win[sample_step[pick]]
+    del pick
+    is_long = 2 * x > cap
+    xl, wl = x[is_long], w[is_long]
+    order = np.lexsort((-xl, wl))
+    xl, wl = xl[order], wl[order]
+    lo = np.searchsorted(wl, np.arange(nwin + 1))
+    xs, ws = x[~is_long], w[~is_long]
+    bins = length_bins(xs) if len(xs) else np.zeros(0, np.int64)
+    b0 = int(bins.min()) if len(bins) else 0
+    nb = int(bins.max()) - b0 + 1 if len(bins) else 1
+    tok = np.bincount(ws * nb + (bins - b0), weights=xs, minlength=nwin * nb).reshape(nwin, nb)
+    win_tok = np.bincount(win, weights=step_tokens, minlength=nwin)
+    low_tok = win_tok - tok.sum(axis=1) - np.bincount(wl, weights=xl, minlength=nwin)
+    tok = tok[:, ::-1]  # longest bin first
+    top = np.minimum(bin_top(np.arange(b0 + nb - 1, b0 - 1, -1)), cap / 2)
+    wi, bi = np.nonzero(tok > 0)
+    lo_bin = np.searchsorted(wi, np.arange(nwin + 1))
+    shortest = float(sample_len.min())
+    idle = _all_windows(lo, lin * xl + quad * xl * xl, xl, lo_bin, tok[wi, bi], top[bi],
+                        np.maximum(low_tok, 0.0), float(low), lin * shortest + quad * shortest**2,
+                        dp, k, float(cap), lin, quad)  # fmt: skip
+    return 1.0 + float(idle) / ideal_cost
+
+
+def _light_floor(lens: np.ndarray, cap: int, window: int) -> int:
+    """A length at which the shorter samples are priced (an upper bound on their cost per token):
+    about three windows' worth of the longest tokens lie above it, estimated on every 97th sample
+    (the samples it prices at the floor only loosen the bound: any floor keeps it valid)."""
+    sub = np.sort(np.asarray(lens[::97], dtype=np.int64))[::-1]
+    cum = np.cumsum(sub)
+    at = int(np.searchsorted(cum, min(1.0, 3.0 / max(window, 1)) * cum[-1]))
+    return int(max(1, min(sub[min(at, len(sub) - 1)], cap // 2)))

@@ -1,0 +1,134 @@
+"""Heavy samples of a composition window: which they are, and which wait for the next window.
+
+A sample is *heavy* when the rank that holds it cannot be levelled by giving the others more
+of the window's other samples: its cost exceeds what its tokens would cost at the window's
+light density by more than :data:`HEAVY_EXCESS` of a full micro-batch. Heavy samples are
+placed first, in groups of ``dp`` (one per rank of a step), so that a step holds none of them
+or one on every rank (:mod:`varpack.plan.kernels.window`). A group that would stay short waits
+for the next window's heavy samples (:func:`waiting`), once: a short group is what leaves ranks
+idle at small grad-accum.
+
+Pure numba over a window's positions ``buf`` (into the epoch's permuted lengths) and ``order``
+(the window's positions, costliest first).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+#: A sample is heavy when its cost exceeds its tokens at the light density by more than this
+#: share of a full micro-batch (measured on long-tail, heavy-bodied and bimodal lengths: 0.1
+#: groups too many samples at grad-accum 1, 0.3 leaves some long samples ungrouped).
+HEAVY_EXCESS = 0.2
+#: A heavy sample costing less than this share of its group's first starts a new group
+GROUP_RATIO = 0.5
+
+
+@njit(cache=True, inline="always")
+def cost(x, lin, quad):  # type: ignore[no-untyped-def]
+    """A sample's cost: ``lin * x + quad * x^2`` (tokens: 1, 0; flops: its two parts)."""
+    return lin * x + quad * x * x
+
+
+@njit(cache=True)
+def heavy_prefix(buf, order, lens, lin, quad, cap, held):  # type: ignore[no-untyped-def]
+    """``(h, density)``: the window's heavy samples are ``order[:h]``; ``density`` is the mean
+    cost per token of its samples of at most half a micro-batch (``cap`` tokens).
+
+    A sample that waited in the last window (``held``) stays heavy here, with every costlier one.
+
+    >>> lens = np.array([100, 100, 100, 100, 4000])
+    >>> buf = np.arange(5); order = np.array([4, 0, 1, 2, 3])
+    >>> heavy_prefix(buf, order, lens, 1.0, 1e-3, 4000, np.zeros(5, np.bool_))
+    (1, 1.1)
+    """
+    m = len(order)
+    ct = 0.0
+    xt = 0.0
+    for i in range(m):
+        x = lens[buf[i]]
+        if 2 * x <= cap:
+            ct += cost(x, lin, quad)
+            xt += x
+    density = ct / xt if xt > 0 else cost(cap, lin, quad) / cap
+    lim = HEAVY_EXCESS * cap * density
+    h = 0
+    while h < m:  # a sample of more than half a micro-batch needs one of its own: first too
+        x = lens[buf[order[h]]]
+        if cost(x, lin, quad) - x * density <= lim and 2 * x <= cap:
+            break
+        h += 1
+    for q in range(h, m):
+        if held[buf[order[q]]]:
+            h = q + 1
+    return h, density
+
+
+@njit(cache=True)
+def grouping(order, carried, h, dp, defer, lens, buf, lin, quad):  # type: ignore[no-untyped-def]
+    """The group of each heavy sample (``order[:h]``, costliest first), or -1 if it waits.
+
+    Groups are sorted runs of at most ``dp``, cut early where a sample costs less than
+    :data:`GROUP_RATIO` of its group's first (a group of similar costs balances; a step holding
+    one very long sample and a few shorter heavy ones does not). With ``defer`` (not the
+    epoch's last window) a short group waits for the next window's heavy samples, unless one of
+    its samples came from the last window (``order`` values below ``carried``): none waits twice.
+
+    >>> lens = np.array([100, 90, 80, 10]); order = np.arange(4)
+    >>> grouping(order, 0, 4, 2, True, lens, order, 1.0, 0.0).tolist()
+    [0, 0, -1, -1]
+    """
+    group = np.full(h, -1, dtype=np.int64)
+    q = 0
+    g = 0
+    while q < h:
+        top = cost(lens[buf[order[q]]], lin, quad)
+        end = q + 1
+        while (
+            end < h and end - q < dp and cost(lens[buf[order[end]]], lin, quad) >= GROUP_RATIO * top
+        ):
+            end += 1
+        held_over = False
+        for r in range(q, end):
+            held_over = held_over or order[r] < carried
+        if end - q == dp or not defer or held_over:
+            for r in range(q, end):
+                group[r] = g
+            g += 1
+        q = end
+    return group
+
+
+@njit(cache=True)
+def waiting(order, carried, h, dp, defer):  # type: ignore[no-untyped-def]
+    """Which of the window's samples wait for the next window: heavy ones short of a group.
+
+    ``order[:h]`` are heavy; ``order`` values below ``carried`` came from the last window and
+    never wait again. With ``defer`` (not the epoch's last window) the lightest heavy samples
+    that do not make a whole group of ``dp`` wait; where fewer than ``dp`` are heavy and none
+    was carried, all of them wait. Returns a flag per window position.
+
+    >>> waiting(np.array([3, 1, 0, 2]), 0, 3, 2, True).tolist()  # 3 heavy, groups of 2
+    [True, False, False, False]
+    """
+    wait = np.zeros(len(order), dtype=np.bool_)
+    if not defer or h == 0:
+        return wait
+    carried_heavy = 0
+    for q in range(h):
+        if order[q] < carried:
+            carried_heavy += 1
+    if h < dp:
+        if carried_heavy == 0:
+            for q in range(h):
+                wait[order[q]] = True
+        return wait
+    left = h % dp
+    for q in range(h - 1, -1, -1):
+        if left == 0:
+            break
+        if order[q] >= carried:
+            wait[order[q]] = True
+            left -= 1
+    return wait
