@@ -136,3 +136,20 @@ def test_budget_fill_is_recomputed_and_shown(plan_dir):
     doc["stats"]["budget_fill"] = 0.99
     (plan_dir / PLAN_JSON).write_text(json.dumps(doc))
     assert "plan.json stats budget_fill = 0.99, recomputed" in _violations(plan_dir)
+
+
+def test_bound_and_fill_given_up_are_recomputed_and_shown(plan_dir):
+    doc = json.loads((plan_dir / PLAN_JSON).read_text())
+    s = doc["stats"]
+    assert 1.0 <= s["time_vs_ideal_bound"] <= s["time_vs_ideal"]
+    assert set(s["fill_given_up"]) == {"mean", "max"}
+    assert f"(bound {s['time_vs_ideal_bound']:.3f})" in cli("validate", plan_dir).stdout
+    text = cli("inspect", plan_dir).stdout
+    assert re.search(rf"bound +{s['time_vs_ideal_bound']:.4f}", text)
+    assert "fill given up" in text
+    doc["stats"]["time_vs_ideal_bound"] = 1.5
+    doc["stats"]["fill_given_up"]["max"] = 0.5
+    (plan_dir / PLAN_JSON).write_text(json.dumps(doc))
+    out = _violations(plan_dir)
+    assert "plan.json stats time_vs_ideal_bound = 1.5, recomputed" in out
+    assert "plan.json stats fill_given_up" in out

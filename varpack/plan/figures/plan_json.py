@@ -198,7 +198,7 @@ def balance_figures(
         ideal_cost=ideal_cost,
     )
     last = np.array([a + n - 1 for a, n in spans if n > 0], dtype=np.int64)
-    fill = fill_given_up(step_tokens, cfg.micro_per_step, cfg.max_tokens, last)
+    fill = fill_given_up(step_tokens, cfg.micro_per_step, cap, last)
     return {"time_vs_ideal_bound": bound, "fill_given_up": fill}
 
 

@@ -119,7 +119,9 @@ def fill_given_up(
 
     A step that levels its ranks by giving a rank with a heavy sample lighter micro-batches
     holds fewer tokens than a step filled to the budget; this is the fill it gave up
-    (``--balance-fill``). What packing leaves in every step lowers the median, not this.
+    (``--balance-fill``). What packing leaves in every step lowers the median, not this (where
+    most steps are full, such as long documents split to the budget at grad-accum 1, the
+    other steps' packing slack counts too).
 
     >>> fill_given_up(np.array([8, 8, 4, 8, 1]), 1, 16, np.array([4]))
     {'mean': 0.0625, 'max': 0.25}

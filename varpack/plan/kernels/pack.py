@@ -320,6 +320,7 @@ def complete(
     cost_of: Callable[[np.ndarray, np.ndarray], np.ndarray],
     where: str = "the data",
     min_size: int = 1,
+    widen: int | None = None,
 ) -> np.ndarray:
     """Split micro-batches until their number is a multiple of ``multiple`` (ROLL's way).
 
@@ -328,7 +329,8 @@ def complete(
     from the tail (the last partial step, widened by whole steps only while it holds too few
     samples), so earlier steps stay as packed. Splitting only shrinks micro-batches, so budgets
     still hold. ``cost_of(offsets, lens)`` scores micro-batches. Raises :class:`ConfigError` when
-    even single-sample micro-batches cannot make up the count.
+    even single-sample micro-batches cannot make up the count. ``widen``: the first micro-batch of
+    the tail, where midpoint cuts left too little to split (internal).
 
     >>> lens = np.array([1, 1, 1, 1, 4])
     >>> complete(np.array([0, 4, 5]), lens, 4, lambda o, v: np.add.reduceat(v, o[:-1]) * 1.0).tolist()
@@ -347,7 +349,7 @@ def complete(
             "lower --dp or --grad-accum, or raise --max-tokens"
         )
     # Tail: the partial step, widened by whole steps until it has enough spare samples.
-    first = m - m % multiple
+    first = m - m % multiple if widen is None else widen
     while spare[first] < need:
         first = max(first - multiple, 0)
     head, tail = offsets[: first + 1], offsets[first:] - offsets[first]
@@ -356,11 +358,23 @@ def complete(
     while need > 0:
         counts = np.diff(tail)
         cand = np.flatnonzero(counts >= 2 * min_size)
+        if len(cand) == 0:  # midpoint cuts left no piece to split: widen the tail, or give up
+            if first == 0:
+                raise ConfigError(
+                    f"{where}: {len(lens)} samples cannot be split into whole steps of "
+                    f"dp x grad_accum = {multiple} micro-batches; lower --dp or --grad-accum"
+                )
+            return complete(
+                np.concatenate((head[:-1], tail + offsets[first])), lens, multiple, cost_of,
+                where, min_size, max(first - multiple, 0),
+            )  # fmt: skip
         cost = cost_of(tail, tail_lens)[cand]
         take = cand[np.lexsort((cand, -cost))[:need]]
         a, b = tail[take], tail[take + 1]
         mid = np.searchsorted(cum, (cum[a] + cum[b]) / 2.0)
-        cut = np.clip(mid, a + min_size, b - min_size)
+        # the left piece a multiple of min_size, so the right one can still be split (by count)
+        cut = np.clip(a + min_size * np.rint((mid - a) / min_size).astype(np.int64), a + min_size,
+                      b - min_size)  # fmt: skip
         tail = np.sort(np.concatenate((tail, cut)))
         need -= len(take)
     return np.concatenate((head[:-1], tail + offsets[first]))

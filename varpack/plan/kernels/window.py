@@ -37,7 +37,7 @@ from varpack.plan.kernels.heavy import cost
 
 CLOSED = np.int64(1) << 62  # tokens of a micro-batch that takes nothing more (oversize alone)
 #: The share of a window's light samples, costliest first, that hungry steps take before the deal
-HUNGRY_SHARE = 0.02
+HUNGRY_SHARE = 0.01
 
 
 @njit(cache=True, inline="always")
@@ -303,7 +303,8 @@ def compose_window(
         backbone[s] = True
         done[i] = True
     eps = cost(lens[buf[order[m - 1]]], lin, quad)
-    level = density if quad > 0 else 0.0  # a cost linear in tokens: every slot reaches the same
+    # a cost linear in tokens: every slot reaches the same level; fill 1: never underfill
+    level = density if quad > 0 and fill < 1.0 else 0.0
     give = (1.0 - fill) * dp * k * cap
     ceil, room, hungry = _ceilings(p, dp, k, cap, load, stok, backbone, density, eps, give)
     edge = min(m - 1, h + int(HUNGRY_SHARE * (m - h)))

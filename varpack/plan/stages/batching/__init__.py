@@ -8,6 +8,7 @@ cuts it into micro-batches and numbers them into steps (``dp x grad_accum`` micr
 * ``greedy`` (:mod:`.greedy`): budget or fixed-count micro-batches of consecutive samples;
 * ``costed`` (:mod:`.costed`): shuffled budget batching in the packed layout, steps composed by
   cost so that every rank of a step carries the same cost (``--compose cost``);
+* ``banded`` (:mod:`.banded`): the same in the padded layout, over bands of similar lengths;
 * ``pipeline`` (:mod:`.pipeline`): ``--pp`` in the padded layout, (step, rank) groups of one shape;
 * ``blocks`` (:mod:`.blocks`): fixed-length blocks of whole samples (BLoad);
 * ``gds`` (:mod:`.gds`): ``--cp`` steps re-formed across DP ranks (Skrull's global scheduling).
@@ -24,7 +25,7 @@ import numpy as np
 from varpack.plan.arrays import Batches, Selection
 from varpack.plan.config import PlanConfig
 from varpack.plan.kernels.split import fit_len
-from varpack.plan.stages.batching import blocks, costed, gds, greedy, pipeline
+from varpack.plan.stages.batching import banded, blocks, costed, gds, greedy, pipeline
 
 Batcher = Callable[
     [np.ndarray, np.ndarray, PlanConfig, np.ndarray | None, np.ndarray | None], Batches
@@ -36,6 +37,7 @@ Batcher = Callable[
 BATCHERS: dict[str, Batcher] = {
     "greedy": greedy.build,
     "costed": costed.build,
+    "banded": banded.build,
     "pipeline": pipeline.build,
     "blocks": blocks.build,
     "gds": gds.build,
@@ -48,17 +50,17 @@ def batcher_name(cfg: PlanConfig) -> str:
         return "blocks"
     if cfg.cp > 1 and cfg.cp_batching == "gds":
         return "gds"
+    if composes_by_cost(cfg):
+        return "banded" if cfg.layout == "padded" else "costed"
     if cfg.pp > 1 and cfg.layout == "padded":
         return "pipeline"
-    if composes_by_cost(cfg):
-        return "costed"
     return "greedy"
 
 
 def composes_by_cost(cfg: PlanConfig) -> bool:
-    """``--compose cost`` applies: shuffled budget batching, packed layout, no ``--pp``/``--cp``,
-    and no ``--oversize split`` with a ``--split-len`` below the budget (the greedy batcher keeps
-    such pieces apart; full-budget pieces, the default, never fit two to a micro-batch)."""
+    """``--compose cost`` applies: shuffled budget batching without ``--cp``, and no
+    ``--oversize split`` with a ``--split-len`` below the budget (the greedy batcher keeps such
+    pieces apart; full-budget pieces, the default, never fit two to a micro-batch)."""
     return (
         cfg.compose == "cost"
         and (
@@ -67,8 +69,6 @@ def composes_by_cost(cfg: PlanConfig) -> bool:
         )
         and cfg.order == "shuffle"
         and cfg.batching == "budget"
-        and cfg.layout == "packed"
-        and cfg.pp == 1
         and cfg.cp == 1
     )
 

@@ -1,7 +1,8 @@
 """Cost-composed batching: shuffled steps whose ranks carry the same cost (``--compose cost``).
 
-The strategy for ``--order shuffle`` with ``--batching budget`` in the packed layout (without
-``--pp``). Per epoch the shuffle order's permutation comes with the lengths moved along
+The strategy for ``--order shuffle`` with ``--batching budget`` in the packed layout (with
+``--pp`` too, where a rank's micro-batches are never underfilled: they are padded alike). Per
+epoch the shuffle order's permutation comes with the lengths moved along
 (:func:`varpack.plan.kernels.permute.permuted`), and
 :func:`varpack.plan.kernels.compose.compose_epoch` deals each window of it to steps, ranks and
 micro-batches by cost: heavy samples one per rank of a step, the rest filled to each rank's
@@ -21,8 +22,23 @@ from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.compose import compose_epoch
 from varpack.plan.kernels.order import MovedTally
 from varpack.plan.kernels.permute import permuted
+from varpack.plan.rules import capacity
 from varpack.plan.stages.batching import greedy
 from varpack.plan.stages.batching.common import EpochJoiner, order_rule, tokens_per_micro
+
+#: With ``--pp`` a step is composed from this share of its budget: a rank's micro-batches are all
+#: padded to its fullest, so partly filled ones would cost their padding (measured 0.90: 14 %
+#: padding on heavy-bodied lengths at grad-accum 16; 0.96: under 5 %).
+PP_FILL = 0.96
+
+
+def _step_tokens(sorted_step: int, cfg: PlanConfig) -> int:
+    """Tokens a step is composed from: what sorted packing puts in one; with ``--pp`` near the
+    whole budget, as every micro-batch of a rank is padded to its fullest."""
+    if cfg.pp == 1:
+        return sorted_step
+    full = cfg.micro_per_step * capacity(cfg.pad_multiple, cfg.max_tokens or 0)
+    return max(sorted_step, int(PP_FILL * full))
 
 
 def build(
@@ -30,7 +46,7 @@ def build(
     alone: np.ndarray,
     cfg: PlanConfig,
     lengths: np.ndarray | None,
-    group: np.ndarray | None = None,  # always None: --oversize split is refused here
+    group: np.ndarray | None = None,  # unused: only full-budget pieces are composed by cost
 ) -> Batches:
     """Micro-batches and steps of all epochs, composed by cost."""
     assert cfg.max_tokens is not None
@@ -46,12 +62,12 @@ def build(
             alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
             coeffs,
             orule.window * orule.step,
-            orule.step,
+            _step_tokens(orule.step, cfg),
             cfg.dp,
             cfg.grad_accum,
             cfg.pad_multiple,
             cfg.max_tokens,
-            cfg.balance_fill,
+            1.0 if cfg.pp > 1 else cfg.balance_fill,  # --pp pads a rank's micro-batches alike
         )
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
