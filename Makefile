@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 export PYTHONUNBUFFERED := 1
 DEMO := demo-out
 
-.PHONY: install test demo bench lint format clean
+.PHONY: install test demo bench lint format clean clean-numba
 
 install: $(STAMP)
 
@@ -37,5 +37,9 @@ format: install
 	$(BIN)/ruff format varpack tests jobs
 	$(BIN)/ruff check --fix varpack tests jobs
 
-clean:
+clean: clean-numba
 	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# numba's on-disk kernel caches (stale after editing a kernel another module's kernel calls)
+clean-numba:
+	find varpack -name '*.nbi' -delete -o -name '*.nbc' -delete

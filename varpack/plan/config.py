@@ -114,7 +114,7 @@ class PlanConfig(ContextOptions):
     compose: str = option(
         "cost",
         "shuffle: compose steps by cost (every rank of a step carries the same cost; budget "
-        "batching, packed layout) or by tokens (micro-batches filled to the budget)",
+        "batching, any layout, --pp) or by tokens (micro-batches filled to the budget)",
         ("cost", "tokens"),
     )
     balance_fill: float = option(

@@ -18,7 +18,8 @@ places a window (see :mod:`varpack.plan.kernels.compose` for the whole algorithm
    A step without backbones refuses a sample that would lift a slot above both its costliest
    slot and the level its other slots can still reach. A step of backbones whose other slots
    cannot catch up (*hungry*) takes the costliest light samples first (the top
-   :data:`HUNGRY_SHARE` of them, a bounded price in mixing);
+   :data:`HUNGRY_SHARE` of them, a bounded price in mixing). Samples that need a micro-batch of
+   their own (more than half the budget) are dealt before the others, so one is still empty;
 4. an empty micro-batch takes one sample from a micro-batch of two or more.
 
 State: ``bin_tok``/``bin_cnt`` tokens and samples of each micro-batch; ``load``/``stok`` cost
@@ -37,6 +38,8 @@ from varpack.plan.kernels.heavy import cost
 
 CLOSED = np.int64(1) << 62  # tokens of a micro-batch that takes nothing more (oversize alone)
 #: The share of a window's light samples, costliest first, that hungry steps take before the deal
+#: (measured: 0.02 lifts mixing over 0.15 on heavy-bodied lengths at grad-accum 1, 0 costs 0.01
+#: to 0.02 of time vs ideal there)
 HUNGRY_SHARE = 0.01
 
 
