@@ -72,14 +72,14 @@ def test_linear_costs_leave_nothing_to_wait_for():
 
 def test_the_bound_of_a_hand_made_step():
     # dp 2, K 1, cost x^2: one long sample (100, the cap) and short ones of 10; whatever the
-    # composition, the long one's step lasts 100^2 while the other rank carries at most 100
-    # short tokens, priced at the light floor (50 here: a valid over-estimate of their cost)
+    # composition, the long one's step lasts 100^2 while the other rank carries the 50 short
+    # tokens, each priced at the top of its length bin (11: a valid over-estimate of 10)
     lens = np.array([100] + [10] * 5)
     ideal = float((lens.astype(float) ** 2).sum())  # 10,500
     b = time_bound(sample_step=np.zeros(6, np.int64), sample_len=lens, step_tokens=np.array([150]),
                    epochs=[(0, 1)], window=1, dp=2, k=1, cap=100, coeffs=(0.0, 1.0),
                    ideal_cost=ideal)  # fmt: skip
-    idle = 100.0**2 - 50 * 50  # the other rank waits at least this
+    idle = 100.0**2 - 50 * 11  # the other rank waits at least this
     assert b == 1.0 + idle / ideal
 
 

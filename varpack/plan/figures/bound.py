@@ -148,7 +148,7 @@ def time_bound(
     >>> b = time_bound(sample_step=np.array([0, 0, 0, 1, 1, 1]), sample_len=lens,
     ...                step_tokens=np.array([120, 30]), ideal_cost=10500.0, **one)
     >>> round(b, 3)
-    1.714
+    1.9
     """
     lin, quad = float(coeffs[0]), float(coeffs[1])
     num_steps = len(step_tokens)
@@ -186,9 +186,16 @@ def time_bound(
 
 def _light_floor(lens: np.ndarray, cap: int, window: int) -> int:
     """A length at which the shorter samples are priced (an upper bound on their cost per token):
-    about three windows' worth of the longest tokens lie above it, estimated on every 97th sample
-    (the samples it prices at the floor only loosen the bound: any floor keeps it valid)."""
-    sub = np.sort(np.asarray(lens[::97], dtype=np.int64))[::-1]
-    cum = np.cumsum(sub)
-    at = int(np.searchsorted(cum, min(1.0, 3.0 / max(window, 1)) * cum[-1]))
-    return int(max(1, min(sub[min(at, len(sub) - 1)], cap // 2)))
+    the lower edge of the octave of lengths where about three windows' worth of the longest
+    tokens end. Any floor keeps the bound valid (it only loosens it); this one depends on the
+    lengths alone, not their order, so the planner and ``validate`` agree.
+
+    >>> _light_floor(np.array([3, 100, 100, 1000]), 4096, 8)  # 3/8 of the tokens: the 1000
+    512
+    """
+    octave = np.frexp(np.asarray(lens, dtype=np.float64))[1]  # x in [2^(e-1), 2^e)
+    tokens = np.bincount(octave, weights=lens)
+    from_top = np.cumsum(tokens[::-1])[::-1]  # tokens at this octave and above
+    need = min(1.0, 3.0 / max(window, 1)) * from_top[0]
+    e = int(np.flatnonzero(from_top >= need)[-1])
+    return int(max(1, min(2 ** max(e - 1, 0), cap // 2)))
