@@ -2,11 +2,12 @@
 
 A sample is *heavy* when the rank that holds it cannot be levelled by giving the others more
 of the window's other samples: its cost exceeds what its tokens would cost at the window's
-light density by more than :data:`HEAVY_EXCESS` of a full micro-batch. Heavy samples are
-placed first, in groups of ``dp`` (one per rank of a step), so that a step holds none of them
-or one on every rank (:mod:`varpack.plan.kernels.window`). A group that would stay short waits
-for the next window's heavy samples (:func:`waiting`), once: a short group is what leaves ranks
-idle at small grad-accum.
+light density by more than :data:`HEAVY_EXCESS` of a full micro-batch (or it needs a
+micro-batch of its own: more than half the budget). Heavy samples are placed first, in groups of
+up to ``dp`` of similar cost (one per rank of a step), so that a step holds none of them or one on
+every rank (:mod:`varpack.plan.kernels.window`). A group that would stay short waits for the next
+window's heavy samples (:func:`grouping`), once: a short group is what leaves ranks idle at small
+grad-accum.
 
 Pure numba over a window's positions ``buf`` (into the epoch's permuted lengths) and ``order``
 (the window's positions, costliest first).
@@ -98,37 +99,3 @@ def grouping(order, carried, h, dp, defer, lens, buf, lin, quad):  # type: ignor
             g += 1
         q = end
     return group
-
-
-@njit(cache=True)
-def waiting(order, carried, h, dp, defer):  # type: ignore[no-untyped-def]
-    """Which of the window's samples wait for the next window: heavy ones short of a group.
-
-    ``order[:h]`` are heavy; ``order`` values below ``carried`` came from the last window and
-    never wait again. With ``defer`` (not the epoch's last window) the lightest heavy samples
-    that do not make a whole group of ``dp`` wait; where fewer than ``dp`` are heavy and none
-    was carried, all of them wait. Returns a flag per window position.
-
-    >>> waiting(np.array([3, 1, 0, 2]), 0, 3, 2, True).tolist()  # 3 heavy, groups of 2
-    [True, False, False, False]
-    """
-    wait = np.zeros(len(order), dtype=np.bool_)
-    if not defer or h == 0:
-        return wait
-    carried_heavy = 0
-    for q in range(h):
-        if order[q] < carried:
-            carried_heavy += 1
-    if h < dp:
-        if carried_heavy == 0:
-            for q in range(h):
-                wait[order[q]] = True
-        return wait
-    left = h % dp
-    for q in range(h - 1, -1, -1):
-        if left == 0:
-            break
-        if order[q] >= carried:
-            wait[order[q]] = True
-            left -= 1
-    return wait
