@@ -11,10 +11,11 @@ them into steps must leave:
   at least the plan's cheapest sample on its rank;
 * a rank without a long sample holds at most ``K`` budgets of the other samples, and costs at
   most those tokens priced at the longest of them (attention grows with the length, so the
-  costliest tokens are the longest samples'; :func:`_phi`); with ``K = 1`` a rank with a long
-  sample carries at most the rest of its budget so;
+  costliest tokens are the longest samples'); with ``K = 1`` a rank with a long sample carries
+  at most the rest of its budget so;
 * grouping the long samples into steps as sorted runs is optimal for this relaxation (swapping
-  two samples out of order never lowers it), so a small DP over runs gives the least idle.
+  two samples out of order never lowers it), so a small DP over runs gives the least idle
+  (:mod:`varpack.plan.kernels.runs`).
 
 ``ideal + least idle / dp`` over the ideal is :func:`time_bound`. It holds in every layout (a
 step lasts at least its real samples' costs) and needs only the samples of each step, so
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from varpack.plan.kernels.runs import capacities, runs
 
 _BINS_PER_OCTAVE = 16
 
@@ -50,46 +53,13 @@ def bin_top(b: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
-def _phi(tok, top, low_tok, low_top, t):  # type: ignore[no-untyped-def]
-    """The most ``sum(x^2)`` of light samples with ``sum(x) <= t``: the longest first, each bin
-    at its top length (``tok``/``top``: bins longest first; ``low_tok`` tokens at ``low_top``)."""
-    out = 0.0
-    left = t
-    for b in range(len(tok)):
-        if left <= 0:
-            return out
-        use = min(left, tok[b])
-        out += use * top[b]
-        left -= use
-    return out + max(min(left, low_tok), 0.0) * low_top
-
-
-@njit(cache=True)
 def _window_idle(c_long, x_long, tok, top, low_tok, low_top, eps, dp, k, cap, lin, quad):  # type: ignore[no-untyped-def]
     """Least idle of one window (its long samples costliest first), by a DP over sorted runs."""
-    h = len(c_long)
-    if h == 0:
+    if len(c_long) == 0:
         return 0.0
-    full = np.empty(dp + 1)  # the most cost n slots without a long sample carry
-    for n in range(dp + 1):
-        full[n] = lin * n * k * cap + quad * _phi(tok, top, low_tok, low_top, n * k * cap)
-    beside = np.zeros(h)  # K = 1: the most a long sample's micro-batch carries
-    if k == 1:
-        for i in range(h):
-            room = max(cap - x_long[i], 0.0)
-            beside[i] = c_long[i] + lin * room + quad * _phi(tok, top, low_tok, low_top, room)
-    most = dp if k == 1 else dp * k  # long samples a step holds
-    best = np.full(h + 1, np.inf)
-    best[0] = 0.0
-    for i in range(h):
-        t = c_long[i] + (k - 1) * eps  # the run from i: its step lasts at least this
-        own = 0.0
-        for j in range(i, min(h, i + most)):
-            if k == 1:
-                own += max(t - beside[j], 0.0)
-            n = max(dp - (j - i + 1), 0)
-            best[j + 1] = min(best[j + 1], best[i] + own + max(n * t - full[n], 0.0))
-    return best[h]
+    full, beside = capacities(c_long, x_long, tok, top, low_tok, low_top, dp, k, cap, lin, quad)
+    idle, _ = runs(c_long, full, beside, eps, dp, k, dp if k == 1 else dp * k)
+    return idle
 
 
 @njit(cache=True)

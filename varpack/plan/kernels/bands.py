@@ -122,18 +122,52 @@ def band_items(elens, bounds, m, budget, lin, quad, capped, fill, slot_items):  
     return starts, item_cost, heavy
 
 
+@njit(cache=True, inline="always")
+def _contains(a, v):  # type: ignore[no-untyped-def]
+    for x in a:
+        if x == v:
+            return True
+    return False
+
+
 @njit(cache=True)
-def deal_steps(starts, bounds, heavy, per_step, dp):  # type: ignore[no-untyped-def]
+def _waiting_items(items, hv, held, dp, defer):  # type: ignore[no-untyped-def]
+    """Positions (in ``items``) of the heavy items that wait for the next window: all of them
+    when they are fewer than ``dp`` (a step holding one heavy item leaves its other ranks
+    waiting; together with the next window's they may make a group), never one that waited
+    already, none in the last window. A window with ``dp`` or more deals its remainder with
+    the light items instead: measured, that balances better than holding it back."""
+    h = len(hv)
+    if not defer or h == 0 or h >= dp:
+        return np.empty(0, dtype=np.int64)
+    own = 0
+    for q in hv:
+        own += 0 if held[items[q]] else 1
+    if h < dp and own < h:
+        return np.empty(0, dtype=np.int64)  # some waited already: place them all now
+    left = h % dp if h >= dp else h
+    out = np.empty(left, dtype=np.int64)
+    n = 0
+    for q in hv[::-1]:  # hv is costliest first: the lightest wait
+        if n < left and not held[items[q]]:
+            out[n] = q
+            n += 1
+    return out[:n]
+
+
+@njit(cache=True)
+def deal_steps(starts, bounds, heavy, item_cost, per_step, dp):  # type: ignore[no-untyped-def]
     """The items in step order: each window's items (plus those carried from the last one)
     dealt to its ``P = len // per_step`` steps, ``per_step`` each (see module doc); the rest move
     on; the epoch's last window gets as many steps as its items need (the last may be short).
     Returns item indices, consecutive ``per_step`` forming a step.
 
-    >>> deal_steps(np.array([0, 1, 2, 3, 4]), np.array([0, 4]), np.zeros(4, np.bool_), 2, 2).tolist()
+    >>> deal_steps(np.array([0, 1, 2, 3, 4]), np.array([0, 4]), np.zeros(4, np.bool_), np.ones(4), 2, 2).tolist()
     [0, 3, 1, 2]
     """
     g = len(starts) - 1
     out = np.empty(g, dtype=np.int64)
+    held = np.zeros(g, dtype=np.bool_)  # heavy items that waited for the next window
     no = 0
     carry = np.empty(g, dtype=np.int64)
     nc = 0
@@ -148,26 +182,33 @@ def deal_steps(starts, bounds, heavy, per_step, dp):  # type: ignore[no-untyped-
         items = np.concatenate((carry[:nc], np.arange(lo, j)))
         nc = 0
         n = len(items)
-        p = n // per_step if not last else -(-n // per_step)
+        hv = np.flatnonzero(heavy[items])  # costliest first: a group of dp costs alike
+        hv = hv[np.argsort(-item_cost[items[hv]], kind="mergesort")]
+        wait = _waiting_items(items, hv, held, dp, not last and per_step == dp)
+        p = (n - len(wait)) // per_step if not last else -(-n // per_step)
         if p == 0:
             carry[:n] = items
             nc = n
             continue
-        take = min(n, p * per_step)
+        take = min(n - len(wait), p * per_step)
         step = np.full(n, -1, dtype=np.int64)
         fill = np.zeros(p, dtype=np.int64)
-        hv = np.flatnonzero(heavy[items])
-        groups = len(hv) // dp
+        groups = -(-(len(hv) - len(wait)) // dp)
         placed = 0
-        for q in range(groups * dp):  # heavy items: groups of dp, spread evenly
-            s = (q // dp) * p // groups if groups <= p else (q // dp) % p
+        gi = 0
+        for qh in hv:  # heavy items: groups of dp, spread evenly; a lone few wait a window
+            if _contains(wait, qh):
+                step[qh] = -2
+                continue
+            s = (gi // dp) * p // groups if groups <= p else (gi // dp) % p
+            gi += 1
             if fill[s] < per_step and placed < take:
-                step[hv[q]] = s
+                step[qh] = s
                 fill[s] += 1
                 placed += 1
         r = 0  # the rest in a snake over the window's length order; the longest of them that
         for q in range(n):  # do not make a whole step move on (so short groups of heavy ones wait)
-            if step[q] >= 0:
+            if step[q] != -1:
                 continue
             if placed >= take:
                 break
@@ -187,6 +228,7 @@ def deal_steps(starts, bounds, heavy, per_step, dp):  # type: ignore[no-untyped-
         for s in range(p):
             first[s + 1] += first[s]
         for q in range(n):
+            held[items[q]] = step[q] == -2  # a heavy item waits once
             if step[q] >= 0:
                 out[no + first[step[q]]] = items[q]
                 first[step[q]] += 1

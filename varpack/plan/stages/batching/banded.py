@@ -82,14 +82,14 @@ def build(
         idx, bounds = epoch_order(lens, cfg, epoch, "windows", orule)
         idx, bounds = merge_small(idx, np.asarray(bounds, np.int64), eff, m)
         e = np.ascontiguousarray(eff[idx], dtype=np.int64)
-        starts, _, heavy = band_items(
+        starts, item_cost, heavy = band_items(
             e, np.asarray(bounds, np.int64), m, cfg.max_tokens, lin, quad, capped,
             cfg.balance_fill, 1 if pp else k,
         )  # fmt: skip
         if len(starts) == 1:  # a window too small for bands of m samples: by tokens instead
             return pipeline.build(lens, alone, cfg, lengths) if pp else greedy.build(
                 lens, alone, cfg, lengths)  # fmt: skip
-        order = deal_steps(starts, np.asarray(bounds, np.int64), heavy, per_step, dp)
+        order = deal_steps(starts, np.asarray(bounds, np.int64), heavy, item_cost, per_step, dp)
         pos, starts = gather_positions(starts[:-1][order], np.diff(starts)[order])
         idx = idx[pos]
         starts = complete(
