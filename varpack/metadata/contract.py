@@ -165,12 +165,40 @@ def list_pieces(files: Sequence[Path | str], keys: Sequence[str] = ()) -> list[P
             raise InputError(
                 f"{path}: cannot read as Parquet ({first_line(exc)}); replace or remove the file"
             ) from None
+        counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        check_footer_rows(counts, meta.num_rows, str(path), len(REQUIRED) + len(keys))
         offset = 0
-        for i in range(meta.num_row_groups):
-            n = meta.row_group(i).num_rows
+        for i, n in enumerate(counts):
             pieces.append(Piece(str(path), i, n, offset))
             offset += n
     return pieces
+
+
+def check_footer_rows(counts: Sequence[int], total: int, where: str, columns: int) -> None:
+    """A footer's row counts are believed only when consistent and loadable: none negative,
+    the file's total equal to its row groups', and no more than this machine's memory could
+    hold (a corrupt footer must not make a reader allocate terabytes before reading a byte)."""
+    bad = [i for i, n in enumerate(counts) if n < 0]
+    if bad or total != sum(counts):
+        what = (
+            f"row group {bad[0]} declares {counts[bad[0]]:,} rows"
+            if bad
+            else (f"the footer declares {total:,} rows but its row groups {sum(counts):,}")
+        )
+        raise InputError(f"{where}: {what}; the file is corrupt: rewrite or remove it")
+    check_loadable(total, columns, where)
+
+
+def check_loadable(rows: int, columns: int, where: str) -> None:
+    """Refuse to load ``rows`` int64 rows of ``columns`` columns that cannot fit in memory."""
+    need = rows * 8 * columns
+    have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if need > have:
+        raise InputError(
+            f"{where}: {rows:,} rows declared ({need / 2**30:,.1f} GiB to load), more than this "
+            f"machine's memory ({have / 2**30:,.1f} GiB); a corrupt footer? rewrite the file; "
+            "else sort on more ranks"
+        )
 
 
 def check_schema(schema: pa.Schema, where: str, keys: Sequence[str] = ()) -> None:
@@ -207,6 +235,11 @@ def read_piece(piece: Piece, keys: Sequence[str] = ()) -> pa.Table:
         raise InputError(
             f"{piece.path}: cannot read row group {piece.row_group} ({first_line(exc)}); replace or remove the file"
         ) from None
+    if table.num_rows != piece.num_rows:  # what was read, not what the footer says, counts
+        raise InputError(
+            f"{piece.path}: row group {piece.row_group} holds {table.num_rows:,} rows but its "
+            f"footer declares {piece.num_rows:,}; the file is corrupt: rewrite or remove it"
+        )
     return validate_table(table, piece.path, piece.file_row_offset, keys)
 
 
@@ -244,6 +277,8 @@ def validate_table(
                 # NaN has no place in a total order: the sort would depend on the NaN convention.
                 what = f"NaN in key column '{key}'; give every row a number"
                 _first_violation(pc.is_nan(col), ids, where, first_row, what)
+            elif pat.is_unsigned_integer(col.type):  # keys are int64 from here on
+                col = _to_int64(col, key, where, first_row)
             out[key] = col
     return pa.table(out)
 
@@ -253,7 +288,10 @@ def _to_int64(col: pa.ChunkedArray, name: str, where: str, first_row: int) -> pa
     limit = np.iinfo(np.int64).max
     if pat.is_unsigned_integer(col.type) and len(col) and pc.max(col).as_py() > limit:
         row = int(pc.index(pc.greater(col, pa.scalar(limit, col.type)), True).as_py())
-        raise InputError(f"{where}: row {first_row + row}: {name} does not fit int64")
+        raise InputError(
+            f"{where}: row {first_row + row}: {name} value {col[row].as_py():,} "
+            f"does not fit int64, which varpack keeps it as; rescale or re-encode the column"
+        )
     return col.cast(pa.int64())
 
 

@@ -34,6 +34,7 @@ from varpack.metadata.contract import (
     LEN,
     MAX_LEN,
     WRITE_SCHEMA,
+    check_footer_rows,
     duplicate_error,
     first_duplicate,
     first_line,
@@ -87,6 +88,11 @@ def check_token_schema(schema: pa.Schema, where: str, column: str, id_column: st
             f"{where}: column '{column}' has type {typ}, expected a list of token ids; "
             "choose the token column with --column"
         )
+    if not pat.is_integer(typ.value_type):  # floats would be truncated, strings never read
+        raise InputError(
+            f"{where}: column '{column}' holds {typ.value_type} values, expected integer token "
+            "ids (a list of int32 or int64); tokenize the text first, or choose --column"
+        )
     if id_column is None:
         return
     if schema.get_field_index(id_column) < 0:
@@ -130,10 +136,33 @@ def list_sources(files: Sequence[Path | str], column: str, id_column: str | None
                 f"{path}: cannot read as Parquet ({first_line(exc)}); replace or remove the file"
             ) from None
         check_token_schema(schema, str(path), column, id_column)
+        counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        check_footer_rows(counts, meta.num_rows, str(path), 1)
         token_type = schema.field(column).type.value_type
         sources.append(Source(str(path), meta.num_rows, meta.num_row_groups, offset, token_type))
         offset += meta.num_rows
     return sources
+
+
+def check_token_values(tokens: pa.ChunkedArray | pa.Array, where: str, first_row: int) -> None:
+    """No null and no negative token id inside the lists (an embedding has no row for them).
+
+    >>> check_token_values(pa.chunked_array([[[1, None]]]), "x", 5)
+    Traceback (most recent call last):
+    varpack.errors.InputError: x: row 5: a null token id in the token list; fill or drop the sample
+    """
+    values = pc.list_flatten(tokens)
+    bad = pc.is_null(values) if values.null_count else None
+    what = "a null token id in the token list; fill or drop the sample"
+    if bad is None and len(values) and pc.min(values).as_py() < 0:
+        bad = pc.less(values, 0)
+        what = "a negative token id; token ids are >= 0 (check the tokenizer's output)"
+    if bad is None:
+        return
+    at = int(pc.index(bad, True).as_py())  # the value's position, then the row holding it
+    rows = np.cumsum(pc.list_value_length(tokens).fill_null(0).to_numpy())
+    row = first_row + int(np.searchsorted(rows, at, side="right"))
+    raise InputError(f"{where}: row {row}: {what}")
 
 
 def row_lengths(tokens: pa.ChunkedArray | pa.Array, where: str, first_row: int) -> np.ndarray:
@@ -178,8 +207,15 @@ def iter_row_groups(
                     f"{src.path}: cannot read row group {group} ({first_line(exc)}); "
                     "replace or remove the file"
                 ) from None
+            if table.num_rows != reader.metadata.row_group(group).num_rows:
+                raise InputError(
+                    f"{src.path}: row group {group} holds {table.num_rows:,} rows but its footer "
+                    f"declares {reader.metadata.row_group(group).num_rows:,}; the file is "
+                    "corrupt: rewrite or remove it"
+                )
             tokens = table.column(column)
             lens = row_lengths(tokens, src.path, row)
+            check_token_values(tokens, src.path, row)
             if id_column is None:
                 start = src.row_offset + row
                 ids = pa.array(np.arange(start, start + len(lens), dtype=np.int64))

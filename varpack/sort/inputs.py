@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from varpack.metadata.contract import Piece, read_piece
+from varpack.metadata.contract import Piece, check_loadable, read_piece
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ def read_share(segments: Sequence[Segment], columns: Sequence[str]) -> dict[str,
     """
     keys = [c for c in columns if c not in ("sample_id", "seq_len")]
     n = sum(seg.stop - seg.start for seg in segments)
+    check_loadable(n, len(columns), "this rank's share of the metadata")
     out = {c: np.empty(n, dtype=np.int64) for c in columns}
     pos = 0
     for seg in segments:

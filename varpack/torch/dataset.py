@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from varpack.errors import InputError
-from varpack.metadata.contract import first_duplicate, resolve_files
+from varpack.metadata.contract import check_footer_rows, first_duplicate, resolve_files
 from varpack.metadata.lengths import ID_COLUMNS, write_arrow_tokens
 from varpack.metadata.tokens import SUFFIXES as IPC_SUFFIXES
 from varpack.torch.gather import fetch_flat, segment_gather_index, slice_pieces
@@ -185,28 +185,39 @@ class ParquetTokenDataset:
                 f"{name}: not a readable {'Arrow IPC' if self.ipc else 'Parquet'} file ({exc})"
             ) from None
 
-    def _check_columns(self, name: str, names: list[str]) -> None:
+    def _check_columns(self, name: str, schema: pa.Schema) -> None:
+        names = schema.names
         for col, option in ((self.column, "column"), (self.id_column, "id_column")):
             if col is not None and col not in names:
                 raise InputError(
                     f"{name}: no column {col!r} (columns: {', '.join(names)}); pass {option}= "
                     f"(--{option.replace('_', '-')} in jobs/train.py) naming one of them"
                 )
+        typ = schema.field(self.column).type
+        if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)) or not pa.types.is_integer(
+            typ.value_type
+        ):  # the check varpack lengths makes: floats would be truncated, strings never read
+            raise InputError(
+                f"{name}: column {self.column!r} has type {typ}, expected a list of integer "
+                "token ids; pass column= naming the tokenized column"
+            )
 
     def _group_rows(self, name: str) -> list[int]:
         """Rows of every row group (Parquet) or record batch (Arrow IPC) of one file."""
         try:
             if self.ipc:
                 reader = pa.ipc.open_file(pa.memory_map(name))
-                self._check_columns(name, reader.schema.names)
+                self._check_columns(name, reader.schema)
                 return [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
             meta = pq.ParquetFile(name).metadata
         except (OSError, pa.ArrowException) as exc:
             raise InputError(
                 f"{name}: not a readable {'Arrow IPC' if self.ipc else 'Parquet'} file ({exc})"
             ) from None
-        self._check_columns(name, meta.schema.to_arrow_schema().names)
-        return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        self._check_columns(name, meta.schema.to_arrow_schema())
+        counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        check_footer_rows(counts, meta.num_rows, name, 1)
+        return counts
 
     def _token_positions(self, name: str, starts: list[np.ndarray], lens: list[np.ndarray]) -> None:
         """Append the start (in tokens, from the start of the mapping) and length of the tokens
@@ -322,9 +333,17 @@ class ParquetTokenDataset:
             return hit
         f = int(self._rg_file[g])
         arr = self._read_group(f, int(self._rg_local[g]))
+        if len(arr) != self._rg_start[g + 1] - self._rg_start[g]:
+            raise InputError(
+                f"{self.files[f]}: row group {int(self._rg_local[g])} holds {len(arr):,} rows, "
+                f"its footer declared {int(self._rg_start[g + 1] - self._rg_start[g]):,}; the "
+                "file changed or is corrupt: rewrite it"
+            )
         if isinstance(arr, pa.LargeListArray | pa.ListArray):
             if arr.null_count:
                 raise InputError(f"{self.files[f]}: column {self.column!r} has null samples")
+            if arr.values.null_count:
+                raise InputError(f"{self.files[f]}: column {self.column!r} has null token ids")
             offsets = arr.offsets.to_numpy().astype(np.int64) - arr.offsets[0].as_py()
             values = arr.flatten().to_numpy(zero_copy_only=False)
         else:
@@ -342,18 +361,21 @@ class ParquetTokenDataset:
         sample_ids: np.ndarray,
         offsets: np.ndarray | None = None,
         lengths: np.ndarray | None = None,
+        split_len: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Tokens of ``sample_ids`` concatenated in the given order, and each sample's length.
 
         With ``offsets`` and ``lengths`` (the pieces of split documents, ``--oversize split``),
-        the tokens ``[offset, offset + length)`` of each sample instead of all of them. One read
-        per distinct row group; the copy is a vectorised segment gather.
+        the tokens ``[offset, offset + length)`` of each sample instead of all of them, each
+        checked against its document (with the plan's ``split_len``: see
+        :func:`~varpack.torch.gather.slice_pieces`). One read per distinct row group; the copy
+        is a vectorised segment gather.
         """
         ids = np.asarray(sample_ids, dtype=np.int64)
         if len(ids) == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         rows = self.rows(ids)
-        piece = None if offsets is None else (ids, offsets, lengths)
+        piece = None if offsets is None else (ids, offsets, lengths, split_len)
         if self.ipc:
             return self._gather_ipc(rows, piece)
         groups = np.searchsorted(self._rg_start, rows, side="right") - 1
@@ -372,7 +394,7 @@ class ParquetTokenDataset:
             lens[sel] = offsets[local + 1] - offsets[local]
             tables.append((sel, values))
         if piece is not None:
-            src_start, lens = slice_pieces(src_start, lens, piece)
+            src_start, lens = slice_pieces(src_start, lens, piece[:3], piece[3])
         if len(tables) == 1:  # one row group (the usual case with Arrow IPC): one gather
             return tables[0][1][segment_gather_index(src_start, lens)], lens
         dst = np.zeros(len(ids) + 1, dtype=np.int64)
@@ -387,7 +409,7 @@ class ParquetTokenDataset:
         """One gather per file (usually one file) straight from the mapping."""
         starts, lens = self._tok_start[rows], self._tok_len[rows].astype(np.int64)
         if piece is not None:
-            starts, lens = slice_pieces(starts, lens, piece)
+            starts, lens = slice_pieces(starts, lens, piece[:3], piece[3])
         if len(self.files) == 1:
             return self._view(0)[segment_gather_index(starts, lens)], lens
         files = np.searchsorted(self._file_start, rows, side="right") - 1

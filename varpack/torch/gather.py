@@ -9,6 +9,7 @@ per sample).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -17,18 +18,39 @@ from varpack.errors import InputError
 
 
 def slice_pieces(
-    starts: np.ndarray, lens: np.ndarray, piece: tuple[np.ndarray, Any, Any]
+    starts: np.ndarray,
+    lens: np.ndarray,
+    piece: tuple[np.ndarray, Any, Any],
+    split_len: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Where the pieces ``(ids, offsets, lengths)`` of samples at ``starts`` / ``lens`` lie."""
+    """Where the pieces ``(ids, offsets, lengths)`` of samples at ``starts`` / ``lens`` lie.
+
+    With the plan's ``split_len`` ``S`` every piece is checked against its document as the
+    planner cut it: a piece shorter than ``S`` is a whole document or the last piece, so it ends
+    where the document ends; a piece of ``S`` tokens starts at a multiple of ``S``.
+
+    >>> slice_pieces(np.array([0]), np.array([10]), (np.array([7]), [8], [2]), 4)[1].tolist()
+    [2]
+    >>> slice_pieces(np.array([0]), np.array([11]), (np.array([7]), [8], [2]), 4)
+    Traceback (most recent call last):
+    varpack.errors.InputError: sample id 7 has 11 tokens in the dataset; the plan's piece at offset 8 of 2 tokens says 10; was the plan made from this data? (re-run varpack lengths and plan)
+    """
     ids, offsets, lengths = piece
     offs = np.asarray(offsets, dtype=np.int64)
     want = np.asarray(lengths, dtype=np.int64)
     bad = (offs < 0) | (offs + want > lens)
+    if split_len:
+        tail = want < split_len
+        bad |= (tail & (offs + want != lens)) | (offs % split_len != 0) | (want > split_len)
     if bad.any():
         k = int(np.argmax(bad))
+        says = (
+            f"says {int(offs[k] + want[k])}" if offs[k] + want[k] <= lens[k] else "lies outside it"
+        )
         raise InputError(
-            f"sample id {int(ids[k])} has {int(lens[k])} tokens; the plan's piece at offset "
-            f"{int(offs[k])} of {int(want[k])} tokens lies outside it; was the plan made from this data?"
+            f"sample id {int(ids[k])} has {int(lens[k])} tokens in the dataset; the plan's piece at "
+            f"offset {int(offs[k])} of {int(want[k])} tokens {says}; was the plan made from this "
+            "data? (re-run varpack lengths and plan)"
         )
     return starts + offs, want
 
@@ -52,6 +74,7 @@ def fetch_flat(
     sample_ids: np.ndarray,
     offsets: np.ndarray | None = None,
     lengths: np.ndarray | None = None,
+    split_len: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Tokens of ``sample_ids`` concatenated, and their lengths, from any dataset keyed by id.
 
@@ -61,17 +84,18 @@ def fetch_flat(
     ``lengths`` each sample is the piece ``tokens[offset:offset + length]`` of its document.
     """
     if hasattr(dataset, "get_flat"):
-        got = (
-            dataset.get_flat(sample_ids)
-            if offsets is None
-            else dataset.get_flat(sample_ids, offsets, lengths)
-        )
+        if offsets is None:
+            got = dataset.get_flat(sample_ids)
+        elif split_len and _takes_split_len(dataset.get_flat):
+            got = dataset.get_flat(sample_ids, offsets, lengths, split_len=split_len)
+        else:
+            got = dataset.get_flat(sample_ids, offsets, lengths)
         return np.asarray(got[0]), np.asarray(got[1], dtype=np.int64)
     flat, lens = _fetch_each(dataset, sample_ids)
     if offsets is None:
         return flat, lens
     starts = np.cumsum(lens) - lens
-    starts, lens = slice_pieces(starts, lens, (sample_ids, offsets, lengths))
+    starts, lens = slice_pieces(starts, lens, (sample_ids, offsets, lengths), split_len)
     return flat[segment_gather_index(starts, lens)], lens
 
 
@@ -92,3 +116,12 @@ def _fetch_each(dataset: Any, sample_ids: np.ndarray) -> tuple[np.ndarray, np.nd
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     lens = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
     return np.concatenate(parts), lens
+
+
+def _takes_split_len(method: Any) -> bool:
+    """Whether a dataset's ``get_flat`` checks pieces itself (``split_len=``, as
+    :class:`~varpack.torch.dataset.ParquetTokenDataset` does)."""
+    try:
+        return "split_len" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False

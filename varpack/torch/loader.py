@@ -199,9 +199,11 @@ class MicroBatches(Dataset[Any]):
         layout: str,
         pad_id: int = 0,
         positions: str = "restart",
+        split_len: int | None = None,
     ) -> None:
         self.rows, self.dataset, self.layout, self.pad_id = rows, dataset, layout, pad_id
         self.positions = positions  # position ids of pieces (plan.json's split_positions)
+        self.split_len = split_len  # pieces are checked against their documents with it
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -209,7 +211,7 @@ class MicroBatches(Dataset[Any]):
     def fetch(
         self, ids: np.ndarray, offsets: np.ndarray | None = None, lens: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        return fetch_flat(self.dataset, ids, offsets, lens)
+        return fetch_flat(self.dataset, ids, offsets, lens, self.split_len)
 
     def __getitem__(self, index: tuple[int, int]) -> RawBatch:
         epoch, i = index
@@ -284,8 +286,10 @@ class PlanLoader:
         self.rows = ManifestRows(table)
         self.cp_rows = cp_mod.CPRows(table, self.cp_size) if self.cp_size > 1 else None
         self.fingerprint = plan_fingerprint(self.plan)
-        positions = (self.plan.meta.get("config") or {}).get("split_positions", "restart")
-        self.dataset = MicroBatches(self.rows, dataset, layout, pad_id, positions)
+        config = self.plan.meta.get("config") or {}
+        positions = config.get("split_positions", "restart")
+        split_len = config.get("split_len") if config.get("oversize") == "split" else None
+        self.dataset = MicroBatches(self.rows, dataset, layout, pad_id, positions, split_len)
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.prefetch_factor, self.multiprocessing_context = (
             prefetch_factor,
