@@ -6,7 +6,8 @@ reader never sees a half-written output and a failure leaves nothing behind. Bef
 :func:`check_output` refuses an output that equals, contains or lies inside an input (real paths,
 symlinks followed), an existing output without ``--overwrite``, and, with it, anything varpack
 did not write itself (:func:`is_varpack_output`: a plan, a sort output, or a directory with
-varpack's marker file).
+varpack's marker file), and an output of varpack's that holds files its index does not list
+(:func:`foreign_files`: the user's notes or checkpoints are never deleted).
 
 Temporaries are registered while they live and carry a lock file naming their owner (pid and
 host). :func:`interruptible` turns SIGTERM, SIGINT and SIGHUP into :class:`Interrupted`, so the
@@ -90,6 +91,33 @@ def is_varpack_output(path: str | os.PathLike[str]) -> bool:
     return False
 
 
+def own_files(path: str | os.PathLike[str]) -> set[str] | None:
+    """The files (relative paths) varpack wrote in its output directory ``path``, as its index
+    lists them (plan.json's ranks, _index.json's parts, the marker's files); None when the
+    index lists none (a marker written before markers listed their files)."""
+    p = Path(path)
+    for name, key in (("plan.json", "ranks"), ("_index.json", "parts")):
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            index = json.loads((p / name).read_text())
+            if index.get("format") == _OWN_INDEXES[name]:
+                return {name, *(str(e["file"]) for e in index.get(key) or [])}
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+        files = json.loads((p / MARKER).read_text()).get("files")
+        if isinstance(files, list):
+            return {MARKER, *map(str, files)}
+    return None
+
+
+def foreign_files(path: str | os.PathLike[str]) -> list[str]:
+    """Files inside varpack's output directory that varpack did not write (sorted)."""
+    own = own_files(path)
+    if own is None:
+        return []
+    root = Path(path)
+    found = (str(f.relative_to(root)) for f in root.rglob("*") if not f.is_dir())
+    return sorted(f for f in found if f not in own)
+
+
 def check_output(
     path: str | os.PathLike[str],
     overwrite: bool,
@@ -98,7 +126,8 @@ def check_output(
 ) -> Path:
     """Fail early (before any work) when writing ``path`` is unsafe; see the module doc.
 
-    ``owned(path)`` recognises an output of this command that ``--overwrite`` may replace.
+    ``owned(path)`` recognises an output of this command that ``--overwrite`` may replace; it is
+    replaced only when it holds nothing but what varpack wrote there (its index's files).
     """
     out = Path(path)
     check_apart(out, inputs)
@@ -109,6 +138,13 @@ def check_output(
             raise OutputError(
                 f"output {out} exists and is not an output varpack wrote, so --overwrite will not "
                 "replace it; remove it yourself or choose another output path"
+            )
+        foreign = foreign_files(out) if out.is_dir() else []
+        if foreign:
+            more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            raise OutputError(
+                f"output {out} holds files varpack did not write ({', '.join(foreign[:3])}{more}); "
+                "--overwrite would delete them: move them out, or choose another output path"
             )
     clean_stale(out)
     return out
@@ -266,8 +302,10 @@ def atomic_dir(
     """
 
     def mark(tmp: Path) -> None:
-        if marker is not None:
-            (tmp / MARKER).write_text(json.dumps({"format": f"varpack.{marker}"}) + "\n")
+        if marker is not None:  # the files it lists are what a later --overwrite may replace
+            files = sorted(str(f.relative_to(tmp)) for f in tmp.rglob("*") if not f.is_dir())
+            index = {"format": f"varpack.{marker}", "files": files}
+            (tmp / MARKER).write_text(json.dumps(index) + "\n")
 
     with _atomic(path, overwrite, inputs, is_varpack_output, True, mark) as tmp:
         yield tmp
