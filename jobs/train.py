@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from varpack.env import env_int
 from varpack.errors import ConfigError, InputError, VarpackError
 from varpack.torch import (
     GroupTally,
@@ -63,7 +64,34 @@ from varpack.torch import (
     resolve_backend,
     token_losses,
 )
+from varpack.torch.checkpoint import check_run, load_checkpoint, save_checkpoint
 from varpack.torch.model import PRESETS, TinyGPT, model_inputs, param_count_str
+
+
+def _count(low: int) -> Any:
+    """An argparse type: an integer of at least ``low`` (0 steps or -1 workers mean nothing)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    return parse
+
+
+def _positive(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} must be finite and above 0")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,14 +117,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="id column (auto: sample_id, else id); 'none' if varpack lengths numbered the rows",
     )
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    p.add_argument("--vocab-size", type=int, default=None, help="override the preset's vocabulary")
-    p.add_argument("--lr", type=float, default=3e-4, help="base LR (scaled per step by the plan)")
-    p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument(
-        "--max-steps", type=int, default=None, help="stop after this many optimizer steps"
+        "--vocab-size", type=_count(1), default=None, help="override the preset's vocabulary"
+    )
+    p.add_argument(
+        "--lr", type=_positive, default=3e-4, help="base LR (scaled per step by the plan)"
+    )
+    p.add_argument("--warmup-steps", type=_count(0), default=10)
+    p.add_argument(
+        "--max-steps", type=_count(1), default=None, help="stop after this many optimizer steps"
     )
     p.add_argument("--collate", choices=["packed", "padded", "blocks"], default=None)
-    p.add_argument("--workers", type=int, default=0, help="DataLoader workers")
+    p.add_argument("--workers", type=_count(0), default=0, help="DataLoader workers")
     p.add_argument(
         "--attention",
         choices=["auto", "varlen", "flex", "flash", "mask", "causal"],
@@ -106,10 +138,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--compile", choices=["none", "static", "dynamic"], default="none")
     p.add_argument(
-        "--ckpt-every", type=int, default=0, help="steps between checkpoints (0: at the end)"
+        "--ckpt-every", type=_count(0), default=0, help="steps between checkpoints (0: at the end)"
     )
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--log-every", type=_count(1), default=1)
     p.add_argument(
         "--log-by",
         default=None,
@@ -120,7 +152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--cp",
-        type=int,
+        type=_count(1),
         default=1,
         help="context-parallel ranks (a --cp plan; world = dp x cp): each CP rank computes its "
         "local samples and its share of distributed ones (varpack.torch.cp); 1 replays whole "
@@ -130,13 +162,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def setup_distributed() -> tuple[int, int, torch.device]:
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = env_int("WORLD_SIZE", 1, low=1)
     cuda = torch.cuda.is_available()
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     if cuda:
-        local = int(os.environ.get("LOCAL_RANK", 0))
+        local = env_int("LOCAL_RANK", 0)
         torch.cuda.set_device(local)
         return rank, world, torch.device("cuda", local)
     return rank, world, torch.device("cpu")
@@ -151,12 +183,6 @@ def lr_lambda(warmup: int, total: int) -> Any:
         )
 
     return f
-
-
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic: a crash never leaves half a checkpoint
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -213,11 +239,18 @@ def main(argv: list[str] | None = None) -> None:
                 f"--resume: no checkpoint {ckpt}; give the --out of the run to continue, or "
                 "leave out --resume to start"
             )
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        raw.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["lr"])
-        loader.load_state_dict(state["loader"])
+        state = load_checkpoint(ckpt)  # checksum, keys: one line when damaged
+        check_run(ckpt, state.get("run", {}), run_options(args))
+        loader.load_state_dict(state["loader"])  # refuses another plan (a re-plan, too)
+        try:
+            raw.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["lr"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise ConfigError(
+                f"{ckpt}: its model does not fit this run's ({str(exc).splitlines()[0][:120]}); "
+                "resume with the model options the run started with"
+            ) from None
         step_done = state["steps_done"]
         cursor = loader.state_dict()
         log(rank, f"resumed at step {cursor['step']} of {loader.num_steps} (epoch {cursor['epoch']}); "
@@ -310,10 +343,10 @@ def main(argv: list[str] | None = None) -> None:
         step_loss.zero_()
         rank_tokens = 0
         if args.ckpt_every and step_done % args.ckpt_every == 0:
-            checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done)
+            checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done, run_options(args))
         if args.max_steps is not None and step_done >= args.max_steps:
             break
-    checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done)
+    checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done, run_options(args))
     if args.compile == "static":
         log(rank, f"recompiles after warm-up: {compiled_graphs() - graphs_warm}")
     elif args.compile == "dynamic":
@@ -343,12 +376,24 @@ def _leave(code: int) -> None:
     os._exit(code)
 
 
+def run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options a checkpoint must be resumed with (they shape the model or its updates)."""
+    return {k: getattr(args, k) for k in ("preset", "vocab_size", "dtype")}
+
+
 def checkpoint(
-    rank: int, path: Path, model: torch.nn.Module, opt: Any, lr: Any, loader: PlanLoader, steps: int
+    rank: int,
+    path: Path,
+    model: torch.nn.Module,
+    opt: Any,
+    lr: Any,
+    loader: PlanLoader,
+    steps: int,
+    run: dict[str, Any],
 ) -> None:
     if rank == 0:  # the loader cursor is rank-independent, so one copy serves every rank
         state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "lr": lr.state_dict(),
-                 "loader": loader.state_dict(), "steps_done": steps}  # fmt: skip
+                 "loader": loader.state_dict(), "steps_done": steps, "run": run}  # fmt: skip
         save_checkpoint(path, state)
     if dist.is_initialized():
         dist.barrier()

@@ -9,7 +9,6 @@ the command's own summary line says what was done).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +24,8 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+from varpack.env import env_float
 
 err = Console(stderr=True, highlight=False)
 
@@ -113,10 +114,7 @@ class LogProgress:
 
 def log_interval() -> float:
     """The interval of log progress lines: ``VARPACK_PROGRESS_INTERVAL`` seconds, else 10."""
-    try:
-        return float(os.environ.get("VARPACK_PROGRESS_INTERVAL", LOG_INTERVAL))
-    except ValueError:
-        return LOG_INTERVAL
+    return env_float("VARPACK_PROGRESS_INTERVAL", LOG_INTERVAL)
 
 
 @contextmanager

@@ -69,10 +69,12 @@ def fingerprint(sample_ids: np.ndarray, seq_lens: np.ndarray) -> Fingerprint:
     return Fingerprint(int(len(ids)), int(lens.sum(dtype=np.uint64)), digest)
 
 
-def sha256_file(path: str | os.PathLike[str], block: int = 1 << 22) -> str:
-    """Hex sha256 of a file's bytes, read in blocks (the checksums of plan and sort outputs)."""
+def sha256_file(path: str | os.PathLike[str], block: int = 1 << 22, skip: int = 0) -> str:
+    """Hex sha256 of a file's bytes after the first ``skip``, read in blocks (the checksums of
+    plan and sort outputs; a single-file sort output's records follow its header)."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
+        fh.seek(skip)
         while chunk := fh.read(block):
             digest.update(chunk)
     return digest.hexdigest()

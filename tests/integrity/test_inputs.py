@@ -155,7 +155,9 @@ def test_lengths_refuses_what_is_not_token_ids(tmp_path: Path, case: str) -> Non
     column, says = BAD_TOKENS[case]
     src = _tokens(tmp_path / "tok.parquet", column)
     out = tmp_path / "meta"
-    line = _one_line(cli("lengths", src, out, "--arrow-copy", tmp_path / "c.arrow", expect=2).stderr)
+    line = _one_line(
+        cli("lengths", src, out, "--arrow-copy", tmp_path / "c.arrow", expect=2).stderr
+    )
     assert "tok.parquet" in line and says in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tok.parquet"]
 

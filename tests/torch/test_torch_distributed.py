@@ -17,6 +17,8 @@ from plan_helpers import random_lengths, write_tokens
 from plan_helpers import torchrun as run_torchrun  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
+from varpack.torch.checkpoint import load_checkpoint  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -69,8 +71,8 @@ def test_two_ranks_replay_the_plan_and_resume(tmp_path) -> None:
     for r in range(2):  # each rank continues exactly where it stopped
         assert part1[r]["sample_ids"] + part2[r]["sample_ids"] == recs[r]["sample_ids"]
     # ... and ends with the same weights and LR state as the uninterrupted run.
-    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)
-    b = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    a = load_checkpoint(tmp_path / "full" / "checkpoint.pt")
+    b = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
     for k, v in a["model"].items():
         assert torch.allclose(v, b["model"][k], atol=1e-6), k
     assert a["lr"]["last_step"] == b["lr"]["last_step"] == num_steps

@@ -20,8 +20,15 @@ _OPTIONAL = ("peak_memory", "step_time", "flops")
 
 def _read(path: Path) -> dict[str, np.ndarray]:
     """The CSV's numeric columns (a header row names them)."""
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{path}: not UTF-8 text (byte {exc.start}); write the CSV as UTF-8"
+        ) from None
+    except csv.Error as exc:
+        raise InputError(f"{path}: not a readable CSV ({exc})") from None
     if not rows:
         raise InputError(f"{path}: no rows; write a header (tokens,peak_memory,step_time) and rows")
     cols = {k.strip(): [] for k in rows[0] if k is not None}  # type: dict[str, list[float]]

@@ -29,6 +29,7 @@ import pyarrow.types as pat
 
 from varpack.errors import ConfigError, InputError
 from varpack.manifest.format import CARRY_PREFIX, CARRY_TYPES
+from varpack.metadata.contract import first_line
 
 #: Id columns a carry source may key its rows by, in order of preference.
 ID_COLUMNS = ("sample_id", "id")
@@ -191,7 +192,14 @@ def join(ids: np.ndarray, meta_ids: np.ndarray, table: pa.Table, where: str) -> 
             values.append(codes[rows])
             dictionaries.append(encoded.dictionary.cast(pa.string()))
         else:
-            values.append(col.cast(CARRY_TYPES[kind]).to_numpy(zero_copy_only=False)[rows])
+            try:
+                cast = col.cast(CARRY_TYPES[kind])
+            except pa.ArrowInvalid as exc:  # e.g. a uint64 value beyond int64
+                raise InputError(
+                    f"{where}: column '{name}' cannot be carried as {CARRY_TYPES[kind]} "
+                    f"({first_line(exc)}); rescale or re-encode the column"
+                ) from None
+            values.append(cast.to_numpy(zero_copy_only=False)[rows])
             dictionaries.append(None)
     return Carried(tuple(table.column_names), tuple(types), tuple(values), tuple(dictionaries))
 

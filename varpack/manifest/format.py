@@ -12,6 +12,7 @@ plain file inside the plan directory (:mod:`varpack.manifest.rankfiles`), and an
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from varpack.atomic import atomic_dir
-from varpack.errors import InputError
+from varpack.errors import ConfigError, InputError
 from varpack.fingerprint import sha256_file
 from varpack.manifest.rankfiles import file_problem, name_problem, undeclared
 from varpack.manifest.schema import (
@@ -177,8 +178,38 @@ def write_plan(
         ]
         doc = {"format": FORMAT, "version": VERSION, **meta, "ranks": ranks}
         doc[FINGERPRINT_KEY] = plan_fingerprint(doc)
-        (tmp / PLAN_JSON).write_text(json.dumps(doc, indent=2) + "\n")
+        (tmp / PLAN_JSON).write_text(_dump(doc))
     return Path(out)
+
+
+def _dump(doc: dict[str, Any]) -> str:
+    """plan.json's text: strict JSON, so a figure that overflowed (inf, NaN) is refused here."""
+    try:
+        return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    except ValueError:
+        where = _non_finite(doc) or "?"
+        raise ConfigError(
+            f"the plan's figure {where} is not a finite number: the cost model overflows; "
+            "lower --time-per-flop / --time-fixed (or the model's dimensions)"
+        ) from None
+
+
+def _non_finite(node: Any, path: str = "") -> str | None:
+    """The first key path holding inf or NaN (the error message's "where")."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return path or "."
+    items = (
+        node.items()
+        if isinstance(node, dict)
+        else enumerate(node)
+        if isinstance(node, list)
+        else ()
+    )
+    for key, value in items:
+        found = _non_finite(value, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
 
 
 @dataclass

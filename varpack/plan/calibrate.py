@@ -70,7 +70,7 @@ def calibrate(
         out["memory_error_held_out"] = _errors(a * x[test] + b, peak[test])
         if capacity is not None:
             out["memory_capacity"] = capacity
-            out["bucket_size"] = int((capacity - b) // a)
+            out["bucket_size"] = bucket_size(capacity, a, b)
     if seconds is not None:
         assert flops is not None
         a, b = fit_line(flops[fit], seconds[fit], "step time")
@@ -78,3 +78,20 @@ def calibrate(
         out["time_error"] = _errors(a * flops[fit] + b, seconds[fit])
         out["time_error_held_out"] = _errors(a * flops[test] + b, seconds[test])
     return out
+
+
+def bucket_size(capacity: int, per_token: float, fixed: float) -> int:
+    """Tokens a rank holds within ``capacity`` bytes: ``(capacity - fixed) / per_token``, at
+    least one, and no more than a plan can hold (int32).
+
+    >>> bucket_size(10_000, 2.0, 1_000.0)
+    4500
+    """
+    room = (capacity - fixed) // per_token
+    if room < 1:
+        raise InputError(
+            f"calibrate: --memory-capacity {capacity:,} bytes leaves no room for a token (the fit "
+            f"gives {fixed:,.0f} bytes fixed + {per_token:,.4g} per token); give the bytes a rank "
+            "may use for activations, e.g. 80e9 for an 80 GB GPU"
+        )
+    return int(min(room, np.iinfo(np.int32).max))

@@ -99,7 +99,8 @@ class ContextOptions:
         if self.memory_per_token is None:
             return None
         assert self.memory_capacity is not None
-        return int((self.memory_capacity - (self.memory_fixed or 0.0)) // self.memory_per_token)
+        room = (self.memory_capacity - (self.memory_fixed or 0.0)) / self.memory_per_token
+        return int(max(min(room, 2**31 - 1), -1))  # a bucket beyond int32 holds any sample
 
     def time_model(self) -> tuple[float, float] | None:
         """``(a, b)`` of ``--cost time``, else None."""
@@ -128,7 +129,7 @@ class ContextOptions:
                 )
         if c is None:
             return cfg
-        budget = c * cfg.cp
+        budget = min(c * cfg.cp, 2**31 - 1)  # memory for more than a plan's int32 lengths
         if cfg.max_tokens is None and cfg.batching == "budget":
             return dataclasses.replace(cfg, max_tokens=budget)
         if cfg.max_tokens is not None and cfg.max_tokens > budget:
@@ -146,6 +147,11 @@ def _positive(cfg: Any) -> None:
     _number("comm_latency", cfg.comm_latency, zero_ok=True)
 
 
+#: The largest value a model coefficient may take: every product of one with the plan's FLOPs,
+#: tokens or steps stays finite (a plan.json never holds inf or NaN), and no real model needs more.
+LARGEST = 1e20
+
+
 def _number(name: str, value: Any, zero_ok: bool) -> None:
     if value is None:
         return
@@ -153,12 +159,15 @@ def _number(name: str, value: Any, zero_ok: bool) -> None:
     if (
         not ok
         or value != value
-        or value == float("inf")
+        or abs(value) > LARGEST
         or value < 0
         or (value == 0 and not zero_ok)
     ):
         need = ">= 0" if zero_ok else "> 0"
-        raise ConfigError(f"--{name.replace('_', '-')} {value!r}: must be a finite number {need}")
+        raise ConfigError(
+            f"--{name.replace('_', '-')} {value!r}: must be a finite number {need} and at most "
+            f"{LARGEST:g}"
+        )
 
 
 def _check_memory_model(cfg: Any) -> None:

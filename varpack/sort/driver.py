@@ -51,6 +51,7 @@ from varpack.atomic import (
 )
 from varpack.errors import Interrupted, VarpackError
 from varpack.metadata.contract import resolve_files
+from varpack.sort import exchange
 from varpack.sort import keys as keymod
 from varpack.sort.distribute import sort_rows
 from varpack.sort.ids import check_ids
@@ -160,7 +161,10 @@ def _prepare(
     """Phase 1: rank 0 checks the options and the output, resolves the input files and draws the
     temporary name; all ranks get the files and note the temporary path (to clean on failure)."""
 
+    job.out = out
+
     def prepare() -> tuple[list[str], str]:
+        exchange.max_message_bytes()  # a bad VARPACK_SORT_MAX_MESSAGE fails here, agreed
         if oversample < 1:
             raise VarpackError(f"--oversample must be >= 1 (got {oversample})")
         if job.rank != 0:

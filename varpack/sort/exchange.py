@@ -9,17 +9,18 @@ to exercise the rounds).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
+
+from varpack.env import env_int
 
 #: default per-pair bytes per round: well below 2**31 so 32-bit counts never overflow.
 MAX_BYTES = 1 << 30
 
 
 def max_message_bytes() -> int:
-    return int(os.environ.get("VARPACK_SORT_MAX_MESSAGE", MAX_BYTES))
+    return env_int("VARPACK_SORT_MAX_MESSAGE", MAX_BYTES, low=1)
 
 
 def _record_type(itemsize: int) -> Any:

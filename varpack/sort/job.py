@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from varpack.atomic import drop_temp, remove_parents
+from varpack.atomic import drop_temp, remove_parents, write_error
 from varpack.errors import VarpackError
 
 T = TypeVar("T")
@@ -45,6 +45,7 @@ class Job:
         self.quiet = quiet or self.rank != 0
         self.tmp: Path | None = None  # the shared temporary output (rank 0 owns its lock)
         self.made: list[Path] = []  # parent directories rank 0 created for the output
+        self.out: Path | None = None  # the output path, named by an environment failure
         self.t0 = self.t = time.perf_counter()
         if self.size > 1:
             comm.Barrier()  # every local rank has attached MPI's shared memory by now
@@ -57,6 +58,9 @@ class Job:
             result = fn()
         except VarpackError as exc:
             code, message, user = exc.exit_code, str(exc), True
+        except OSError as exc:  # the environment (disk full, read-only, permission): one line
+            err = write_error(self.out or exc.filename or "the output", exc)
+            code, message, user = err.exit_code, str(err), True
         except Exception:
             code, message = 1, traceback.format_exc().rstrip()
         codes = self.comm.allgather(code)

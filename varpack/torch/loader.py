@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ import pyarrow as pa
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from varpack.errors import ConfigError, InputError
+from varpack.env import env_int
+from varpack.errors import ConfigError, InputError, VarpackError
 from varpack.manifest.format import CARRY_PREFIX, Plan, load_plan
 from varpack.manifest.schema import FINGERPRINT_KEY
 from varpack.torch import cp as cp_mod
@@ -74,7 +76,7 @@ def resolve_rank(rank: int | None, world_size: int | None, dp: int) -> tuple[int
         if dist.is_available() and dist.is_initialized():
             rank, env_world = dist.get_rank(), dist.get_world_size()
         else:
-            rank, env_world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+            rank, env_world = env_int("RANK", 0), env_int("WORLD_SIZE", 1, low=1)
         world_size = env_world if world_size is None else world_size
     elif world_size is None:
         world_size = dp
@@ -213,14 +215,20 @@ class MicroBatches(Dataset[Any]):
     ) -> tuple[np.ndarray, np.ndarray]:
         return fetch_flat(self.dataset, ids, offsets, lens, self.split_len)
 
-    def __getitem__(self, index: tuple[int, int]) -> RawBatch:
+    def __getitem__(self, index: tuple[int, int]) -> RawBatch | Failed:
         epoch, i = index
         row = self.rows.row(i, epoch)
-        return collate_numpy(row, self.fetch, self.layout, self.pad_id, self.positions)
+        try:
+            return collate_numpy(row, self.fetch, self.layout, self.pad_id, self.positions)
+        except VarpackError as exc:  # sent back whole: a DataLoader worker would wrap it
+            return Failed(type(exc), str(exc))
 
     def batch(self, i: int, epoch: int = 0) -> PackedBatch | PaddedBatch | BlockBatch:
         """The collated batch of row ``i`` (in this process)."""
-        return self[(epoch, i)].to_batch()
+        raw = self[(epoch, i)]
+        if isinstance(raw, Failed):
+            raise raw.error()
+        return raw.to_batch()
 
 
 class _RowSampler(Sampler[tuple[int, int]]):
@@ -238,6 +246,19 @@ class _RowSampler(Sampler[tuple[int, int]]):
 
 def _identity(x: Any) -> Any:
     return x
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A user error met while reading a micro-batch, carried out of a DataLoader worker as data,
+    so that the trainer raises the error itself (one line) rather than the DataLoader's
+    multi-line "Caught InputError in DataLoader worker process" wrapper."""
+
+    kind: type[VarpackError]
+    message: str
+
+    def error(self) -> VarpackError:
+        return self.kind(self.message)
 
 
 class PlanLoader:
@@ -340,6 +361,8 @@ class PlanLoader:
             multiprocessing_context=self.multiprocessing_context if self.num_workers else None,
         )
         for raw in loader:
+            if isinstance(raw, Failed):
+                raise raw.error()
             batch = raw.to_batch()
             if self.cp_rows is not None:
                 assert isinstance(batch, PackedBatch)
