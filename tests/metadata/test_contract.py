@@ -266,7 +266,10 @@ BAD_INPUTS: dict[str, tuple[Case, str]] = {
     "zero seq_len": (_zero_len, r"m\.parquet: row 1 \(sample_id 5\): non-positive seq_len"),
     "negative seq_len": (_negative_len, r"m\.parquet: row 3 \(sample_id 7\): non-positive seq_len"),
     "negative id": (_negative_id, r"m\.parquet: row 1 \(sample_id -1\): negative sample_id"),
-    "uint64 id too big": (_huge_uint_id, r"m\.parquet: row 1: sample_id value [0-9,]+ does not fit int64"),
+    "uint64 id too big": (
+        _huge_uint_id,
+        r"m\.parquet: row 1: sample_id value [0-9,]+ does not fit int64",
+    ),
     "duplicate in shard": (
         _dup_in_shard,
         r"duplicate sample_id 5 in \S*m\.parquet row 1 and \S*m\.parquet row 3",
