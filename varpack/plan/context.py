@@ -99,8 +99,8 @@ class ContextOptions:
         if self.memory_per_token is None:
             return None
         assert self.memory_capacity is not None
-        room = (self.memory_capacity - (self.memory_fixed or 0.0)) / self.memory_per_token
-        return int(max(min(room, 2**31 - 1), -1))  # a bucket beyond int32 holds any sample
+        room = (self.memory_capacity - (self.memory_fixed or 0.0)) // self.memory_per_token
+        return int(min(room, 2**31 - 1))  # a bucket beyond int32 holds any sample
 
     def time_model(self) -> tuple[float, float] | None:
         """``(a, b)`` of ``--cost time``, else None."""
