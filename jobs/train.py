@@ -47,8 +47,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from varpack.env import env_int
-from varpack.errors import ConfigError, InputError, VarpackError
+from varpack.errors import ConfigError, InputError, VarpackError, env_int
 from varpack.torch import (
     GroupTally,
     ParquetTokenDataset,
@@ -68,8 +67,8 @@ from varpack.torch.checkpoint import check_run, load_checkpoint, save_checkpoint
 from varpack.torch.model import PRESETS, TinyGPT, model_inputs, param_count_str
 
 
-def _count(low: int) -> Any:
-    """An argparse type: an integer of at least ``low`` (0 steps or -1 workers mean nothing)."""
+def _count(low: int, high: int | None = None) -> Any:
+    """An argparse type: an integer in ``[low, high]`` (0 steps or -1 workers mean nothing)."""
 
     def parse(text: str) -> int:
         try:
@@ -78,6 +77,8 @@ def _count(low: int) -> Any:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{value} is above {high}")
         return value
 
     return parse
@@ -149,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also log the mean loss per value of this carried column (varpack plan --carry COL)",
     )
     p.add_argument("--record", action="store_true", help="write OUT/record-rank-R.json (ids seen)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_count(0, 2**64 - 1), default=0, help="torch's seed (0..2^64-1)")
     p.add_argument(
         "--cp",
         type=_count(1),
@@ -381,16 +382,8 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in ("preset", "vocab_size", "dtype")}
 
 
-def checkpoint(
-    rank: int,
-    path: Path,
-    model: torch.nn.Module,
-    opt: Any,
-    lr: Any,
-    loader: PlanLoader,
-    steps: int,
-    run: dict[str, Any],
-) -> None:
+def checkpoint(rank: int, path: Path, model: torch.nn.Module, opt: Any, lr: Any,
+               loader: PlanLoader, steps: int, run: dict[str, Any]) -> None:  # fmt: skip
     if rank == 0:  # the loader cursor is rank-independent, so one copy serves every rank
         state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "lr": lr.state_dict(),
                  "loader": loader.state_dict(), "steps_done": steps, "run": run}  # fmt: skip

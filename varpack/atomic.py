@@ -109,13 +109,25 @@ def own_files(path: str | os.PathLike[str]) -> set[str] | None:
 
 
 def foreign_files(path: str | os.PathLike[str]) -> list[str]:
-    """Files inside varpack's output directory that varpack did not write (sorted)."""
+    """Entries inside varpack's output directory that varpack did not write (sorted): files,
+    links (never followed) and empty directories (``name/``)."""
     own = own_files(path)
     if own is None:
         return []
     root = Path(path)
-    found = (str(f.relative_to(root)) for f in root.rglob("*") if not f.is_dir())
-    return sorted(f for f in found if f not in own)
+    holders = {str(d) for f in own for d in Path(f).parents}  # the directories of own files
+    found = []
+    for where, dirs, files in os.walk(root):  # a link to a directory is listed, not entered
+        rel = Path(where).relative_to(root)
+        for name in dirs + files:
+            entry, full = str(rel / name), Path(where) / name
+            if entry in own or (entry in holders and not full.is_symlink()):
+                continue
+            if name in files or full.is_symlink():
+                found.append(entry)
+            elif not any(full.iterdir()):  # a non-empty one is named by what it holds
+                found.append(entry + "/")
+    return sorted(found)
 
 
 def check_output(

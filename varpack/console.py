@@ -25,7 +25,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from varpack.env import env_float
+from varpack.errors import env_float
 
 err = Console(stderr=True, highlight=False)
 

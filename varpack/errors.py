@@ -6,10 +6,16 @@ or output paths; 1 for an environment failure such as a full disk). Anything els
 keeps its traceback. Messages say what is wrong, where (file, row, sample id, option) and what to
 do. :class:`Interrupted` is raised by varpack's signal handlers (SIGTERM, SIGINT, SIGHUP) so that
 every ``finally`` and cleanup runs; the CLI reports it in one line and exits ``128 + signal``.
+
+:func:`env_int` and :func:`env_float` read the numbers varpack takes from the environment
+(``VARPACK_*``, torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``): a bad value is a
+:class:`ConfigError` naming the variable, never a traceback.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import signal
 
 
@@ -52,3 +58,48 @@ class Interrupted(BaseException):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+def env_int(name: str, default: int, low: int = 0) -> int:
+    """The integer in environment variable ``name`` (``default`` when unset or empty), at least
+    ``low``; anything else is a :class:`ConfigError` naming the variable.
+
+    >>> os.environ["VARPACK_DOCTEST"] = "abc"
+    >>> env_int("VARPACK_DOCTEST", 3)
+    Traceback (most recent call last):
+    varpack.errors.ConfigError: environment variable VARPACK_DOCTEST='abc' is not an integer; unset it or give an integer >= 0
+    >>> del os.environ["VARPACK_DOCTEST"]
+    >>> env_int("VARPACK_DOCTEST", 3)
+    3
+    """
+    text = os.environ.get(name, "")
+    if not text.strip():
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        what = "is not an integer" if value is None else f"is below {low}"
+        raise ConfigError(
+            f"environment variable {name}={text!r} {what}; unset it or give an integer >= {low}"
+        )
+    return value
+
+
+def env_float(name: str, default: float, low: float = 0.0) -> float:
+    """The finite number in environment variable ``name`` (``default`` when unset or empty), at
+    least ``low``; anything else is a :class:`ConfigError` naming the variable."""
+    text = os.environ.get(name, "")
+    if not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= low):
+        raise ConfigError(
+            f"environment variable {name}={text!r} is not a finite number >= {low:g}; unset it "
+            "or give one"
+        )
+    return value

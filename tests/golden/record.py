@@ -79,10 +79,10 @@ PLANS: dict[str, list[str]] = {
                        "--warmup", "reorder", "--cost", "flops", "--model-preset", "llama-3-8b"],
 }  # fmt: skip
 
-# byte checksums, paths, per-rank timing/balance; plan_fingerprint hashes the rank files
-# sha256 (bytes that a pyarrow release may change), while the config and input it covers are
-# hashed here on their own
-_VOLATILE = {"sha256", "source", "balance", "plan_fingerprint"}
+# byte checksums, paths, per-rank timing/balance; plan_fingerprint and the checksums of plan.json
+# and _index.json hash the rank files' sha256 (bytes that a pyarrow release may change), while
+# what they cover is hashed here on its own
+_VOLATILE = {"sha256", "source", "balance", "plan_fingerprint", "checksum"}
 
 
 def _scrub(value: Any) -> Any:

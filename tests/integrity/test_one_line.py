@@ -83,6 +83,31 @@ def test_a_bad_environment_variable_is_one_line(
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("VARPACK_PROGRESS_INTERVAL", "abc"),
+        ("VARPACK_PROGRESS_INTERVAL", "-1"),
+        ("VARPACK_PROGRESS_INTERVAL", "nan"),
+        ("VARPACK_SORT_MAX_MESSAGE", "1e9"),
+    ],
+)
+@pytest.mark.parametrize("command", ["plan", "validate", "calibrate"])
+def test_every_command_refuses_a_bad_varpack_variable(
+    tmp_path: Path, meta: Path, monkeypatch, name: str, value: str, command: str
+) -> None:  # type: ignore[no-untyped-def]
+    # read before any work, whether or not the command uses it: never ignored, never a traceback
+    args = {
+        "plan": [meta, tmp_path / "p", "--max-tokens", 2048],
+        "validate": [tmp_path / "p"],
+        "calibrate": [tmp_path / "steps.csv", tmp_path / "c.json"],
+    }[command]
+    monkeypatch.setenv(name, value)
+    line = _one_line(cli(command, *args, expect=2).stderr)
+    assert f"environment variable {name}='{value}'" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta"]
+
+
 def test_bad_rank_variables_in_the_reader(tmp_path: Path, meta: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("torch")
     from varpack.torch import PlanLoader
@@ -140,6 +165,14 @@ def test_every_plan_json_is_strict_json(tmp_path: Path, meta: Path) -> None:
     text = (tmp_path / "p" / "plan.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"plan.json holds {c}"))
     cli("validate", tmp_path / "p")
+
+
+def test_a_link_too_slow_to_price_is_refused(tmp_path: Path, meta: Path) -> None:
+    args = ["--cp", 2, "--dp", 2, "--bucket-size", 4096, "--cost", "time", "--model-preset",
+            "qwen2.5-0.5b", "--time-per-flop", "1e-12", "--comm-bytes-per-s", "1e-300"]  # fmt: skip
+    result = cli("plan", meta, tmp_path / "p", *args, expect=2)
+    assert "--comm-bytes-per-s 1e-300: must be at least 1" in _one_line(result.stderr)
+    assert "Warning" not in result.stderr and not (tmp_path / "p").exists()
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,7 @@
-"""``--overwrite`` replaces only what varpack wrote: an output holding a file the user put there
-(notes, a checkpoint, a sub-directory) is refused, naming the file, and left as it was."""
+"""``--overwrite`` replaces only what varpack wrote: an output holding anything the user put
+there (notes, a checkpoint, a sub-directory, an empty directory, a link) is refused, naming it,
+and left as it was; a single-file output (a calibration, a ``--single-file`` sort, a token copy, a
+``--plot`` figure) is replaced only if varpack wrote it."""
 
 from __future__ import annotations
 
@@ -105,3 +107,68 @@ def test_a_marker_from_before_markers_listed_files_still_overwrites(
     assert own_files(out) is None
     _make("synth", inputs, out, "--overwrite")
     assert own_files(out) is not None
+
+
+@pytest.mark.parametrize("kind", ["synth", "plan"])
+def test_empty_directories_and_links_the_user_added_are_kept(
+    tmp_path: Path, inputs: Path, kind: str
+) -> None:
+    out = tmp_path / "out"
+    _make(kind, inputs, out)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "kept.txt").write_text("x")
+    (out / "runs").mkdir()  # empty, for a trainer's checkpoints later
+    (out / "data").symlink_to(target, target_is_directory=True)
+    (out / "gone").symlink_to(tmp_path / "nothing")  # dangling
+    assert foreign_files(out) == ["data", "gone", "runs/"]
+    line = cli(*_args_again(kind, inputs, out), "--overwrite", expect=2).stderr.strip()
+    assert "holds files varpack did not write (data, gone, runs/)" in line
+    assert (out / "runs").is_dir() and (out / "data").is_symlink() and (out / "gone").is_symlink()
+    assert (target / "kept.txt").exists()
+
+
+def test_a_figure_is_replaced_only_if_varpack_drew_it(tmp_path: Path, inputs: Path) -> None:
+    pytest.importorskip("matplotlib")
+    plan = tmp_path / "plan"
+    _make("plan", inputs, plan)
+    for suffix in ("png", "svg", "pdf"):
+        figure = tmp_path / f"fig.{suffix}"
+        cli("inspect", plan, "--plot", figure)
+        cli("inspect", plan, "--plot", figure, "--overwrite")  # varpack's own: replaced
+        figure.write_bytes(b"the user's figure")
+        line = cli("inspect", plan, "--plot", figure, "--overwrite", expect=2).stderr.strip()
+        assert "not an output varpack wrote" in line and "\n" not in line
+        assert figure.read_bytes() == b"the user's figure"
+
+
+@pytest.mark.parametrize("kind", ["calibrate", "sort --single-file", "lengths --arrow-copy"])
+def test_a_single_file_output_is_replaced_only_if_varpack_wrote_it(
+    tmp_path: Path, inputs: Path, kind: str
+) -> None:
+    target = tmp_path / "out.bin"
+    csv = tmp_path / "steps.csv"
+    csv.write_text("tokens,peak_memory\n1000,5000\n2000,9000\n")
+    args: list[object] = {
+        "calibrate": ["calibrate", csv, target],
+        "sort --single-file": ["sort", inputs / "meta", target, "--single-file", "-q"],
+        "lengths --arrow-copy": [
+            "lengths",
+            inputs / "tok.parquet",
+            tmp_path / "meta",
+            "--arrow-copy",
+            target,
+            "-q",
+        ],
+    }[kind]
+    cli(*args)
+    if kind.startswith("lengths"):
+        (tmp_path / "meta" / "notes.txt").write_text("mine")  # the metadata beside it is kept
+        line = cli(*args, "--overwrite", expect=2).stderr.strip()
+        assert "(notes.txt)" in line and (tmp_path / "meta" / "notes.txt").exists()
+        (tmp_path / "meta" / "notes.txt").unlink()
+    cli(*args, "--overwrite")  # varpack's own: replaced
+    target.write_bytes(b"the user's file")
+    line = cli(*args, "--overwrite", expect=2).stderr.strip()
+    assert "not an output varpack wrote" in line and "\n" not in line
+    assert target.read_bytes() == b"the user's file"

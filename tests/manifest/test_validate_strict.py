@@ -23,7 +23,12 @@ from testkit import cli, write_metadata
 
 from varpack.errors import InputError
 from varpack.manifest.format import PLAN_JSON, _write_table, rank_file, sha256_file
-from varpack.manifest.schema import FINGERPRINT_KEY, plan_fingerprint
+from varpack.manifest.schema import (
+    CHECKSUM_KEY,
+    FINGERPRINT_KEY,
+    plan_checksum,
+    plan_fingerprint,
+)
 
 OPTIONS = ["--max-tokens", 512, "--dp", 2, "--grad-accum", 2, "--order", "shuffle", "--seed", 1]
 OPTIONS += ["--shuffle-window", 4]
@@ -178,6 +183,7 @@ def test_replay_catches_an_edit_the_fingerprint_cannot(plan: Path, meta: Path) -
     def forge(doc: dict[str, Any]) -> None:  # edited config, fingerprint recomputed to fit
         doc["config"]["compose"] = "tokens"  # no stat depends on it (a new seed moves samples)
         doc[FINGERPRINT_KEY] = plan_fingerprint(doc)
+        doc[CHECKSUM_KEY] = plan_checksum(doc)
 
     _edit(plan, forge)
     assert cli("validate", plan).exit_code == 0  # consistent as far as the plan itself tells
@@ -201,7 +207,11 @@ def test_replay_passes_on_an_untouched_plan(plan: Path, meta: Path) -> None:
 
 
 def test_plan_without_fingerprint_needs_replay(plan: Path, meta: Path) -> None:
-    _edit(plan, lambda d: d.pop(FINGERPRINT_KEY))
+    def without(doc: dict[str, Any]) -> None:  # as if written without one (checksum resealed)
+        doc.pop(FINGERPRINT_KEY)
+        doc[CHECKSUM_KEY] = plan_checksum(doc)
+
+    _edit(plan, without)
     assert f"plan.json has no {FINGERPRINT_KEY}" in _violations(plan)
     cli("validate", plan, "--metadata", meta, "--replay")
     assert "--replay needs --metadata" in _one_line(cli("validate", plan, "--replay", expect=2))
@@ -250,12 +260,17 @@ def test_plot_refuses_the_plan_and_its_input(tmp_path: Path, plan: Path, where: 
 
 def test_plot_over_an_existing_file_needs_overwrite(tmp_path: Path, plan: Path) -> None:
     png = tmp_path / "plot.png"
-    png.write_bytes(b"mine")
+    cli("inspect", plan, "--plot", png)
+    drawn = png.read_bytes()
     assert "pass --overwrite" in _one_line(cli("inspect", plan, "--plot", png, expect=2))
-    assert png.read_bytes() == b"mine"
+    assert png.read_bytes() == drawn
+    png.write_bytes(b"x" + drawn[1:])  # an earlier figure, changed: still varpack's
     cli("inspect", plan, "--plot", png, "--overwrite")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.parquet", "plan", "plot.png"]
+    png.write_bytes(b"mine")  # a file varpack did not draw is never replaced
+    line = _one_line(cli("inspect", plan, "--plot", png, "--overwrite", expect=2))
+    assert "not an output varpack wrote" in line and png.read_bytes() == b"mine"
 
 
 def test_plot_is_written_atomically(tmp_path: Path, plan: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -213,7 +214,7 @@ def test_single_file_header_and_reader(tmp_path):
     rec = np.zeros(3, dtype=dtype)
     rec["sample_id"], rec["seq_len"], rec["s"] = [3, 1, 2], [2, 3, 4], [0.5, 0.25, -1.0]
     path = tmp_path / "x.bin"
-    header = bin_header(meta, 3)
+    header = bin_header(meta, 3, hashlib.sha256(rec.tobytes()).hexdigest())
     assert len(header) == HEADER_BYTES and header.startswith(b"VPSORTED")
     path.write_bytes(header + rec.tobytes())
     got = read_single_file(path)

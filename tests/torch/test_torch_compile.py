@@ -14,6 +14,7 @@ import torch._dynamo  # noqa: E402
 from plan_helpers import make_plan  # noqa: E402
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 
+from varpack.manifest.schema import CHECKSUM_KEY, plan_checksum  # noqa: E402
 from varpack.torch import (
     PlanLoader,
     compile_warmup,
@@ -48,6 +49,7 @@ def test_shapes_from_manifest_and_plan_json(plan_and_data) -> None:
     # A per-rank record in plan.json is used when it agrees with the manifest.
     doc = json.loads((plan / "plan.json").read_text())
     doc["shapes"] = [[list(s) for s in reversed(derived)]]
+    doc[CHECKSUM_KEY] = plan_checksum(doc)  # sealed as varpack plan would
     (plan / "plan.json").write_text(json.dumps(doc))
     assert rank_shapes(plan, 0) == list(reversed(derived))
 

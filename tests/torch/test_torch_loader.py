@@ -14,6 +14,7 @@ from plan_helpers import make_plan, random_lengths, write_tokens  # noqa: E402
 
 from varpack.errors import ConfigError, InputError  # noqa: E402
 from varpack.torch import PackedBatch, PaddedBatch, ParquetTokenDataset, PlanLoader, rank_shapes  # noqa: E402
+from varpack.torch.state import seal  # noqa: E402
 
 
 @pytest.fixture
@@ -197,6 +198,6 @@ def test_damaged_state_is_refused(setup, key, value) -> None:
     state = {**loader.state_dict(), key: value}
     with pytest.raises(InputError, match=f"loader state {key} .*must be an integer in"):
         loader.load_state_dict(state)
-    done = {**loader.state_dict(), "step": loader.num_steps, "micro": 0}  # the pass finished
+    done = seal({**loader.state_dict(), "step": loader.num_steps, "micro": 0})  # the pass finished
     loader.load_state_dict(done)
     assert next(iter(loader)).epoch == 1  # the next pass starts

@@ -6,7 +6,8 @@ in torch or MPI unless it runs. Every failure the user can cause or fix is one l
 ``varpack: error: <what, where; what to do>``, never a traceback: a usage error (bad flag or
 value) exits 2 with "see --help"; a :class:`~varpack.errors.VarpackError` exits with its code (2
 for bad input, options or output paths, 1 for a failing environment such as a full disk); an
-``OSError`` naming a path exits 1; SIGTERM, SIGINT and SIGHUP remove the partial output and exit
+``OSError`` naming a path exits 1; a bad ``VARPACK_*`` environment variable exits 2 before any
+work; SIGTERM, SIGINT and SIGHUP remove the partial output and exit
 ``128 + signal`` (143, 130, 129).
 """
 
@@ -47,6 +48,14 @@ class LazyGroup(click.Group):
         assert isinstance(command, click.Command)
         return command
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and not {"-h", "--help"} & set(rest):  # help needs no settings
+            check_environment()
+        return name, command, rest
+
     def invoke(self, ctx: click.Context) -> Any:
         from varpack.atomic import interruptible
 
@@ -73,6 +82,16 @@ class LazyGroup(click.Group):
             fail("interrupted", 130)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
+
+
+def check_environment() -> None:
+    """Read every ``VARPACK_*`` setting before any work, so that a bad one stops every command
+    in one line, not only the commands that happen to use it."""
+    from varpack.console import log_interval
+    from varpack.sort.exchange import max_message_bytes
+
+    log_interval()
+    max_message_bytes()
 
 
 def usage_error(exc: click.UsageError) -> None:

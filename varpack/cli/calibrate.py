@@ -117,8 +117,13 @@ def calibrate(csv_path: Path, out: Path, model_preset: str | None, hidden: int |
     result: dict[str, Any] = {"varpack_calibration": 1, "source": str(csv_path)}
     result.update(fit(cols["tokens"], cols.get("peak_memory"), seconds, flops,
                       memory_capacity, holdout))  # fmt: skip
+    try:  # strict JSON: a figure that overflowed is refused, not written as NaN or Infinity
+        text = json.dumps(result, indent=2, allow_nan=False) + "\n"
+    except ValueError:
+        raise InputError(f"{csv_path}: the fit's figures overflow (not finite); give memory in "
+                         "bytes and time in seconds, at realistic sizes") from None  # fmt: skip
     with atomic_file(out, overwrite, [csv_path], owned=_is_calibration) as tmp:
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        tmp.write_text(text)
     click.echo(_summary(out, result))
 
 

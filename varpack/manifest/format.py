@@ -3,10 +3,11 @@
 This module is the contract between ``varpack plan`` and every reader (``inspect``, ``validate``,
 :mod:`varpack.torch`). Writing is atomic: the whole directory appears at once, and ``plan.json``,
 which carries the checksums of the rank files and the plan fingerprint over config, input and
-checksums (:func:`varpack.manifest.schema.plan_fingerprint`), is written last. Reading refuses,
-in one line each, a plan whose format, version, keys and their types
-(:mod:`varpack.manifest.schema`), fingerprint or checksums do not match, a rank file that is not a
-plain file inside the plan directory (:mod:`varpack.manifest.rankfiles`), and an unreadable one.
+checksums (:func:`varpack.manifest.schema.plan_fingerprint`) and its own checksum over all of
+it, is written last. Reading refuses, in one line each, a plan whose format, version, keys and
+their types (:mod:`varpack.manifest.schema`), fingerprint or checksums do not match, a rank file
+that is not a plain file inside the plan directory (:mod:`varpack.manifest.rankfiles`), and an
+unreadable one. Plans of every version from :data:`OLDEST` on are read (docs/plan-format.md).
 """
 
 from __future__ import annotations
@@ -28,14 +29,21 @@ from varpack.errors import ConfigError, InputError
 from varpack.fingerprint import sha256_file
 from varpack.manifest.rankfiles import file_problem, name_problem, undeclared
 from varpack.manifest.schema import (
+    CHECKSUM_KEY,
     FINGERPRINT_KEY,
+    checksum_problem,
     fingerprint_problem,
     meta_problems,
+    plan_checksum,
     plan_fingerprint,
 )
 
 FORMAT = "varpack.plan"
-VERSION = 1
+#: the format version this varpack writes; it reads every version from OLDEST on (keys a later
+#: version added: :data:`varpack.manifest.schema.ADDED`). 2: config.balance_fill, and the stats
+#: time_vs_ideal_bound and fill_given_up.
+VERSION = 2
+OLDEST = 1
 PLAN_JSON = "plan.json"
 
 #: Columns every manifest has, in this order (names and types are the contract).
@@ -177,7 +185,10 @@ def write_plan(
             for rank, entry in enumerate(entries)
         ]
         doc = {"format": FORMAT, "version": VERSION, **meta, "ranks": ranks}
+        doc.pop(CHECKSUM_KEY, None)  # a meta taken from another plan: its checksum goes last
         doc[FINGERPRINT_KEY] = plan_fingerprint(doc)
+        text = _dump(doc)  # strict JSON first: the checksum is over what plan.json holds
+        doc[CHECKSUM_KEY] = plan_checksum(json.loads(text))
         (tmp / PLAN_JSON).write_text(_dump(doc))
     return Path(out)
 
@@ -308,10 +319,16 @@ def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise InputError(f"{doc_path}: not a JSON object; not a varpack plan")
     if meta.get("format") != FORMAT:
         raise InputError(f"{doc_path}: format {meta.get('format')!r} is not {FORMAT!r}")
-    if meta.get("version") != VERSION:
+    version = meta.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < OLDEST:
         raise InputError(
-            f"{doc_path}: plan version {meta.get('version')!r}, this varpack reads version {VERSION}; "
-            "re-run varpack plan with this version"
+            f"{doc_path}: plan version {version!r} is not one this varpack reads ({OLDEST} to "
+            f"{VERSION}); re-run varpack plan"
+        )
+    if version > VERSION:
+        raise InputError(
+            f"{doc_path}: plan version {version} was written by a newer varpack (this one reads "
+            f"{OLDEST} to {VERSION}); upgrade varpack, or re-run varpack plan with this one"
         )
     return meta
 
@@ -345,7 +362,7 @@ def load_plan(path: str | os.PathLike[str], verify: bool = False, full: bool = F
             raise InputError(extra[0])
     # from plan.json alone, so cheap enough for every reader; after the files, so that a changed
     # manifest is named as such, and with verified files the config is the culprit
-    mismatch = fingerprint_problem(meta, manifests_ok=verify)
+    mismatch = fingerprint_problem(meta, manifests_ok=verify) or checksum_problem(meta)
     if mismatch is not None:
         raise InputError(f"{where}: {mismatch}")
     return plan

@@ -7,8 +7,9 @@ scores micro-batches with the plan's own cost model (:func:`varpack.plan.kernels
 (the ``plot`` extra).
 
 The figure is an output like any other (:mod:`varpack.atomic`): it must stay apart from the plan
-and the plan's input, replaces an existing file only with ``--overwrite``, and is written under a
-temporary name then renamed, so an interrupted plot leaves no half-written image.
+and the plan's input, replaces an existing file only with ``--overwrite`` and only if it is a
+figure varpack drew (:data:`CREATOR` in its metadata), and is written under a temporary name then
+renamed, so an interrupted plot leaves no half-written image.
 """
 
 from __future__ import annotations
@@ -55,9 +56,25 @@ def _plot_inputs(path: str | os.PathLike[str]) -> list[Path]:
     return inputs
 
 
+#: the creator every figure names in its metadata (PNG text, SVG and PDF creator): how
+#: ``--overwrite`` knows a figure varpack drew
+CREATOR = "varpack inspect --plot"
+_LOOK = 1 << 20  # bytes read at each end of a file to find it (PDF keeps it near the end)
+
+
 def _replaceable(out: Path) -> bool:
-    """``--overwrite`` replaces a plain file (an earlier figure), never a directory or a link."""
-    return out.is_file() and not out.is_symlink()
+    """``--overwrite`` replaces a figure varpack drew (a plain file naming :data:`CREATOR`),
+    never another file, a directory or a link."""
+    if not out.is_file() or out.is_symlink():
+        return False
+    try:
+        with open(out, "rb") as fh:
+            head = fh.read(_LOOK)
+            fh.seek(max(0, out.stat().st_size - _LOOK))
+            tail = fh.read(_LOOK)
+    except OSError:
+        return False
+    return CREATOR.encode() in head or CREATOR.encode() in tail
 
 
 def check_plot_output(
@@ -148,7 +165,8 @@ def plot(
     fig.tight_layout()
     try:
         with atomic_file(out, overwrite, _plot_inputs(path), owned=_replaceable) as tmp:
-            fig.savefig(tmp, dpi=100, format=fmt)  # the temporary name has no image suffix
+            # the temporary name has no image suffix
+            fig.savefig(tmp, dpi=100, format=fmt, metadata={"Creator": CREATOR})
     finally:
         plt.close(fig)
 

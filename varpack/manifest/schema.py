@@ -8,9 +8,18 @@ reader needs (layout, step count, the rank entries, the plan fingerprint), :data
 samples, stats). The config's option types come from :class:`varpack.plan.config.PlanConfig`
 itself, so a new option is checked without touching this module.
 
+Plans outlive versions: :data:`ADDED` names each key that a plan.json version introduced, with
+that version. A plan of an earlier version is read and validated without them (its config
+resolves such an option to its default, which only ``--replay`` would use, and ``--replay``
+refuses older plans), so every new key must be recorded there together with a new
+:data:`varpack.manifest.format.VERSION`.
+
 The plan fingerprint (:func:`plan_fingerprint`) is a sha256 over the config, the input's identity
 and each rank file's name, rows and sha256: ``varpack plan`` records it, and a reader recomputes
 it from plan.json alone, so a config edited after planning is caught without reading any rows.
+From version 2, ``checksum`` (:func:`plan_checksum`) is a sha256 over every other key of
+plan.json (the input's path aside): a flipped bit or an edit anywhere in it (a figure, the step count) is caught by every
+reader, not only by what ``validate`` recomputes.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import cache
 from typing import Any
 
 from varpack.errors import VarpackError
@@ -30,6 +40,16 @@ from varpack.plan.context import OPTIONAL_KEYS
 
 #: plan.json's key for the fingerprint of config + input + manifests
 FINGERPRINT_KEY = "plan_fingerprint"
+#: plan.json's key for the sha256 over all its other keys (version 2 on)
+CHECKSUM_KEY = "checksum"
+#: keys plan.json gained after version 1 (``section.key``), with the version that added them: a
+#: plan of an earlier version lacks them, and its readers and ``validate`` do without
+ADDED = {
+    "config.balance_fill": 2,
+    "stats.time_vs_ideal_bound": 2,
+    "stats.fill_given_up": 2,
+    CHECKSUM_KEY: 2,
+}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -134,8 +154,19 @@ def obj(what: str, required: dict[str, Spec], optional: dict[str, Spec] | None =
     return Spec(what, lambda v: isinstance(v, dict), parts)
 
 
-def _config_spec() -> Spec:
-    """Every PlanConfig option with its type (plan.json holds the fully resolved config)."""
+def absent(meta: dict[str, Any], section: str = "") -> set[str]:
+    """Keys of ``section`` (``config``, ``stats``; ``""``: the top level) that a plan of
+    ``meta``'s version may lack: those a later version added."""
+    version = meta.get("version")
+    version = version if isinstance(version, int) else 0
+    names = (key.rpartition(".") for key, added in ADDED.items() if added > version)
+    return {name for where, _, name in names if where == section}
+
+
+@cache
+def _config_spec(version: int = 1 << 30) -> Spec:
+    """Every PlanConfig option with its type (plan.json holds the fully resolved config); the
+    options a version after ``version`` added are optional."""
     hints = typing.get_type_hints(PlanConfig)
     simple = {int: integer(), float: NUMBER, str: STRING}
     keys: dict[str, Spec] = {}
@@ -147,8 +178,9 @@ def _config_spec() -> Spec:
         else:
             keys[f.name] = simple[hint]
     # long-context options appear only where used (plan.json keeps the bytes of other plans)
-    optional = {k: v for k, v in keys.items() if k in OPTIONAL_KEYS}
-    required = {k: v for k, v in keys.items() if k not in OPTIONAL_KEYS}
+    later = absent({"version": version}, "config")
+    optional = {k: v for k, v in keys.items() if k in OPTIONAL_KEYS or k in later}
+    required = {k: v for k, v in keys.items() if k not in optional}
     return obj("an object of plan options", required, optional)
 
 
@@ -176,7 +208,7 @@ _CARRY = obj(
     },
 )
 #: keys a plan has only where a feature uses them
-OPTIONAL = {FINGERPRINT_KEY: SHA256, "carry": _CARRY}
+OPTIONAL = {FINGERPRINT_KEY: SHA256, "carry": _CARRY, "checksum": SHA256}
 #: what every reader needs (the torch reader, inspect, validate)
 CORE = {
     "layout": obj(
@@ -233,7 +265,7 @@ _STATS = obj(
 #: what inspect shows and validate recomputes, on top of CORE
 FULL = {
     **CORE,
-    "config": _config_spec(),
+    "config": _config_spec(),  # a plan of an earlier version: _full(version)
     "input": obj(
         "an object {num_samples, total_tokens, fingerprint, source}",
         {
@@ -259,11 +291,19 @@ FULL = {
 }
 
 
+def _full(meta: Any) -> dict[str, Spec]:
+    """:data:`FULL` for the plan's version (an earlier one lacks the options added since)."""
+    version = meta.get("version") if isinstance(meta, dict) else None
+    if not isinstance(version, int):
+        return FULL
+    return {**FULL, "config": _config_spec(version)}
+
+
 def meta_problems(meta: Any, full: bool = False) -> list[str]:
     """Every problem of plan.json's content against :data:`CORE` (``full``: :data:`FULL`), one
     line each; then the cross-key rules (dp rank entries numbered 0..dp-1, a valid config)."""
     out: list[str] = []
-    check(obj("an object", FULL if full else CORE, OPTIONAL), meta, "", out)
+    check(obj("an object", _full(meta) if full else CORE, OPTIONAL), meta, "", out)
     if out:
         return out
     if len(meta["ranks"]) != meta["layout"]["dp"]:
@@ -320,3 +360,29 @@ def fingerprint_problem(meta: dict[str, Any], manifests_ok: bool = True) -> str 
         f"plan.json {FINGERPRINT_KEY} does not match its content; {what}. Restore plan.json, or "
         "re-run varpack plan with the options you want"
     )
+
+
+def plan_checksum(meta: dict[str, Any]) -> str:
+    """sha256 over a canonical JSON of every key of plan.json but the checksum itself and the
+    input's path as given (``input.source``: plans of one input differ only there)."""
+    body = {k: v for k, v in meta.items() if k != CHECKSUM_KEY}
+    if isinstance(body.get("input"), dict):
+        body["input"] = {k: v for k, v in body["input"].items() if k != "source"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def checksum_problem(meta: dict[str, Any]) -> str | None:
+    """Why plan.json's checksum does not fit its content (``None``: it does, or the plan is of
+    a version before checksums and holds none)."""
+    recorded = meta.get(CHECKSUM_KEY)
+    if recorded is None and CHECKSUM_KEY in absent(meta):
+        return None
+    if recorded is None:
+        return f"plan.json has no {CHECKSUM_KEY}; restore plan.json, or re-run varpack plan"
+    if recorded != plan_checksum(meta):
+        return (
+            f"plan.json {CHECKSUM_KEY} does not match its content: plan.json was changed after "
+            "planning (by hand, or damaged on disk); restore it, or re-run varpack plan"
+        )
+    return None

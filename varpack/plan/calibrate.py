@@ -9,18 +9,22 @@ memory in bytes, and the step time in seconds. Least squares gives
   tokens under the model dimensions): ``--cost time --time-per-flop a --time-fixed b``.
 
 A fit with a negative intercept is refitted through the origin (the options are >= 0); a
-non-positive slope is an error (the rows do not grow with the work). ``holdout`` keeps every
-k-th row out of the fit and reports the error of the prediction on those rows, the figure that
-says how far to trust the model.
+non-positive slope is an error (the rows do not grow with the work), and so is a coefficient a
+plan would refuse (beyond :data:`~varpack.plan.context.LARGEST`: check the CSV's units); the
+bucket size is at least one token and at most int32. ``holdout`` keeps every k-th row out of the
+fit and reports the error of the prediction on those rows, the figure that says how far to trust
+the model.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
 from varpack.errors import InputError
+from varpack.plan.context import LARGEST
 
 
 def fit_line(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, float]:
@@ -31,19 +35,27 @@ def fit_line(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, float]:
     """
     if len(x) < 2 or np.ptp(x) == 0:
         raise InputError(f"calibrate: {what} needs rows with at least two different sizes")
-    slope, icpt = np.polyfit(x, y, 1)
-    if icpt < 0:  # through the origin
-        slope, icpt = float(np.dot(x, y) / np.dot(x, x)), 0.0
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a fit gone wrong is judged below, not warned about
+        slope, icpt = np.polyfit(x, y, 1)
+        if icpt < 0:  # through the origin
+            slope, icpt = float(np.dot(x, y) / np.dot(x, x)), 0.0
     if not slope > 0:
         raise InputError(
             f"calibrate: {what} does not grow with the work (fitted slope {slope:.3g}); "
             "measure steps of clearly different sizes"
         )
+    if not (slope <= LARGEST and icpt <= LARGEST):  # inf and NaN fail too
+        raise InputError(
+            f"calibrate: the {what} fit gives {slope:.3g} per unit + {icpt:.3g}, beyond what a "
+            f"plan accepts ({LARGEST:g}); give memory in bytes and time in seconds"
+        )
     return float(slope), float(icpt)
 
 
 def _errors(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    rel = np.abs(pred - y) / np.where(y != 0, np.abs(y), 1.0) * 100.0
+    with np.errstate(all="ignore"):  # an overflow is refused by the JSON writer, by name
+        rel = np.abs(pred - y) / np.where(y != 0, np.abs(y), 1.0) * 100.0
     return {"mean_pct": float(rel.mean()), "max_pct": float(rel.max())} if len(y) else {}
 
 
@@ -61,6 +73,11 @@ def calibrate(
     if holdout:
         test[holdout - 1 :: holdout] = True
     fit = ~test
+    if holdout and fit.sum() < 2:
+        raise InputError(
+            f"calibrate: --holdout {holdout} leaves {int(fit.sum())} of {n} rows to fit; "
+            "measure more steps or hold out fewer (0: none)"
+        )
     out: dict[str, Any] = {"rows": int(fit.sum()), "held_out": int(test.sum())}
     x = np.asarray(tokens, dtype=np.float64)
     if peak is not None:

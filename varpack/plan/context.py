@@ -145,6 +145,11 @@ def _positive(cfg: Any) -> None:
         _number(name, getattr(cfg, name), zero_ok=name in ("memory_fixed", "time_fixed"))
     _number("comm_bytes_per_s", cfg.comm_bytes_per_s, zero_ok=False)
     _number("comm_latency", cfg.comm_latency, zero_ok=True)
+    if cfg.comm_bytes_per_s is not None and cfg.comm_bytes_per_s < 1:  # times would overflow
+        raise ConfigError(
+            f"--comm-bytes-per-s {cfg.comm_bytes_per_s!r}: must be at least 1 (bytes per second "
+            "of the K/V all-gather)"
+        )
 
 
 #: The largest value a model coefficient may take: every product of one with the plan's FLOPs,

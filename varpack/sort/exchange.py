@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from varpack.env import env_int
+from varpack.errors import env_int
 
 #: default per-pair bytes per round: well below 2**31 so 32-bit counts never overflow.
 MAX_BYTES = 1 << 30

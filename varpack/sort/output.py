@@ -261,6 +261,8 @@ Fail = Callable[[str], NoReturn]
 
 def _describe(value: Any) -> str:
     """A JSON value by its type and (short) text, on one line."""
+    if value is None:
+        return "null"
     kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list"}
     name = "an object" if isinstance(value, dict) else kind.get(type(value), type(value).__name__)
     text = json.dumps(value)
@@ -275,13 +277,21 @@ def _names(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
 
 
-def _get(doc: dict[str, Any], key: str, test: Callable[[Any], bool], what: str, fail: Fail) -> Any:
-    """``doc[key]``, present and passing ``test``; else ``fail`` names the key and the type."""
+def _get(
+    doc: dict[str, Any],
+    key: str,
+    test: Callable[[Any], bool],
+    what: str,
+    fail: Fail,
+    at: str = "",
+) -> Any:
+    """``doc[key]``, present and passing ``test``; else ``fail`` names the key (inside ``at``)
+    and what it must be."""
     if key not in doc:
-        fail(f"missing key {key!r} ({what})")
+        fail(f"{at}{': ' if at else ''}missing key {key!r} ({what})")
     value = doc[key]
     if not test(value):
-        fail(f"{key}: expected {what}, found {_describe(value)}")
+        fail(f"{at}{'.' if at else ''}{key}: expected {what}, found {_describe(value)}")
     return value
 
 
@@ -289,7 +299,7 @@ def _version(doc: dict[str, Any], fmt: str, oldest: int, what: str, fail: Fail) 
     """The format and a readable version (``oldest`` .. :data:`VERSION`)."""
     if doc.get("format") != fmt:
         fail(f"unsupported format {doc.get('format')!r} (expected {fmt!r}); not {what}")
-    version = doc.get("version")
+    version: Any = doc.get("version")
     if not _is_int(version, 1):
         fail(f"unsupported version {version!r}")
     if version > VERSION:
@@ -369,16 +379,16 @@ def check_index(index: Any, where: Path) -> None:
                 f"parts[{i}].file is {_describe(name)}, not {part_name(i)!r}: a part is named "
                 "by its place in the output, never a path (nothing outside the output is opened)"
             )
-        _get(part, "rows", _is_int, f"parts[{i}] rows, an integer >= 0", fail)
+        _get(part, "rows", _is_int, "an integer >= 0", fail, f"parts[{i}]")
         if part.get("offset") != offset:
             fail(f"parts[{i}].offset is {_describe(part.get('offset'))}, expected {offset}")
-        _get(part, "sha256", _sha, f"parts[{i}] sha256 (64 hex digits)", fail)
+        _get(part, "sha256", _sha, "a sha256 (64 hex digits)", fail, f"parts[{i}]")
         offset += part["rows"]
     if offset != index["num_rows"]:
         fail(f"the parts hold {offset} rows, num_rows says {index['num_rows']}")
     if "balance" in index and not isinstance(index["balance"], dict):
         fail(f"balance: expected an object, found {_describe(index['balance'])}")
-    if version >= 2:
+    if version >= 2 or CHECKSUM in index:  # a version-1 index holds none
         _check_sum(index, fail)
 
 

@@ -3,9 +3,9 @@
 Parts (the default): each rank writes its rows as one Parquet part into the temporary directory,
 in parallel; rank 0 gathers the parts' names, row counts and checksums, writes ``_index.json``
 (:func:`varpack.sort.output.make_index`) and renames the directory into place. Single file:
-rank 0's header, then every rank's records at the offset an exclusive scan of the row counts
-gives, with collective MPI-IO writes in rounds of at most
-:func:`varpack.sort.exchange.max_message_bytes`; rank 0 renames the file into place. The
+every rank's records at the offset an exclusive scan of the row counts gives, with collective
+MPI-IO writes in rounds of at most :func:`varpack.sort.exchange.max_message_bytes`; rank 0 then
+hashes the records, writes the header (with their sha256) and renames the file into place. The
 on-disk formats are :mod:`varpack.sort.output`'s.
 
 Collective: the writers take the :class:`~varpack.sort.job.Job` and call collectives on its
@@ -24,7 +24,7 @@ import numpy as np
 
 from varpack.atomic import publish
 from varpack.errors import WriteError
-from varpack.fingerprint import Fingerprint
+from varpack.fingerprint import Fingerprint, sha256_file
 from varpack.sort import exchange, output
 from varpack.sort import keys as keymod
 from varpack.sort.job import Job
@@ -94,7 +94,9 @@ def write_single(
     for c in table:
         records[c] = table[c]
     del table
-    header = job.phase(lambda: output.bin_header(meta, total))
+    # the header's size is checked before anything is written; it is written with the records'
+    # sha256 once they are all on disk
+    header = job.phase(lambda: output.bin_header(meta, total, "0" * 64))
     start = comm.exscan(rows) or 0
     offset = output.HEADER_BYTES + start * dtype.itemsize
     data = records.view(np.uint8)
@@ -130,6 +132,9 @@ def write_single(
     def finish() -> dict[str, Any] | None:
         if job.rank != 0:
             return None
+        sha = sha256_file(tmp, skip=output.HEADER_BYTES)
+        with open(tmp, "r+b") as fh:
+            fh.write(output.bin_header(meta, total, sha))
         publish(tmp, out, overwrite)
         return output.read_header(out)
 

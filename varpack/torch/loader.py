@@ -29,17 +29,14 @@ import pyarrow as pa
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from varpack.env import env_int
-from varpack.errors import ConfigError, InputError, VarpackError
+from varpack.errors import ConfigError, InputError, VarpackError, env_int
 from varpack.manifest.format import CARRY_PREFIX, Plan, load_plan
 from varpack.manifest.schema import FINGERPRINT_KEY
 from varpack.torch import cp as cp_mod
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
 from varpack.torch.dataset import fetch_flat
-
-STATE_FORMAT = "varpack.loader"
-STATE_VERSION = 1
+from varpack.torch.state import make_state, read_state
 
 
 def plan_fingerprint(plan: Plan) -> str:
@@ -375,47 +372,22 @@ class PlanLoader:
 
     # -- resume ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The cursor of the next micro-batch: ``{epoch, step, micro, plan}`` (rank-independent)."""
+        """The cursor of the next micro-batch: ``{epoch, step, micro, plan}`` (rank-independent),
+        sealed with a checksum (:mod:`varpack.torch.state`)."""
         if self._next >= len(self.rows):
             step, micro = self.num_steps, 0
         else:
             step, micro = int(self.rows.step[self._next]), int(self.rows.micro[self._next])
-        return {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "plan": self.fingerprint,
-            "epoch": self._epoch,
-            "step": step,
-            "micro": micro,
-        }
+        return make_state(self.fingerprint, self._epoch, step, micro)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` was taken; refuses a state from another plan."""
-        if state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
-            raise InputError(f"not a varpack loader state (format {state.get('format')!r})")
-        if state.get("plan") != self.fingerprint:
-            raise InputError(
-                f"the loader state belongs to another plan (fingerprint {state.get('plan')}, "
-                f"{self.path} is {self.fingerprint}); resume with the plan the run started with"
-            )
-        epoch = _state_int(state, "epoch", 0, 2**62)
-        step = _state_int(state, "step", 0, self.num_steps)  # num_steps: the plan is done
-        micro = _state_int(state, "micro", 0, self.grad_accum - 1)
-        if step == self.num_steps and micro:
-            raise InputError(f"loader state step {step} micro {micro}: the plan has {step} steps")
+        """Continue exactly where ``state`` was taken; refuses, in one line, a state from another
+        plan, out of range or damaged (:func:`varpack.torch.state.read_state`)."""
+        epoch, step, micro = read_state(
+            state, self.fingerprint, self.num_steps, self.grad_accum, str(self.path)
+        )
         self._epoch = epoch
         self._next = self.rows.index_of(step, micro)
-
-
-def _state_int(state: dict[str, Any], key: str, lo: int, hi: int) -> int:
-    """An integer field of a loader state within ``[lo, hi]`` (not a bool, float or string)."""
-    value = state.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not lo <= value <= hi:
-        raise InputError(
-            f"loader state {key} {value!r}: must be an integer in [{lo}, {hi}]; the checkpoint is "
-            "damaged or belongs to another run"
-        )
-    return int(value)
 
 
 def step_values(steps: np.ndarray, values: np.ndarray, num_steps: int) -> np.ndarray:
