@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rank, world, device = setup_distributed()
     out = Path(args.out)
+    if not args.resume and (out / "checkpoint.pt").exists():  # never train over a run's state
+        raise ConfigError(f"{out} holds a run's checkpoint.pt: pass --resume to continue that "
+                          "run, or give another --out")  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32

@@ -263,6 +263,9 @@ def test_the_trainer_refuses_a_wrong_resume_in_one_line(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     ckpt = tmp_path / "run" / "checkpoint.pt"
     good = ckpt.read_bytes()
+    again = _train(*base, "--max-steps", 1)  # a fresh run over a run's state is refused
+    assert again.returncode == 2 and "pass --resume to continue" in _one_line(again.stderr)
+    assert ckpt.read_bytes() == good
 
     changed = _train(*base, "--resume", "--preset", "small")  # another model
     assert changed.returncode == 2
