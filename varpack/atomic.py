@@ -108,6 +108,15 @@ def own_files(path: str | os.PathLike[str]) -> set[str] | None:
     return None
 
 
+def _escapes(name: str) -> bool:
+    """Whether an index entry points outside its directory (absolute, or through ``..``).
+
+    >>> _escapes("part-00000.parquet"), _escapes("../x"), _escapes("/etc/passwd")
+    (False, True, True)
+    """
+    return os.path.isabs(name) or ".." in Path(name).parts
+
+
 def foreign_files(path: str | os.PathLike[str]) -> list[str]:
     """Entries inside varpack's output directory that varpack did not write (sorted): files,
     links (never followed) and empty directories (``name/``)."""
@@ -150,6 +159,12 @@ def check_output(
             raise OutputError(
                 f"output {out} exists and is not an output varpack wrote, so --overwrite will not "
                 "replace it; remove it yourself or choose another output path"
+            )
+        outside = [f for f in own_files(out) or () if _escapes(f)] if out.is_dir() else []
+        if outside:  # a damaged index: what else it names cannot be trusted either
+            raise OutputError(
+                f"output {out}: its index names {outside[0]!r}, outside the output, so it is "
+                "damaged and --overwrite will not trust it; remove the output yourself"
             )
         foreign = foreign_files(out) if out.is_dir() else []
         if foreign:

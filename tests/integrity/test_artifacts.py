@@ -139,9 +139,11 @@ def test_a_part_outside_the_output_is_never_opened_nor_deleted(work: Path, where
         read_sorted(out)
     line = _one_line(_plan(out).stderr)
     assert "parts[0].file" in line
-    # --overwrite of that output replaces the output, never the file its index points at
-    cli("sort", work / "meta.parquet", out, "--overwrite", "-q", expect=None)
-    assert victim.read_bytes() == before
+    # --overwrite of that output does not trust its index, and never touches what it points at
+    result = cli("sort", work / "meta.parquet", out, "--overwrite", "-q", expect=2)
+    if where != "sub/part-00000.parquet":  # a sub-directory lies inside: named as foreign
+        assert "outside the output, so it is damaged" in result.stderr
+    assert victim.read_bytes() == before and (out / "_index.json").exists()
 
 
 def test_a_part_that_is_a_symlink_is_refused(work: Path) -> None:
