@@ -106,7 +106,7 @@ def test_check_vocab_names_the_largest_id_and_its_sample(tmp_path) -> None:
         top,
         holder,
     )
-    with pytest.raises(InputError, match="negative token id -3"):
+    with pytest.raises(InputError, match="token id -3"):
         check_vocab(PlanLoader(plan, {10: np.array([-3]), 11: truth[11], 12: truth[12]}), 64)
 
 

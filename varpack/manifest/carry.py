@@ -30,6 +30,7 @@ import pyarrow.types as pat
 from varpack.errors import ConfigError, InputError
 from varpack.manifest.format import CARRY_PREFIX, CARRY_TYPES
 from varpack.metadata.contract import first_line
+from varpack.metadata.footer import footer_rows
 
 #: Id columns a carry source may key its rows by, in order of preference.
 ID_COLUMNS = ("sample_id", "id")
@@ -132,6 +133,7 @@ def _columns(dataset: ds.Dataset, files: list[Path], names: Sequence[str], where
                     f"{path}: --carry {name}: no such column (columns: {', '.join(have)})"
                 )
             carry_type(name, schema.field(name).type, str(path))
+        footer_rows(path, frag.metadata, [id_col, *names])  # the checks of every metadata reader
     return next(c for c in ID_COLUMNS if c in dataset.schema.names)
 
 

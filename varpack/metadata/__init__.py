@@ -1,7 +1,8 @@
 """The metadata contract and the tools that make metadata.
 
 Owns: reading and validating sharded length metadata (:mod:`.contract`: ``sample_id``,
-``seq_len``, optional key columns), deriving it from a tokenized dataset (:mod:`.lengths`) with
+``seq_len``, optional key columns; a Parquet footer believed only as far as its pages bear it
+out, :mod:`.footer`), deriving it from a tokenized dataset (:mod:`.lengths`) with
 the memory-mappable token copy (:mod:`.tokens`), synthetic datasets (:mod:`.synth`), shard
 writing (:mod:`.shards`) and the length summary ``varpack check`` prints (:mod:`.summary`).
 May import: the ground floor (``varpack.errors``, ``atomic``, ``console``, ``fingerprint``),

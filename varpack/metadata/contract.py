@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.types as pat
 
 from varpack.errors import InputError
+from varpack.metadata.footer import footer_rows
 
 ID = "sample_id"
 LEN = "seq_len"
@@ -165,40 +166,12 @@ def list_pieces(files: Sequence[Path | str], keys: Sequence[str] = ()) -> list[P
             raise InputError(
                 f"{path}: cannot read as Parquet ({first_line(exc)}); replace or remove the file"
             ) from None
-        counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-        check_footer_rows(counts, meta.num_rows, str(path), len(REQUIRED) + len(keys))
+        counts = footer_rows(path, meta, [*REQUIRED, *keys])
         offset = 0
         for i, n in enumerate(counts):
             pieces.append(Piece(str(path), i, n, offset))
             offset += n
     return pieces
-
-
-def check_footer_rows(counts: Sequence[int], total: int, where: str, columns: int) -> None:
-    """A footer's row counts are believed only when consistent and loadable: none negative,
-    the file's total equal to its row groups', and no more than this machine's memory could
-    hold (a corrupt footer must not make a reader allocate terabytes before reading a byte)."""
-    bad = [i for i, n in enumerate(counts) if n < 0]
-    if bad or total != sum(counts):
-        what = (
-            f"row group {bad[0]} declares {counts[bad[0]]:,} rows"
-            if bad
-            else (f"the footer declares {total:,} rows but its row groups {sum(counts):,}")
-        )
-        raise InputError(f"{where}: {what}; the file is corrupt: rewrite or remove it")
-    check_loadable(total, columns, where)
-
-
-def check_loadable(rows: int, columns: int, where: str) -> None:
-    """Refuse to load ``rows`` int64 rows of ``columns`` columns that cannot fit in memory."""
-    need = rows * 8 * columns
-    have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if need > have:
-        raise InputError(
-            f"{where}: {rows:,} rows declared ({need / 2**30:,.1f} GiB to load), more than this "
-            f"machine's memory ({have / 2**30:,.1f} GiB); a corrupt footer? rewrite the file; "
-            "else sort on more ranks"
-        )
 
 
 def check_schema(schema: pa.Schema, where: str, keys: Sequence[str] = ()) -> None:
@@ -277,10 +250,51 @@ def validate_table(
                 # NaN has no place in a total order: the sort would depend on the NaN convention.
                 what = f"NaN in key column '{key}'; give every row a number"
                 _first_violation(pc.is_nan(col), ids, where, first_row, what)
-            elif pat.is_unsigned_integer(col.type):  # keys are int64 from here on
+                col = col.cast(pa.float64())
+            else:  # keys are int64 or float64 from here on, whatever each shard stored
                 col = _to_int64(col, key, where, first_row)
             out[key] = col
     return pa.table(out)
+
+
+#: integers a float64 holds exactly: |v| <= 2**53
+FLOAT_EXACT = 2**53
+
+
+def check_exact_float(values: np.ndarray, name: str, place: Callable[[int], str]) -> None:
+    """Refuse integer values of key ``name`` that a float64 cannot hold: a key column stored as
+    floats in one shard is float64 everywhere, and a rounded key would sort (and be written)
+    as another number. ``place(k)`` names row ``k`` ("FILE: row N (sample_id I)").
+
+    >>> check_exact_float(np.array([2**53, -(2**53)]), "k", str)
+    >>> check_exact_float(np.array([0, 2**53 + 1]), "k", lambda k: f"f.parquet: row {k}")
+    Traceback (most recent call last):
+    varpack.errors.InputError: f.parquet: row 1: k value 9,007,199,254,740,993 is an integer that a float cannot hold exactly, and column 'k' holds floats in other shards; store the key as one type in every shard
+    """
+    if values.dtype.kind not in "iu" or not len(values):
+        return
+    bad = (values > FLOAT_EXACT) | (values < -FLOAT_EXACT)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise InputError(
+            f"{place(k)}: {name} value {int(values[k]):,} is an integer that a float cannot hold "
+            f"exactly, and column '{name}' holds floats in other shards; store the key as one "
+            "type in every shard"
+        )
+
+
+def unify_keys(tables: list[pa.Table], pieces: Sequence[Piece], keys: Sequence[str]) -> None:
+    """Make each key one type across the pieces' tables (in place): float64 where any piece
+    holds floats, after :func:`check_exact_float` on the integer pieces."""
+    for key in dict.fromkeys(keys):
+        if key in REQUIRED or not any(pat.is_floating(t.schema.field(key).type) for t in tables):
+            continue
+        for i, (table, piece) in enumerate(zip(tables, pieces, strict=True)):
+            col = table.column(key)
+            if pat.is_integer(col.type):
+                check_exact_float(col.to_numpy(), key, _place(piece, table.column(ID).to_numpy()))
+                at = table.schema.get_field_index(key)
+                tables[i] = table.set_column(at, key, col.cast(pa.float64()))
 
 
 def _to_int64(col: pa.ChunkedArray, name: str, where: str, first_row: int) -> pa.ChunkedArray:
@@ -325,6 +339,11 @@ def duplicate_error(sample_id: int, places: Sequence[str]) -> InputError:
     )
 
 
+def _place(piece: Piece, ids: np.ndarray) -> Callable[[int], str]:
+    """Names row ``k`` of a piece's table: file, row in the file, sample id."""
+    return lambda k: f"{piece.path}: row {piece.file_row_offset + k} (sample_id {ids[k]})"
+
+
 def read_metadata(
     spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], keys: Sequence[str] = ()
 ) -> pa.Table:
@@ -336,15 +355,17 @@ def read_metadata(
     """
     files = resolve_files(spec)
     pieces = list_pieces(files, keys)
-    tables = [read_piece(p, keys) for p in pieces if p.num_rows]
+    pieces = [p for p in pieces if p.num_rows]
+    tables = [read_piece(p, keys) for p in pieces]
     if not tables or sum(t.num_rows for t in tables) == 0:
         raise InputError(f"{_describe(spec)}: the metadata holds no rows; nothing to do")
+    unify_keys(tables, pieces, keys)
     table = pa.concat_tables(tables).combine_chunks()
     del tables  # free the per-piece copies before the sort below doubles the ids
     ids = table.column(ID).to_numpy()
     dup = first_duplicate(np.sort(ids))
     if dup is not None:
-        raise duplicate_error(dup, _locate(dup, ids, [p for p in pieces if p.num_rows]))
+        raise duplicate_error(dup, _locate(dup, ids, pieces))
     return table
 
 

@@ -34,13 +34,13 @@ from varpack.metadata.contract import (
     LEN,
     MAX_LEN,
     WRITE_SCHEMA,
-    check_footer_rows,
     duplicate_error,
     first_duplicate,
     first_line,
     resolve_files,
     validate_table,
 )
+from varpack.metadata.footer import check_read, footer_rows
 from varpack.metadata.shards import ShardedWriter, even_sizes
 from varpack.metadata.tokens import TokenCopyWriter, is_token_copy
 
@@ -136,8 +136,7 @@ def list_sources(files: Sequence[Path | str], column: str, id_column: str | None
                 f"{path}: cannot read as Parquet ({first_line(exc)}); replace or remove the file"
             ) from None
         check_token_schema(schema, str(path), column, id_column)
-        counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-        check_footer_rows(counts, meta.num_rows, str(path), 1)
+        footer_rows(path, meta, [c for c in (column, id_column) if c], loaded=1)
         token_type = schema.field(column).type.value_type
         sources.append(Source(str(path), meta.num_rows, meta.num_row_groups, offset, token_type))
         offset += meta.num_rows
@@ -145,7 +144,8 @@ def list_sources(files: Sequence[Path | str], column: str, id_column: str | None
 
 
 def check_token_values(tokens: pa.ChunkedArray | pa.Array, where: str, first_row: int) -> None:
-    """No null and no negative token id inside the lists (an embedding has no row for them).
+    """No null, no negative token id inside the lists (an embedding has no row for them), and
+    none beyond int64 (the reader's and torch's index type).
 
     >>> check_token_values(pa.chunked_array([[[1, None]]]), "x", 5)
     Traceback (most recent call last):
@@ -157,6 +157,15 @@ def check_token_values(tokens: pa.ChunkedArray | pa.Array, where: str, first_row
     if bad is None and len(values) and pc.min(values).as_py() < 0:
         bad = pc.less(values, 0)
         what = "a negative token id; token ids are >= 0 (check the tokenizer's output)"
+    limit = np.iinfo(np.int64).max
+    if (
+        bad is None
+        and len(values)
+        and pat.is_uint64(values.type)
+        and pc.max(values).as_py() > limit
+    ):
+        bad = pc.greater(values, pa.scalar(limit, values.type))
+        what = f"a token id over {limit:,} (int64); token ids index an embedding: re-tokenize"
     if bad is None:
         return
     at = int(pc.index(bad, True).as_py())  # the value's position, then the row holding it
@@ -207,13 +216,8 @@ def iter_row_groups(
                     f"{src.path}: cannot read row group {group} ({first_line(exc)}); "
                     "replace or remove the file"
                 ) from None
-            if table.num_rows != reader.metadata.row_group(group).num_rows:
-                raise InputError(
-                    f"{src.path}: row group {group} holds {table.num_rows:,} rows but its footer "
-                    f"declares {reader.metadata.row_group(group).num_rows:,}; the file is "
-                    "corrupt: rewrite or remove it"
-                )
             tokens = table.column(column)
+            check_read(src.path, reader.metadata, group, column, tokens)  # all its pages hold
             lens = row_lengths(tokens, src.path, row)
             check_token_values(tokens, src.path, row)
             if id_column is None:

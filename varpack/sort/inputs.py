@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from varpack.metadata.contract import Piece, check_loadable, read_piece
+from varpack.metadata.contract import Piece, check_exact_float, read_piece
+from varpack.metadata.footer import check_loadable
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ def read_share(segments: Sequence[Segment], columns: Sequence[str]) -> dict[str,
     """Read and validate the segments into NumPy columns (int64, or float64 for float keys).
 
     Each column is allocated once and filled segment by segment (one copy out of Arrow). A key
-    stored as integers in one shard and floats in another comes out as float64.
+    stored as integers in one shard and floats in another comes out as float64, its integers
+    checked to be exact (:func:`~varpack.metadata.contract.check_exact_float`).
     """
     keys = [c for c in columns if c not in ("sample_id", "seq_len")]
     n = sum(seg.stop - seg.start for seg in segments)
@@ -65,13 +67,32 @@ def read_share(segments: Sequence[Segment], columns: Sequence[str]) -> dict[str,
         for c in columns:
             col = table.column(c)
             if pa.types.is_floating(col.type) and out[c].dtype != np.float64:
+                check_float(out[c][:pos], c, segments)
                 out[c] = out[c].astype(np.float64)
             k = 0
             for chunk in col.chunks:
-                out[c][pos + k : pos + k + len(chunk)] = chunk.to_numpy(zero_copy_only=False)
+                values = chunk.to_numpy(zero_copy_only=False)
+                if out[c].dtype == np.float64 and values.dtype.kind in "iu":
+                    check_float(values, c, [seg], k)
+                out[c][pos + k : pos + k + len(chunk)] = values
                 k += len(chunk)
         pos += table.num_rows
     return out
+
+
+def check_float(values: np.ndarray, name: str, segments: Sequence[Segment], skip: int = 0) -> None:
+    """Refuse integers of key ``name`` a float64 cannot hold (the key is float elsewhere);
+    ``values`` are the rows of ``segments`` from row ``skip`` on, in order."""
+
+    def place(k: int) -> str:
+        k += skip
+        for seg in segments:
+            if k < seg.stop - seg.start:
+                return f"{seg.piece.path}: row {seg.piece.file_row_offset + seg.start + k}"
+            k -= seg.stop - seg.start
+        return "this rank's share of the metadata"
+
+    check_exact_float(values, name, place)
 
 
 def locate(sample_id: int, ids: np.ndarray, segments: Sequence[Segment]) -> list[str]:

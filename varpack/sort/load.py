@@ -22,7 +22,7 @@ from varpack.errors import InputError
 from varpack.fingerprint import Fingerprint, fingerprint
 from varpack.metadata.contract import Piece, list_pieces
 from varpack.sort import keys as keymod
-from varpack.sort.inputs import Segment, read_share, share
+from varpack.sort.inputs import Segment, check_float, read_share, share
 from varpack.sort.job import Job
 
 
@@ -56,8 +56,13 @@ def read_rows(
     floats_all = np.zeros_like(floats_local)
     job.comm.Allreduce(floats_local, floats_all, op=MPI.MAX)
     float_keys = tuple(k for k, f in zip(spec.keys, floats_all.tolist(), strict=True) if f)
-    for k in float_keys:
-        cols[k] = cols[k].astype(np.float64, copy=False)
+
+    def as_float() -> None:  # integers of a key that is float on another rank must be exact
+        for k in float_keys:
+            check_float(cols[k], k, segments)
+            cols[k] = cols[k].astype(np.float64, copy=False)
+
+    job.phase(as_float)
     fp: Fingerprint = job.comm.allreduce(
         block_fingerprint(cols["sample_id"], cols["seq_len"]), op=MPI.SUM
     )

@@ -41,7 +41,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from varpack.errors import InputError
-from varpack.metadata.contract import check_footer_rows, first_duplicate, resolve_files
+from varpack.metadata.contract import first_duplicate, resolve_files
+from varpack.metadata.footer import check_pages, check_read, footer_rows
 from varpack.metadata.lengths import ID_COLUMNS, write_arrow_tokens
 from varpack.metadata.tokens import SUFFIXES as IPC_SUFFIXES
 from varpack.torch.gather import fetch_flat, segment_gather_index, slice_pieces
@@ -215,9 +216,8 @@ class ParquetTokenDataset:
                 f"{name}: not a readable {'Arrow IPC' if self.ipc else 'Parquet'} file ({exc})"
             ) from None
         self._check_columns(name, meta.schema.to_arrow_schema())
-        counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-        check_footer_rows(counts, meta.num_rows, name, 1)
-        return counts
+        # What the ids are built from (numbered rows: the row counts) must be what pages hold.
+        return footer_rows(name, meta, [self.id_column or self.column], loaded=1)
 
     def _token_positions(self, name: str, starts: list[np.ndarray], lens: list[np.ndarray]) -> None:
         """Append the start (in tokens, from the start of the mapping) and length of the tokens
@@ -331,8 +331,12 @@ class ParquetTokenDataset:
         if hit is not None:
             self._cache.move_to_end(g)
             return hit
-        f = int(self._rg_file[g])
-        arr = self._read_group(f, int(self._rg_local[g]))
+        f, local = int(self._rg_file[g]), int(self._rg_local[g])
+        arr = self._read_group(f, local)
+        if not self.ipc:  # the pages hold what the footer declares, and all of it was read
+            meta = self._files[f].metadata
+            check_pages(self.files[f], meta, [self.column], [local])
+            check_read(self.files[f], meta, local, self.column, arr)
         if len(arr) != self._rg_start[g + 1] - self._rg_start[g]:
             raise InputError(
                 f"{self.files[f]}: row group {int(self._rg_local[g])} holds {len(arr):,} rows, "

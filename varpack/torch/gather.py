@@ -4,7 +4,7 @@
 is one NumPy gather; :func:`slice_pieces` moves those pairs onto the pieces a plan names
 (``tokens[offset : offset + length]`` of each document); :func:`fetch_flat` fetches a
 micro-batch from any dataset keyed by sample id (``get_flat`` when it has one, else one lookup
-per sample).
+per sample) and checks its tokens are ids an embedding can take (:func:`check_token_ids`).
 """
 
 from __future__ import annotations
@@ -90,13 +90,43 @@ def fetch_flat(
             got = dataset.get_flat(sample_ids, offsets, lengths, split_len=split_len)
         else:
             got = dataset.get_flat(sample_ids, offsets, lengths)
-        return np.asarray(got[0]), np.asarray(got[1], dtype=np.int64)
-    flat, lens = _fetch_each(dataset, sample_ids)
-    if offsets is None:
-        return flat, lens
-    starts = np.cumsum(lens) - lens
-    starts, lens = slice_pieces(starts, lens, (sample_ids, offsets, lengths), split_len)
-    return flat[segment_gather_index(starts, lens)], lens
+        flat, lens = np.asarray(got[0]), np.asarray(got[1], dtype=np.int64)
+    else:
+        flat, lens = _fetch_each(dataset, sample_ids)
+        if offsets is not None:
+            starts = np.cumsum(lens) - lens
+            starts, lens = slice_pieces(starts, lens, (sample_ids, offsets, lengths), split_len)
+            flat = flat[segment_gather_index(starts, lens)]
+    check_token_ids(flat, sample_ids, lens)
+    return flat, lens
+
+
+def check_token_ids(tokens: np.ndarray, sample_ids: np.ndarray, lens: np.ndarray) -> None:
+    """Every token an integer id an embedding can index: ``>= 0`` and within int64 (the check
+    ``varpack lengths`` makes, here for any dataset); one vectorised pass over the batch.
+
+    >>> check_token_ids(np.array([3, -1]), np.array([5, 9]), np.array([1, 1]))
+    Traceback (most recent call last):
+    varpack.errors.InputError: sample id 9: token id -1 in the dataset; token ids are integers >= 0 within int64 (check the tokenizer's output)
+    """
+    if not len(tokens):
+        return
+    if tokens.dtype.kind not in "iu":
+        raise InputError(
+            f"sample id {int(sample_ids[0])}: the dataset gives {tokens.dtype} tokens, expected "
+            "integer token ids; tokenize the text first, or choose the token column"
+        )
+    if tokens.dtype.kind == "i":
+        bad = tokens < 0 if tokens.min() < 0 else None
+    else:
+        bad = tokens > np.iinfo(np.int64).max if tokens.max() > np.iinfo(np.int64).max else None
+    if bad is not None:
+        at = int(np.argmax(bad))
+        k = int(np.searchsorted(np.cumsum(lens), at, side="right"))
+        raise InputError(
+            f"sample id {int(sample_ids[k])}: token id {tokens[at]} in the dataset; token ids are "
+            "integers >= 0 within int64 (check the tokenizer's output)"
+        )
 
 
 def _fetch_each(dataset: Any, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
