@@ -63,7 +63,7 @@ from varpack.torch import (
     resolve_backend,
     token_losses,
 )
-from varpack.torch.checkpoint import check_run, load_checkpoint, save_checkpoint
+from varpack.torch.checkpoint import check_run, check_world, load_checkpoint, save_checkpoint
 from varpack.torch.model import PRESETS, TinyGPT, model_inputs, param_count_str
 
 
@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
 
     id_column = None if args.id_column.lower() == "none" else args.id_column
     dataset = ParquetTokenDataset(args.data, column=args.column, id_column=id_column)
+    check_world(args.plan, world // args.cp, out / "checkpoint.pt" if args.resume else None)
     loader = PlanLoader(
         args.plan,
         dataset,
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         state = load_checkpoint(ckpt)  # checksum, keys: one line when damaged
         check_run(ckpt, state.get("run", {}), run_options(args))
-        loader.load_state_dict(state["loader"])  # refuses another plan (a re-plan, too)
+        loader.load_state_dict(state["loader"])  # another plan refused; a replan takes its parent's
         try:
             raw.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])

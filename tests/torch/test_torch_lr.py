@@ -73,5 +73,5 @@ def test_factors_from_a_plan(tmp_path, rng) -> None:
     assert np.isclose(opt.param_groups[0]["lr"], 0.1 * factors[0])
     with pytest.raises(ValueError, match="positive"):
         VariableBatchSizeLR(S.LambdaLR(_optimizer(), lambda s: 1.0), [1.0, 0.0])
-    with pytest.raises(ValueError, match="saved for"):
-        lr.load_state_dict({**lr.state_dict(), "num_factors": 3})
+    with pytest.raises(ValueError, match="past this plan's"):
+        lr.load_state_dict({**lr.state_dict(), "last_step": len(factors) + 1})

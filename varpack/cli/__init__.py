@@ -29,6 +29,7 @@ COMMANDS = {
     "check": "varpack.cli.check:check",
     "sort": "varpack.cli.sort:sort",
     "plan": "varpack.cli.plan:plan",
+    "replan": "varpack.cli.replan:replan",
     "inspect": "varpack.cli.inspect:inspect",
     "validate": "varpack.cli.validate:validate",
     "calibrate": "varpack.cli.calibrate:calibrate",

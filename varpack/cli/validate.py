@@ -33,7 +33,18 @@ import click
     help="Metadata holding the plan's carried columns (varpack plan --carry): check every carried "
     "value against it, per sample id. Default: --metadata, when that is raw metadata.",
 )
-def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | None) -> None:
+@click.option(
+    "--parent",
+    "parent",
+    type=click.Path(),
+    default=None,
+    metavar="PLAN",
+    help="A replanned plan's parent (varpack replan), when it is no longer where plan.json "
+    "records it: the parent's steps before the replan and this plan's are checked together.",
+)
+def validate(
+    plan: str, metadata: str | None, replay: bool, carry_from: str | None, parent: str | None
+) -> None:
     """Recompute and check everything PLAN promises; exit 1 with one line per violation.
 
     plan.json's keys and their types; rank files that are plain files inside PLAN, exactly the
@@ -43,7 +54,8 @@ def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | No
     and padded lengths, every sample exactly once per epoch (or dropped; split documents: their
     pieces tile them, and no two share a micro-batch), each step's global tokens, samples and LR
     factor, and the stats in plan.json; with the metadata, every carried column's values
-    (carry.COL) per sample id.
+    (carry.COL) per sample id. A replanned plan (varpack replan) is checked with its parents:
+    their steps before it and its own hold every sample exactly once per epoch.
     """
     from varpack.manifest.inspect import token_line
     from varpack.manifest.validate import validate_plan
@@ -66,6 +78,7 @@ def validate(plan: str, metadata: str | None, replay: bool, carry_from: str | No
         replay=replay,
         carry_source=carry_source,
         carry_required=carry_from is not None,
+        parent=parent,
     )
     if report.problems:
         for line in report.problems:

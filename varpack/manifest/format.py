@@ -29,6 +29,7 @@ from varpack.errors import ConfigError, InputError
 from varpack.fingerprint import sha256_file
 from varpack.manifest.rankfiles import file_problem, name_problem, undeclared
 from varpack.manifest.schema import (
+    ADDED,
     CHECKSUM_KEY,
     FINGERPRINT_KEY,
     checksum_problem,
@@ -39,10 +40,13 @@ from varpack.manifest.schema import (
 )
 
 FORMAT = "varpack.plan"
-#: the format version this varpack writes; it reads every version from OLDEST on (keys a later
-#: version added: :data:`varpack.manifest.schema.ADDED`). 2: config.balance_fill, and the stats
-#: time_vs_ideal_bound and fill_given_up.
-VERSION = 2
+#: the newest format version this varpack writes; it reads every version from OLDEST on (keys a
+#: later version added: :data:`varpack.manifest.schema.ADDED`). 2: config.balance_fill, the
+#: stats time_vs_ideal_bound and fill_given_up, and the checksum; 3: ``parent`` (a plan made by
+#: ``varpack replan``). A plan is written with the lowest version whose readers understand it
+#: (:func:`version_of`): ``varpack plan`` writes PLAN_VERSION, so earlier readers keep reading it.
+VERSION = 3
+PLAN_VERSION = 2
 OLDEST = 1
 PLAN_JSON = "plan.json"
 
@@ -184,13 +188,22 @@ def write_plan(
             {"rank": rank, **entry, **(rank_extra[rank] if rank_extra is not None else {})}
             for rank, entry in enumerate(entries)
         ]
-        doc = {"format": FORMAT, "version": VERSION, **meta, "ranks": ranks}
+        doc = {"format": FORMAT, "version": version_of(meta), **meta, "ranks": ranks}
         doc.pop(CHECKSUM_KEY, None)  # a meta taken from another plan: its checksum goes last
         doc[FINGERPRINT_KEY] = plan_fingerprint(doc)
         text = _dump(doc)  # strict JSON first: the checksum is over what plan.json holds
         doc[CHECKSUM_KEY] = plan_checksum(json.loads(text))
         (tmp / PLAN_JSON).write_text(_dump(doc))
     return Path(out)
+
+
+def version_of(meta: dict[str, Any]) -> int:
+    """The lowest format version that holds every top-level key of ``meta``.
+
+    >>> version_of({"config": {}}), version_of({"parent": {}})
+    (2, 3)
+    """
+    return max([PLAN_VERSION, *(v for k, v in ADDED.items() if "." not in k and k in meta)])
 
 
 def _dump(doc: dict[str, Any]) -> str:
@@ -241,6 +254,13 @@ class Plan:
     @property
     def grad_accum(self) -> int:
         return int(self.meta["layout"]["grad_accum"])
+
+    @property
+    def first_step(self) -> int:
+        """The run's step this plan starts at: 0, or the step a replanned plan continues its
+        parent from (its manifests number steps from there)."""
+        parent = self.meta.get("parent")
+        return int(parent["from_step"]) if isinstance(parent, dict) else 0
 
     def rank_entry(self, rank: int) -> dict[str, Any]:
         if not 0 <= rank < self.dp:

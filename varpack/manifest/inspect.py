@@ -2,15 +2,18 @@
 
 The figures are plan.json's stats (computed by :mod:`varpack.plan.figures.stats` when the plan was
 made), read back with the checksums verified and laid out one per line. The four-panel figure of
-``--plot`` is :mod:`varpack.manifest.plot`'s.
+``--plot`` is :mod:`varpack.manifest.plot`'s. A replanned plan (``varpack replan``) shows its
+lineage: the parent it continues, from which step, and what changed.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
-from varpack.manifest.format import load_plan
+from varpack.errors import VarpackError
+from varpack.manifest.format import Plan, load_plan, read_meta
 from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 
 
@@ -28,6 +31,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         "dropped": len(meta.get("dropped") or []),
         **({"cp": meta["cp"]} if isinstance(meta.get("cp"), dict) else {}),
         **({"carry": meta["carry"]} if isinstance(meta.get("carry"), dict) else {}),
+        **({"parent": lineage(plan)} if isinstance(meta.get("parent"), dict) else {}),
         "shape_lengths": meta.get("shape_lengths"),
         "ranks": [
             {
@@ -42,6 +46,49 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 _SHAPE_LINES = 8
+
+
+def lineage(plan: Plan) -> dict[str, Any]:
+    """A replanned plan's parent entry, with what changed from the parent (its layout and
+    tokens per step, where the parent is still where plan.json records it)."""
+    entry = dict(plan.meta["parent"])
+    try:
+        up = read_meta(Path(entry["plan"]))
+    except (OSError, VarpackError):
+        entry["found"] = False
+        return entry
+    s = up.get("stats") or {}
+    entry.update(
+        found=True,
+        layout=up.get("layout"),
+        num_steps=up.get("num_steps"),
+        step_tokens=[s.get("step_tokens_min"), s.get("step_tokens_max")],
+    )
+    return entry
+
+
+def _lineage_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    p = info.get("parent")
+    if not p:
+        return []
+    lay, s = info["layout"], info["stats"]
+    first = p["from_step"]
+    row = (
+        f"continues {p['plan']} from step {first:,} (steps {first:,} .. "
+        f"{first + info['num_steps'] - 1:,})"
+    )
+    if not p.get("found"):
+        return [("parent", row), ("", "(the parent is not where plan.json records it)")]
+    up = p["layout"]
+    tokens = (
+        f"tokens / step {_n(p['step_tokens'][0])} .. {_n(p['step_tokens'][1])} in the parent, "
+        f"{s['step_tokens_min']:,} .. {s['step_tokens_max']:,} here"
+    )
+    changed = (
+        f"dp {up['dp']} x grad-accum {up['grad_accum']} -> dp {lay['dp']} x grad-accum "
+        f"{lay['grad_accum']}; {p['num_steps']:,} steps in the parent; {tokens}"
+    )
+    return [("parent", row), ("", changed)]
 
 
 def token_line(t: dict[str, Any] | None, lead: str = "tokens ") -> str:
@@ -209,6 +256,7 @@ def render(info: dict[str, Any]) -> str:
     }[cfg["batching"]]
     rows = [
         ("plan", info["plan"]),
+        *_lineage_rows(info),
         (
             "input",
             f"{info['input']['num_samples']:,} samples, {info['input']['total_tokens']:,} tokens ({info['input']['source']})",

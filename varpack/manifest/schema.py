@@ -49,6 +49,7 @@ ADDED = {
     "stats.time_vs_ideal_bound": 2,
     "stats.fill_given_up": 2,
     CHECKSUM_KEY: 2,
+    "parent": 3,
 }
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -207,8 +208,13 @@ _CARRY = obj(
         ),
     },
 )
+#: a plan made by ``varpack replan``: the plan it continues and the step it continues from
+_PARENT = obj(
+    "an object {plan, plan_fingerprint, from_step}",
+    {"plan": STRING, "plan_fingerprint": SHA256, "from_step": integer(0)},
+)
 #: keys a plan has only where a feature uses them
-OPTIONAL = {FINGERPRINT_KEY: SHA256, "carry": _CARRY, "checksum": SHA256}
+OPTIONAL = {FINGERPRINT_KEY: SHA256, "carry": _CARRY, "checksum": SHA256, "parent": _PARENT}
 #: what every reader needs (the torch reader, inspect, validate)
 CORE = {
     "layout": obj(
@@ -339,6 +345,11 @@ def plan_fingerprint(meta: dict[str, Any]) -> str:
     carry = meta.get("carry")
     if carry is not None:
         body["carry"] = carry.get("columns") if isinstance(carry, dict) else carry
+    parent = meta.get("parent")
+    if parent is not None:  # a replanned plan: its lineage is part of its identity
+        body["parent"] = (
+            {k: v for k, v in parent.items() if k != "plan"} if isinstance(parent, dict) else parent
+        )
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 

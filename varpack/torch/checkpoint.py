@@ -89,3 +89,33 @@ def check_run(path: str | os.PathLike[str], saved: dict[str, Any], now: dict[str
             f"{path} was saved with {what}, this run has {have}; resume with the options the "
             "run started with"
         )
+
+
+def check_world(plan_dir: str | os.PathLike[str], dp: int, ckpt: Path | None) -> None:
+    """Refuse a run whose data-parallel world differs from the plan's dp, with the exact
+    ``varpack replan`` command that continues the run's checkpoint ``ckpt`` on ``dp`` ranks
+    (``None``: a new run, which needs a plan made for ``dp``)."""
+    from varpack.manifest.format import load_plan
+
+    plan = load_plan(plan_dir)
+    if plan.dp == dp:
+        return
+    total = plan.dp * plan.grad_accum
+    if ckpt is None or not ckpt.is_file():
+        raise ConfigError(
+            f"{plan_dir} was planned for dp {plan.dp} and this job has {dp} data-parallel "
+            f"ranks: launch {plan.dp}, or plan again with --dp {dp}"
+        )
+    step = int(load_checkpoint(ckpt)["loader"]["step"])
+    new = f"{Path(plan_dir).as_posix().rstrip('/')}-dp{dp}"
+    how = (
+        f"varpack replan {plan_dir} {new} --from-step {step} --dp {dp}, then resume with "
+        f"--plan {new} --resume"
+        if total % dp == 0
+        else f"dp x grad-accum is {total}, which {dp} ranks do not divide: launch a divisor of "
+        f"{total} ranks (then varpack replan {plan_dir} NEW --from-step {step} --dp N)"
+    )
+    raise ConfigError(
+        f"{plan_dir} was planned for dp {plan.dp} and this job has {dp} data-parallel ranks; "
+        f"the checkpoint {ckpt} stands at step {step}: {how}"
+    )

@@ -36,7 +36,7 @@ from varpack.torch import cp as cp_mod
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
 from varpack.torch.dataset import fetch_flat
-from varpack.torch.state import make_state, read_state
+from varpack.torch.state import make_state, read_parent_state, read_state
 
 
 def plan_fingerprint(plan: Plan) -> str:
@@ -91,7 +91,7 @@ def resolve_rank(rank: int | None, world_size: int | None, dp: int) -> tuple[int
 class ManifestRows:
     """A rank's manifest as NumPy columns (list columns as flat values + offsets); O(1) row access."""
 
-    def __init__(self, table: pa.Table) -> None:
+    def __init__(self, table: pa.Table, first_step: int = 0) -> None:
         names = set(table.column_names)
         missing = {
             "step",
@@ -106,7 +106,9 @@ class ManifestRows:
             raise InputError(f"manifest lacks columns {sorted(missing)}; re-run varpack plan")
         table = table.combine_chunks()
         col = table.column
-        self.step = col("step").to_numpy()
+        # steps counted from the plan's first (a replanned plan numbers the run's steps)
+        self.first_step = first_step
+        self.step = col("step").to_numpy() - first_step
         self.micro = col("micro").to_numpy()
         self.pad_to = col("pad_to").to_numpy()
         self.lr_factor = col("lr_factor").to_numpy()
@@ -139,7 +141,7 @@ class ManifestRows:
     def row(self, i: int, epoch: int = 0) -> RowInfo:
         a, b = self.ids_off[i], self.ids_off[i + 1]
         return RowInfo(
-            step=int(self.step[i]),
+            step=int(self.step[i]) + self.first_step,
             micro=int(self.micro[i]),
             sample_ids=self.ids[a:b],
             seq_lens=self.lens[self.lens_off[i] : self.lens_off[i + 1]],
@@ -301,7 +303,8 @@ class PlanLoader:
             )
         self.layout = layout
         table = self.plan.rank_table(self.rank, verify=verify)
-        self.rows = ManifestRows(table)
+        self.first_step = self.plan.first_step  # a replanned plan continues the run's steps
+        self.rows = ManifestRows(table, self.first_step)
         self.cp_rows = cp_mod.CPRows(table, self.cp_size) if self.cp_size > 1 else None
         self.fingerprint = plan_fingerprint(self.plan)
         config = self.plan.meta.get("config") or {}
@@ -321,7 +324,8 @@ class PlanLoader:
 
     @property
     def num_steps(self) -> int:
-        return self.plan.num_steps
+        """The run's steps: this plan's, after the :attr:`first_step` its parents trained."""
+        return self.first_step + self.plan.num_steps
 
     @property
     def grad_accum(self) -> int:
@@ -341,8 +345,10 @@ class PlanLoader:
         return int(np.count_nonzero(self.rows.is_last[start:]))
 
     def lr_factors(self) -> np.ndarray:
-        """LR factor of every step, indexed by step (what :class:`VariableBatchSizeLR` takes)."""
-        return step_values(self.rows.step, self.rows.lr_factor, self.num_steps)
+        """LR factor of every step, indexed by step (what :class:`VariableBatchSizeLR` takes);
+        1 for the steps before :attr:`first_step` (trained on the parent plan)."""
+        own = step_values(self.rows.step, self.rows.lr_factor, self.plan.num_steps)
+        return np.concatenate((np.ones(self.first_step), own))
 
     def __iter__(self) -> Iterator[Any]:
         if self._next >= len(self.rows):  # the previous pass finished: start the next one
@@ -378,16 +384,31 @@ class PlanLoader:
             step, micro = self.num_steps, 0
         else:
             step, micro = int(self.rows.step[self._next]), int(self.rows.micro[self._next])
+            step += self.first_step
         return make_state(self.fingerprint, self._epoch, step, micro)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` was taken; refuses, in one line, a state from another
-        plan, out of range or damaged (:func:`varpack.torch.state.read_state`)."""
-        epoch, step, micro = read_state(
-            state, self.fingerprint, self.num_steps, self.grad_accum, str(self.path)
-        )
+        plan, out of range or damaged (:func:`varpack.torch.state.read_state`); a replanned plan
+        also takes its parent's state at the step it continues from."""
+        parent = self.plan.meta.get("parent")
+        if (
+            isinstance(state, dict)
+            and parent
+            and state.get("plan") == parent["plan_fingerprint"][:32]
+        ):
+            epoch, step, micro = read_parent_state(state, parent, self.num_steps, self.plan.dp)
+        else:
+            epoch, step, micro = read_state(
+                state, self.fingerprint, self.num_steps, self.grad_accum, str(self.path)
+            )
+            if step < self.first_step:
+                raise InputError(
+                    f"loader state step {step}: {self.path} holds the run's steps from "
+                    f"{self.first_step} on; resume with the plan that holds step {step}"
+                )
         self._epoch = epoch
-        self._next = self.rows.index_of(step, micro)
+        self._next = self.rows.index_of(step - self.first_step, micro)
 
 
 def step_values(steps: np.ndarray, values: np.ndarray, num_steps: int) -> np.ndarray:

@@ -92,9 +92,12 @@ class VariableBatchSizeLR:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore (after the optimizer's own state); the optimizer's LRs are set again."""
-        if state.get("num_factors") != len(self.factors):
+        # A replanned run (varpack replan) may have another step count from its step on; a
+        # state is refused only when it stands past this plan's steps.
+        if int(state.get("last_step", 0)) > len(self.factors):
             raise ValueError(
-                f"LR state was saved for {state.get('num_factors')} plan steps, this plan has {len(self.factors)}"
+                f"LR state was saved at step {state.get('last_step')} (of "
+                f"{state.get('num_factors')} plan steps), past this plan's {len(self.factors)}"
             )
         self.scheduler.load_state_dict(state["scheduler"])
         self.last_step = int(state["last_step"])

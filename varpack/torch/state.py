@@ -11,7 +11,8 @@ keys, so a flipped bit that leaves every value in range (step 5 read as step 7) 
 instead of silently skipping data. :func:`read_state` refuses, in one line each, a state that is
 not a dict, of another format or a newer version, from another plan, with a value out of range,
 or with a checksum that does not match. A state of version 1 (written before the checksum) is
-still read.
+still read. A replanned plan (``varpack replan``) also takes its parent's state taken at the step
+it continues from (:func:`read_parent_state`).
 """
 
 from __future__ import annotations
@@ -98,6 +99,26 @@ def read_state(
         raise InputError(f"loader state step {step} micro {micro}: the plan has {step} steps")
     if not sealed:
         _damaged()
+    return epoch, step, micro
+
+
+def read_parent_state(
+    state: Mapping[str, Any], parent: Mapping[str, Any], num_steps: int, dp: int
+) -> tuple[int, int, int]:
+    """``(epoch, step, micro)`` of a state taken on a replanned plan's ``parent`` (plan.json's
+    entry): it must stand at the step the plan continues from, else the fitting ``varpack
+    replan`` command is named. ``num_steps``: the run's steps; ``dp``: the plan's."""
+    first = int(parent["from_step"])
+    epoch, step, micro = read_state(
+        state, str(parent["plan_fingerprint"])[:32], num_steps, 2**31, str(parent["plan"])
+    )
+    if (step, micro) != (first, 0):
+        where = f"step {step}" + (f" micro {micro}" if micro else "")
+        raise InputError(
+            f"the checkpoint was taken at {where} of the parent plan {parent['plan']}, and this "
+            f"plan continues it from step {first}: replan from the checkpoint's step (varpack "
+            f"replan {parent['plan']} NEW --from-step {step} --dp {dp})"
+        )
     return epoch, step, micro
 
 

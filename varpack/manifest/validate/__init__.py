@@ -29,7 +29,7 @@ import os
 import numpy as np
 
 from varpack.errors import InputError
-from varpack.manifest.format import VERSION, Plan, carried_columns
+from varpack.manifest.format import PLAN_VERSION, VERSION, Plan, carried_columns
 from varpack.manifest.schema import absent, checksum_problem
 from varpack.manifest.validate.carried import check_carried
 from varpack.manifest.validate.coverage import Locator, check_coverage
@@ -50,6 +50,7 @@ from varpack.manifest.validate.files import (
     read_config,
     read_rank,
 )
+from varpack.manifest.validate.lineage import check_lineage
 from varpack.manifest.validate.numbering import check_numbering
 from varpack.manifest.validate.pieces import documents, recompute_tokens
 from varpack.manifest.validate.replay import check_replay
@@ -67,11 +68,13 @@ def validate_plan(
     replay: bool = False,
     carry_source: str | os.PathLike[str] | None = None,
     carry_required: bool = True,
+    parent: str | os.PathLike[str] | None = None,
 ) -> Report:
     """Every check of the module doc; ``metadata`` = (ids, lens) of the input when given;
     ``replay``: plan ``metadata`` again with plan.json's config and compare (needs it);
     ``carry_source``: metadata holding the carried columns, to check their values against
-    (``carry_required``: a violation if it does not hold them, else a note in the facts)."""
+    (``carry_required``: a violation if it does not hold them, else a note in the facts);
+    ``parent``: where a replanned plan's parent is, when not where plan.json records it."""
     if replay and metadata is None:
         raise ValueError("replay needs the input's metadata")
     report = Report()
@@ -80,7 +83,12 @@ def validate_plan(
     if plan is None:  # nothing may be read: keys missing or rank files outside the plan
         return report
     meta = plan.meta
-    if replay and meta["version"] < VERSION:  # its planner is gone: no rows to compare with
+    if replay and "parent" in meta:
+        raise InputError(
+            f"{path}: a replanned plan (varpack replan) is not made from its input alone: "
+            "validate it without --replay (its parent is checked with it)"
+        )
+    if replay and meta["version"] < PLAN_VERSION:  # its planner is gone: no rows to compare
         raise InputError(
             f"{path}: plan.json is version {meta['version']}, made by an earlier varpack; "
             f"--replay re-plans with this one (version {VERSION}), whose planner may place "
@@ -109,30 +117,35 @@ def validate_plan(
     # coverage (split: the pieces tile their documents, which are then covered)
     reordered = cfg.warmup == "reorder"
     split = cfg.oversize == "split"
-    ids, lens, steps = (
-        documents(meta, cfg, ranks, whole.sample_step, reordered, report)
-        if split
-        else (whole.ids, whole.lens, whole.sample_step)
-    )
-    check_coverage(
-        meta,
-        ids,
-        lens,
-        steps,
-        metadata,
-        report,
-        whole=reordered,
-        locate=None if split else Locator(ranks),
-    )
+    if "parent" in meta:  # the run's coverage: this plan's steps and its parents' before
+        check_lineage(plan, cfg, (ranks, whole.sample_step), metadata, report, parent)
+    else:
+        ids, lens, steps = (
+            documents(meta, cfg, ranks, whole.sample_step, reordered, report)
+            if split
+            else (whole.ids, whole.lens, whole.sample_step)
+        )
+        check_coverage(
+            meta,
+            ids,
+            lens,
+            steps,
+            metadata,
+            report,
+            whole=reordered,
+            locate=None if split else Locator(ranks),
+        )
     unchecked: str | None = "give --metadata or --carry-from META"
     if carry_source is not None:
         unchecked = check_carried(meta, ranks, str(carry_source), report, carry_required)
     # rows: the chosen shape lengths, recomputed
-    if cfg.max_shapes is not None and lengths is not None:
+    if cfg.max_shapes is not None and lengths is not None and "parent" not in meta:
         recompute_lengths(cfg, lengths, ranks, whole.sample_step, meta, report)
     # figures: shapes and stats
     check_rank_shapes(meta, whole, report)
-    stats = recompute_stats(ranks, whole, lengths, cfg, meta.get("epochs"))
+    # a replanned plan's figures are its own rows' (no permutation to measure moves against)
+    epochs = None if "parent" in meta else meta.get("epochs")
+    stats = recompute_stats(ranks, whole, lengths, cfg, epochs)
     stats["tokens"] = recompute_tokens(meta, ranks, len(meta.get("epochs") or [0]), split)
     later = absent(meta, "stats")  # figures a plan of an earlier version does not hold
     compare_stats(meta.get("stats", {}), {k: v for k, v in stats.items() if k not in later}, report)

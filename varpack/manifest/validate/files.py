@@ -160,6 +160,12 @@ def read_rank(
             f"rank {rank}: manifest schema {table.schema.to_string()!r} is not {expected.to_string()!r}"
         )
         return None
+    return rank_rows(table, rank, plan.meta, report)
+
+
+def rank_rows(table: pa.Table, rank: int, meta: dict[str, Any], report: Report) -> RankRows | None:
+    """A manifest table as :class:`RankRows`, its list columns checked to be parallel; steps
+    counted from the plan's first (a replanned plan's manifests number the run's steps)."""
     ids_col = table.column("sample_ids").combine_chunks()
     lens_col = table.column("seq_lens").combine_chunks()
     off_ids = ids_col.offsets.to_numpy().astype(np.int64)
@@ -184,7 +190,7 @@ def read_rank(
             return None
         sample_offsets = ocol.flatten().to_numpy().astype(np.int64)
     carry = {}
-    for name, _ in carried_columns(plan.meta):
+    for name, _ in carried_columns(meta):
         ccol = table.column(CARRY_PREFIX + name).combine_chunks()
         if not np.array_equal(ccol.offsets.to_numpy().astype(np.int64), off_ids):
             report.add(f"rank {rank}: {CARRY_PREFIX}{name} lists are not parallel to sample_ids")
@@ -195,8 +201,10 @@ def read_rank(
         if "pad_rows" in table.column_names
         else np.zeros(table.num_rows, np.int64)
     )
+    parent = meta.get("parent")
+    first = int(parent["from_step"]) if isinstance(parent, dict) else 0
     return RankRows(
-        step=table.column("step").to_numpy(),
+        step=table.column("step").to_numpy() - first,
         micro=table.column("micro").to_numpy().astype(np.int64),
         offsets=off_ids - off_ids[0],
         ids=ids_col.flatten().to_numpy(),

@@ -9,10 +9,15 @@ labels drawn independently and uniformly and each bucket shuffled uniformly, eve
 is equally likely, as with one Fisher-Yates pass.
 
 Values that follow the samples (their lengths) are moved in the same passes, so the caller
-gets ``values[perm]`` without a gather over the whole array.
+gets ``values[perm]`` without a gather over the whole array. Inside :func:`given_orders` an
+epoch's permutation may instead be given by the caller (``varpack replan``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 from numba import njit
@@ -21,6 +26,37 @@ from numba import njit
 WHOLE = 1 << 20
 #: Samples per bucket of the two-level draw, about (a power of two).
 BUCKET = 1 << 18
+
+
+#: Permutations given by the caller for some epochs (:func:`given_orders`), else drawn.
+_GIVEN: ContextVar[dict[int, np.ndarray] | None] = ContextVar("given_orders", default=None)
+
+
+@contextmanager
+def given_orders(orders: dict[int, np.ndarray]) -> Iterator[None]:
+    """Inside the block, epoch ``e``'s permutation is ``orders[e]`` instead of one drawn from
+    ``(seed, e)``: ``varpack replan`` plans the samples a run has left in the order its parent
+    plan would have trained them, so each stays within about one window of where it was.
+
+    >>> with given_orders({0: np.array([2, 0, 1])}):
+    ...     permutation(7, 0, 3).tolist(), permuted(7, 0, np.array([5, 6, 7]))[1].tolist()
+    ([2, 0, 1], [7, 5, 6])
+    """
+    token = _GIVEN.set(orders)
+    try:
+        yield
+    finally:
+        _GIVEN.reset(token)
+
+
+def _given(epoch: int, n: int) -> np.ndarray | None:
+    orders = _GIVEN.get()
+    if orders is None or epoch not in orders:
+        return None
+    perm = orders[epoch]
+    if len(perm) != n:
+        raise ValueError(f"the given order of epoch {epoch} holds {len(perm)} samples, not {n}")
+    return perm
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
@@ -36,6 +72,9 @@ def permutation(seed: int, epoch: int, n: int) -> np.ndarray:
     >>> bool((permutation(3, 0, 10) == np.random.default_rng([3, 0]).permutation(10)).all())
     True
     """
+    given = _given(epoch, n)
+    if given is not None:
+        return given
     return _draw(epoch_rng(seed, epoch), n, None, WHOLE, BUCKET)[0]
 
 
@@ -46,6 +85,9 @@ def permuted(seed: int, epoch: int, values: np.ndarray) -> tuple[np.ndarray, np.
     >>> bool((v == np.array([10, 11, 12])[perm]).all())
     True
     """
+    given = _given(epoch, len(values))
+    if given is not None:
+        return given, values[given]
     perm, moved = _draw(epoch_rng(seed, epoch), len(values), values, WHOLE, BUCKET)
     assert moved is not None
     return perm, moved

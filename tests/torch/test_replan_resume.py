@@ -1,0 +1,138 @@
+"""A run stopped on one world size resumes on another: ``varpack replan`` + ``train.py --resume``
+under torchrun (gloo). Every sample is trained exactly once per epoch over the two parts, and a
+replan with the same dp ends with the uninterrupted run's weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch.nn")
+
+import torch  # noqa: E402
+from plan_helpers import random_lengths, write_tokens  # noqa: E402
+from plan_helpers import torchrun as run_torchrun  # noqa: E402
+from testkit import cli, write_metadata  # noqa: E402
+
+from varpack.torch.checkpoint import load_checkpoint  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def torchrun(nproc: int, *args: object, check: bool = True):  # type: ignore[no-untyped-def]
+    return run_torchrun(nproc, ROOT / "jobs" / "train.py", *args, check=check)
+
+
+def _seen(out: Path, world: int) -> list[int]:
+    return [
+        i
+        for r in range(world)
+        for i in json.loads((out / f"record-rank-{r}.json").read_text())["sample_ids"]
+    ]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, int]]:
+    tmp = tmp_path_factory.mktemp("replan")
+    lens = random_lengths(np.random.default_rng(11), 72, 2, 40)
+    write_tokens(tmp / "tok.parquet", list(lens), list(lens.values()), row_group_size=16)
+    write_metadata(tmp / "meta" / "m.parquet", list(lens), list(lens.values()))
+    return tmp, lens
+
+
+def _plan(tmp: Path, name: str, *extra: object) -> Path:
+    plan = tmp / name
+    cli("plan", tmp / "meta", plan, "--dp", 2, "--max-tokens", 96, "--pad-multiple", 16,
+        "--seed", 3, "--lr-scaling", "linear", "--base-batch-size", 8, "-q", *extra)  # fmt: skip
+    return plan
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("order", "epochs", "stop"), [("curriculum", 1, 3), ("shuffle", 2, 3), ("shuffle", 2, "epoch1")]
+)
+def test_a_run_resumes_on_other_world_sizes_and_trains_every_sample_once_per_epoch(
+    data: tuple[Path, dict[int, int]], order: str, epochs: int, stop: int | str
+) -> None:
+    tmp, lens = data
+    stop = f"{order}-{stop}" if stop == 3 else stop
+    plan = _plan(tmp, f"plan-{stop}", "--grad-accum", 3, "--order", order, "--epochs", epochs)
+    meta = json.loads((plan / "plan.json").read_text())
+    # in epoch 0 (early enough that 9 micro-batches can be made of what is left) or in epoch 1
+    at = meta["epochs"][1]["first_step"] + 2 if stop == "epoch1" else meta["num_steps"] // 3
+    common = ["--data", tmp / "tok.parquet", "--record", "--warmup-steps", "2"]
+    run = tmp / f"run-{stop}"
+    torchrun(2, "--plan", plan, *common, "--out", run, "--max-steps", at)
+    first = _seen(run, 2)
+    # dp 3 on the same checkpoint: refused with the exact replan command
+    wrong = torchrun(3, "--plan", plan, *common, "--out", run, "--resume", check=False)
+    assert wrong.returncode != 0
+    assert f"varpack replan {plan} {plan}-dp3 --from-step {at} --dp 3" in wrong.stderr
+    for dp, extra in ((1, ()), (3, ()), (3, ("--grad-accum", 3))):  # the last: a new batch
+        child = tmp / f"child-{stop}-{dp}-{len(extra)}"
+        cli("replan", plan, child, "--from-step", at, "--dp", dp, *extra, "-q")
+        steps = at + json.loads((child / "plan.json").read_text())["num_steps"]
+        cli("validate", child, "--metadata", tmp / "meta")  # with its parent: once per epoch
+        again = tmp / f"run-{stop}-dp{dp}-{len(extra)}"
+        shutil.copytree(run, again)
+        out = torchrun(dp, "--plan", child, *common, "--out", again, "--resume")
+        assert f"resumed at step {at} of {steps}" in out.stdout
+        counts = Counter(first + _seen(again, dp))
+        assert set(counts) == set(lens) and set(counts.values()) == {epochs}  # once per epoch
+        done = load_checkpoint(again / "checkpoint.pt")
+        assert done["lr"]["last_step"] == steps
+
+
+@pytest.mark.slow
+def test_a_replan_on_the_same_dp_ends_with_the_uninterrupted_weights(
+    data: tuple[Path, dict[int, int]],
+) -> None:
+    tmp, _ = data
+    plan = _plan(tmp, "plan-same", "--grad-accum", 2, "--order", "shuffle")
+    common = ["--data", tmp / "tok.parquet", "--warmup-steps", "2"]
+    torchrun(2, "--plan", plan, *common, "--out", tmp / "full")
+    torchrun(2, "--plan", plan, *common, "--out", tmp / "part", "--max-steps", 2)
+    cli("replan", plan, tmp / "same", "--from-step", 2, "-q")
+    torchrun(2, "--plan", tmp / "same", *common, "--out", tmp / "part", "--resume")
+    a = load_checkpoint(tmp / "full" / "checkpoint.pt")
+    b = load_checkpoint(tmp / "part" / "checkpoint.pt")
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    assert a["lr"]["last_step"] == b["lr"]["last_step"]
+
+
+def test_the_loader_of_a_replan_takes_its_parents_state_at_that_step_only(
+    data: tuple[Path, dict[int, int]],
+) -> None:
+    from varpack.errors import InputError
+    from varpack.torch import PlanLoader
+
+    tmp, lens = data
+    plan = _plan(tmp, "plan-loader", "--grad-accum", 2)
+    tokens = {i: np.arange(n) for i, n in lens.items()}
+    loader = PlanLoader(plan, tokens, rank=0, world_size=2)
+    it = iter(loader)
+    for _ in range(4):  # steps 0 and 1
+        next(it)
+    state = loader.state_dict()
+    assert (state["step"], state["micro"]) == (2, 0)
+    cli("replan", plan, tmp / "loader-child", "--from-step", 2, "--dp", 1, "-q")
+    child = PlanLoader(tmp / "loader-child", tokens, rank=0, world_size=1)
+    child.load_state_dict(state)
+    assert child.num_steps == loader.num_steps and child.first_step == 2
+    batch = next(iter(child))
+    assert (batch.step, batch.micro) == (2, 0)
+    assert child.state_dict()["step"] == 2 and child.state_dict()["micro"] == 1
+    assert np.all(np.isnan(child.lr_factors()[:2]) == False)  # noqa: E712
+    cli("replan", plan, tmp / "loader-late", "--from-step", 3, "--dp", 1, "-q")
+    late = PlanLoader(tmp / "loader-late", tokens, rank=0, world_size=1)
+    with pytest.raises(InputError, match="--from-step 2 --dp 1"):
+        late.load_state_dict(state)
+    other = _plan(tmp, "plan-other", "--grad-accum", 2, "--seed", 9)
+    with pytest.raises(InputError, match="belongs to another plan"):
+        PlanLoader(other, tokens, rank=0, world_size=2).load_state_dict(child.state_dict())
