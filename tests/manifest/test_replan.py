@@ -209,3 +209,18 @@ def test_split_and_carried_plans_replan_and_validate_with_their_metadata(tmp_pat
     cli("replan", carried, tmp_path / "cc", "--from-step", 5, "--dp", 3, "-q")  # planned again
     out = cli("validate", tmp_path / "cc", "--metadata", tmp_path / "meta").stdout
     assert "carried source (checked against the metadata)" in out
+
+
+@pytest.mark.parametrize("options", [{"dp": 4}, {"dp": 3, "grad_accum": 3}])
+def test_a_replan_is_deterministic_and_leaves_its_parent_alone(
+    tmp_path: Path, options: dict[str, int]
+) -> None:
+    plan = _plan(tmp_path, "plan", "--dp", 2, "--grad-accum", 2, "--order", "shuffle")
+    before = {p.name: p.read_bytes() for p in plan.iterdir()}
+    replan(plan, tmp_path / "a", 9, options)
+    replan(plan, tmp_path / "b", 9, options)
+    for f in (tmp_path / "a").iterdir():
+        assert f.read_bytes() == (tmp_path / "b" / f.name).read_bytes(), f.name
+    assert {p.name: p.read_bytes() for p in plan.iterdir()} == before
+    out = cli("validate", tmp_path / "a", "--metadata", tmp_path / "meta", "--replay", expect=2)
+    assert "a replanned plan" in out.stderr and "without --replay" in out.stderr
