@@ -179,8 +179,8 @@ def test_every_declared_dependency_is_used() -> None:
 def test_every_imported_package_is_declared() -> None:
     """Each third-party import of the package and its jobs is a runtime dependency or extra.
 
-    polars, for one, is a dev extra (the sort tests' and benchmarks' reference), so the package
-    itself may not import it (docs/polars.md says why pyarrow and NumPy cover it).
+    polars, for one, is a runtime dependency for ``--where`` (SQL over metadata) only; the
+    statistics stay pyarrow and NumPy (docs/polars.md says why).
     """
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = list(project["dependencies"])

@@ -31,6 +31,14 @@ from varpack.plan.oversize import preview, render_preview
 @click.option(
     "--split-len", type=click.IntRange(1, 2**31 - 1), default=None, help="As for varpack plan."
 )
+@click.option(
+    "--where",
+    "where",
+    default=None,
+    metavar="SQL",
+    help="Summarise only the rows that satisfy this SQL condition over the metadata's columns "
+    "(as varpack plan --where), and say how many it kept.",
+)
 def check(
     input: str,
     keys: tuple[str, ...],
@@ -38,6 +46,7 @@ def check(
     max_tokens: int | None,
     pad_multiple: int,
     split_len: int | None,
+    where: str | None,
 ) -> None:
     """Validate the metadata INPUT (file, directory or glob) and summarise it.
 
@@ -45,10 +54,20 @@ def check(
     unique across all files, seq_len > 0, at least one row) and prints count, tokens, length
     percentiles and a log2 histogram. Symbolic links to files and directories are followed and
     listed. Exit code 2 with one line on stderr when the input is bad. With --max-tokens N, also
-    previews each --oversize choice under that budget.
+    previews each --oversize choice under that budget. With --where SQL, summarises the rows
+    the condition keeps.
     """
     table = read_metadata(input, keys)
     listing = scan_input(input)
+    selected = None
+    if where is not None:  # the same selection as varpack plan --where
+        from varpack.metadata.where import check_sql, keep, where_ids
+
+        sql = check_sql(where)
+        ids = table.column(ID).to_numpy()
+        kept = where_ids([str(f) for f in listing.files], sql)
+        mask, selected = keep(ids, table.column(LEN).to_numpy(), kept, sql, input)
+        table = table.filter(mask)
     extra = {k: table.column(k).to_numpy() for k in keys if k not in (ID, LEN)}
     summary = summarize(table.column(LEN).to_numpy(), len(listing.files), extra)
     links = [str(p) for p in listing.links]
@@ -63,8 +82,12 @@ def check(
         raise ConfigError("--split-len needs --max-tokens (the budget to preview)")
     if as_json:
         extra = {**({"links": links} if links else {}), **({"oversize": over} if over else {})}
+        if selected is not None:
+            extra["selection"] = selected.entry()
         click.echo(json.dumps({**summary.to_dict(), **extra}, indent=2))
     else:
+        if selected is not None:
+            click.echo(selected.line())
         click.echo(render(summary))
         if over is not None:
             click.echo("")

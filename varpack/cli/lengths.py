@@ -35,6 +35,14 @@ from varpack.metadata.lengths import AUTO, DEFAULT_COLUMN, ROWS_PER_SHARD, deriv
     help="Also write the memory-mappable Arrow IPC copy of the tokens (sample_id, input_ids) "
     "here, in the same pass; the fast input for the torch reader.",
 )
+@click.option(
+    "--keep",
+    "keep",
+    multiple=True,
+    metavar="COL",
+    help="Copy this column of the dataset (integer, float, boolean or string: source, lang, "
+    "score) into the metadata, for plan --where and --carry (repeatable).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT (and --arrow-copy).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or status on stderr.")
 def lengths(
@@ -45,6 +53,7 @@ def lengths(
     number_rows: bool,
     rows_per_shard: int,
     arrow_copy: Path | None,
+    keep: tuple[str, ...],
     overwrite: bool,
     quiet: bool,
 ) -> None:
@@ -55,13 +64,14 @@ def lengths(
     has one, else the row positions in the sorted file order (0, 1, 2, ...), as with
     --number-rows. The reader (varpack.torch) looks for the same columns.
     With --arrow-copy PATH the same pass writes an uncompressed Arrow IPC copy of the tokens keyed
-    by the same ids, which varpack.torch.ParquetTokenDataset memory-maps.
+    by the same ids, which varpack.torch.ParquetTokenDataset memory-maps. --keep source copies
+    a column into the metadata (then plan --where and --carry read it there).
     """
     if number_rows and id_column != AUTO:
         raise ConfigError(f"--number-rows and --id-column {id_column}: choose one")
     ids = None if number_rows else id_column
     result = derive_lengths(
-        input, output, column, ids, rows_per_shard, overwrite, quiet, arrow_copy
+        input, output, column, ids, rows_per_shard, overwrite, quiet, arrow_copy, keep
     )
     where = "row positions" if result.id_column is None else f"column '{result.id_column}'"
     info(

@@ -81,6 +81,15 @@ def _with_plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
     help="Metadata to read --carry columns from, joined by sample_id (needed when INPUT is a "
     "varpack sort output; default: INPUT).",
 )
+@click.option(
+    "--where",
+    "where",
+    default=None,
+    metavar="SQL",
+    help="Plan only the samples whose metadata row satisfies this SQL condition over its "
+    "columns (\"score > 0.5 AND lang = 'en'\"); read from INPUT, or --carry-from META when "
+    "INPUT is a sort output.",
+)
 @_with_plan_options
 def plan(
     input: str,
@@ -90,6 +99,7 @@ def plan(
     quiet: bool,
     carry: tuple[str, ...],
     carry_from: str | None,
+    where: str | None,
     **options: Any,
 ) -> None:
     """Plan training on INPUT (a `varpack sort` output, or raw metadata) into the directory OUT.
@@ -122,17 +132,31 @@ def plan(
     values: dict[str, Any] = load_toml(config_file) if config_file else {}
     names = list(carry) or values.pop("carry", [])  # flags override the config file
     source = carry_from or values.pop("carry_from", None)
-    values = {k: v for k, v in values.items() if k not in ("carry", "carry_from")}
+    where = where or values.pop("where", None)
+    values = {k: v for k, v in values.items() if k not in ("carry", "carry_from", "where")}
     values.update({k: v for k, v in options.items() if v is not None})
     cfg = PlanConfig.from_mapping(values).resolved()
-    arrays, meta = run_plan(input, out, cfg, overwrite=overwrite, carry=names, carry_from=source)
+    arrays, meta = run_plan(
+        input, out, cfg, overwrite=overwrite, carry=names, carry_from=source, where=where
+    )
     for note in arrays.notes:
         click.echo(note, err=True)
+    if "selection" in meta and not quiet:
+        from varpack.metadata.where import Where
+
+        click.echo(Where(**_where_fields(meta["selection"])).line())
     if not quiet:
         from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 
         click.echo(summary_line(out, meta, cfg))
         click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
+
+
+def _where_fields(entry: dict[str, Any]) -> dict[str, Any]:
+    """plan.json's ``selection`` as :class:`~varpack.metadata.where.Where` fields."""
+    return {
+        ("sql" if k == "where" else "source" if k == "from" else k): v for k, v in entry.items()
+    }
 
 
 def bound_text(s: dict[str, Any]) -> str:

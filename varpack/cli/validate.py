@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -66,7 +67,7 @@ def validate(
     if metadata is not None:
         from varpack.manifest.make import read_input
 
-        reference = read_input(metadata)
+        reference = _selected(plan, read_input(metadata), metadata, carry_from)
     carry_source = carry_from
     if carry_source is None and metadata is not None:
         from varpack.sort.output import is_sorted_output
@@ -105,3 +106,23 @@ def validate(
     from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 
     click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
+
+
+def _selected(
+    plan: str, reference: tuple[Any, Any], metadata: str, carry_from: str | None
+) -> tuple[Any, Any]:
+    """The metadata's samples a plan made with ``--where`` selected (the same condition, over
+    ``--carry-from`` if given, else the metadata), else all of them."""
+    from varpack.errors import VarpackError
+    from varpack.manifest.format import read_meta
+    from varpack.manifest.make import select_input, where_source
+
+    try:
+        entry = read_meta(plan).get("selection")
+    except (OSError, ValueError, VarpackError):  # validate_plan refuses such a plan in one line
+        return reference
+    if not isinstance(entry, dict) or not isinstance(entry.get("where"), str):
+        return reference
+    source = carry_from if carry_from is not None else where_source(metadata, None)
+    ids, lens, _ = select_input(*reference, entry["where"], source)
+    return ids, lens

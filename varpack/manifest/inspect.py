@@ -32,6 +32,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         **({"cp": meta["cp"]} if isinstance(meta.get("cp"), dict) else {}),
         **({"carry": meta["carry"]} if isinstance(meta.get("carry"), dict) else {}),
         **({"parent": lineage(plan)} if isinstance(meta.get("parent"), dict) else {}),
+        **({"selection": meta["selection"]} if isinstance(meta.get("selection"), dict) else {}),
         "shape_lengths": meta.get("shape_lengths"),
         "ranks": [
             {
@@ -294,6 +295,15 @@ def render(info: dict[str, Any]) -> str:
         ("tokens", token_line(s.get("tokens"), lead="")),
     ]
     rows.extend(_carry_rows(info))
+    if "selection" in info:
+        w = info["selection"]
+        rows.append(
+            (
+                "selection",
+                f"where {w['where']}: kept {w['kept_samples']:,} of {w['samples']:,} samples, "
+                f"{w['kept_tokens']:,} of {w['tokens']:,} tokens ({w['from']})",
+            )
+        )
     if cfg.get("oversize") == "split":
         rows.append(
             ("split", f"pieces of <= {cfg['split_len']} tokens, positions {cfg['split_positions']}")

@@ -20,14 +20,15 @@ from varpack.atomic import check_output
 from varpack.errors import ConfigError, InputError
 from varpack.manifest.format import write_plan
 from varpack.manifest.tables import plan_tables
+from varpack.metadata.where import Where, check_sql, keep, where_ids
 from varpack.plan import PlanArrays, PlanConfig, make_plan
 from varpack.plan.kernels.split import unit_count
 from varpack.plan.stages.select import plan_bytes
 from varpack.sort.output import is_sorted_output
 
 #: Keys of a ``--config`` file that are not planning options: the carried columns (``carry``
-#: accepts a list of names) and their metadata (``carry_from``).
-CARRY_KEYS = ("carry", "carry_from")
+#: accepts a list of names), their metadata (``carry_from``) and the selection (``where``).
+CARRY_KEYS = ("carry", "carry_from", "where")
 
 
 def input_paths(path: str | os.PathLike[str]) -> list[Path]:
@@ -123,6 +124,34 @@ def _check_carry_keys(carry: dict[str, Any], p: Path) -> None:
         )
     if not isinstance(carry.get("carry_from", ""), str):
         raise ConfigError(f"--config {p}: carry_from must be a path (a string)")
+    if not isinstance(carry.get("where", ""), str):
+        raise ConfigError(f"--config {p}: where must be a SQL condition (a string)")
+
+
+def where_source(input: str | os.PathLike[str], carry_from: str | os.PathLike[str] | None) -> str:
+    """The metadata ``--where`` reads its columns from: INPUT when it is raw metadata, else
+    ``--carry-from`` (the metadata a sort output was sorted from)."""
+    if not is_sorted_output(input):
+        return str(input)
+    if carry_from is None:
+        raise ConfigError(
+            f"--where: {input} is a varpack sort output, which keeps only sample_id, seq_len and "
+            "key columns; add --carry-from METADATA (the metadata it was sorted from)"
+        )
+    return str(carry_from)
+
+
+def select_input(
+    ids: np.ndarray, lens: np.ndarray, sql: str, source: str
+) -> tuple[np.ndarray, np.ndarray, Where]:
+    """The samples whose metadata row satisfies the SQL condition ``sql`` (order kept)."""
+    from varpack.metadata.contract import resolve_files
+
+    text = check_sql(sql)
+    mask, where = keep(
+        ids, lens, where_ids([str(f) for f in resolve_files(source)], text), text, source
+    )
+    return ids[mask], lens[mask], where
 
 
 def carry_source(
@@ -131,8 +160,6 @@ def carry_source(
     """Where the carried columns are read: ``--carry-from``, else the input when it is raw
     metadata (``None`` without ``--carry``)."""
     if not names:
-        if carry_from is not None:
-            raise ConfigError("--carry-from needs --carry COL (the columns to take from it)")
         return None
     if carry_from is not None:
         return str(carry_from)
@@ -151,11 +178,14 @@ def plan(
     overwrite: bool = False,
     carry: Sequence[str] = (),
     carry_from: str | os.PathLike[str] | None = None,
+    where: str | None = None,
 ) -> tuple[PlanArrays, dict[str, Any]]:
     """Plan ``input`` with ``cfg`` and write the plan directory ``out`` (atomically).
 
     ``carry`` names metadata columns to take into the manifests (``carry.COL``), read from
-    ``carry_from`` or else from ``input`` when it is raw metadata. Fails before any work when
+    ``carry_from`` or else from ``input`` when it is raw metadata; ``where``, a SQL condition
+    over the metadata's columns (read from the same place), selects the samples planned
+    (:mod:`varpack.metadata.where`; plan.json's ``selection``). Fails before any work when
     ``out`` exists without ``overwrite``, and writes nothing on error. Returns the plan arrays
     and plan.json's content (without ranks).
     """
@@ -168,7 +198,12 @@ def plan(
     source = carry_source(input, names, None if carry_from is None else str(carry_from))
     # the carried columns are read (and refused) before the planning work
     carried_from = None if source is None else read_carry_source(source, names)
+    if carry_from is not None and not names and where is None:
+        raise ConfigError("--carry-from needs --carry COL or --where (what to read from it)")
     ids, lens = read_input(input)
+    selected = None
+    if where is not None:
+        ids, lens, selected = select_input(ids, lens, where, where_source(input, carry_from))
     split = cfg.split_len if cfg.oversize == "split" else None
     check_memory(unit_count(lens, split), cfg)  # pieces are planned rows too
     arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
@@ -178,5 +213,7 @@ def plan(
         carried = join(arrays.ids, *carried_from, source)  # ids: the kept samples
 
         meta["carry"] = carried.entry(source)
+    if selected is not None:
+        meta["selection"] = selected.entry()
     write_plan(out, meta, plan_tables(arrays, carried), overwrite, extra, inputs)
     return arrays, meta

@@ -251,6 +251,8 @@ def _child_meta(
     }
     if carried_columns(meta):
         child["carry"] = meta["carry"]
+    if "selection" in meta:  # the run's samples were selected so (validate --metadata re-selects)
+        child["selection"] = meta["selection"]
     child["parent"] = {
         "plan": str(plan.path.resolve()),
         "plan_fingerprint": meta.get(FINGERPRINT_KEY) or plan_fingerprint(meta),

@@ -50,6 +50,7 @@ ADDED = {
     "stats.fill_given_up": 2,
     CHECKSUM_KEY: 2,
     "parent": 3,
+    "selection": 3,
 }
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -213,8 +214,26 @@ _PARENT = obj(
     "an object {plan, plan_fingerprint, from_step}",
     {"plan": STRING, "plan_fingerprint": SHA256, "from_step": integer(0)},
 )
+#: ``--where``: the SQL condition that selected the planned samples, and what it kept
+_SELECTION = obj(
+    "an object {where, from, samples, tokens, kept_samples, kept_tokens}",
+    {
+        "where": STRING,
+        "from": STRING,
+        "samples": integer(0),
+        "tokens": integer(0),
+        "kept_samples": integer(0),
+        "kept_tokens": integer(0),
+    },
+)
 #: keys a plan has only where a feature uses them
-OPTIONAL = {FINGERPRINT_KEY: SHA256, "carry": _CARRY, "checksum": SHA256, "parent": _PARENT}
+OPTIONAL = {
+    FINGERPRINT_KEY: SHA256,
+    "carry": _CARRY,
+    "checksum": SHA256,
+    "parent": _PARENT,
+    "selection": _SELECTION,
+}
 #: what every reader needs (the torch reader, inspect, validate)
 CORE = {
     "layout": obj(

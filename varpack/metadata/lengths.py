@@ -29,6 +29,7 @@ from rich.progress import TaskID
 from varpack.atomic import atomic_dir, atomic_file, check_output, remove
 from varpack.console import progress
 from varpack.errors import ConfigError, InputError
+from varpack.metadata import keep as kept
 from varpack.metadata.contract import (
     ID,
     LEN,
@@ -124,8 +125,11 @@ def pick_id_column(schema: pa.Schema, id_column: str | None) -> str | None:
     )
 
 
-def list_sources(files: Sequence[Path | str], column: str, id_column: str | None) -> list[Source]:
-    """Read every footer (schema, rows, row groups) and give each file its global row offset."""
+def list_sources(
+    files: Sequence[Path | str], column: str, id_column: str | None, keep: Sequence[str] = ()
+) -> list[Source]:
+    """Read every footer (schema, rows, row groups) and give each file its global row offset;
+    the ``keep`` columns are checked to be there (:mod:`.keep`)."""
     sources, offset = [], 0
     for path in files:
         try:
@@ -136,7 +140,8 @@ def list_sources(files: Sequence[Path | str], column: str, id_column: str | None
                 f"{path}: cannot read as Parquet ({first_line(exc)}); replace or remove the file"
             ) from None
         check_token_schema(schema, str(path), column, id_column)
-        footer_rows(path, meta, [c for c in (column, id_column) if c], loaded=1)
+        kept.check_schema(schema, keep, str(path))
+        footer_rows(path, meta, [c for c in (column, id_column, *keep) if c], loaded=1)
         token_type = schema.field(column).type.value_type
         sources.append(Source(str(path), meta.num_rows, meta.num_row_groups, offset, token_type))
         offset += meta.num_rows
@@ -197,11 +202,13 @@ def row_lengths(tokens: pa.ChunkedArray | pa.Array, where: str, first_row: int) 
 
 
 def iter_row_groups(
-    sources: Sequence[Source], column: str, id_column: str | None
+    sources: Sequence[Source], column: str, id_column: str | None, keep: Sequence[str] = ()
 ) -> Iterator[tuple[Source, pa.Table, pa.ChunkedArray]]:
-    """Yield, per row group, its validated metadata table (``sample_id``, ``seq_len``) and its
-    token column. The one place that reads the tokens and numbers the samples."""
+    """Yield, per row group, its validated metadata table (``sample_id``, ``seq_len``, then the
+    ``keep`` columns) and its token column. The one place that reads the tokens and numbers the
+    samples."""
     columns = [column] if id_column is None or id_column == column else [column, id_column]
+    columns += list(keep)
     for src in sources:
         try:
             reader = pq.ParquetFile(src.path)
@@ -229,6 +236,8 @@ def iter_row_groups(
                     bad = row + int(pc.index(pc.is_null(ids), True).as_py())
                     raise InputError(f"{src.path}: row {bad}: null in id column '{id_column}'")
             meta = validate_table(pa.table({ID: ids, LEN: lens}), src.path, row)
+            for name, col in kept.kept_columns(table, keep).items():
+                meta = meta.append_column(name, col)
             yield src, meta, tokens
             row += len(lens)
 
@@ -250,9 +259,12 @@ def derive_lengths(
     overwrite: bool = False,
     quiet: bool = True,
     arrow_copy: str | os.PathLike[str] | None = None,
+    keep: Sequence[str] = (),
 ) -> LengthsResult:
     """Write metadata shards for the tokenized dataset ``input`` into ``output`` (atomically).
 
+    ``keep`` names columns of the dataset to copy into the metadata, row for row
+    (:mod:`varpack.metadata.keep`).
     With ``arrow_copy``, the same pass also writes the memory-mappable token copy there
     (:mod:`varpack.metadata.tokens`); either both outputs are published or neither is.
     With ``id_column`` the ids are checked for uniqueness at the end, which keeps all ids in
@@ -267,16 +279,19 @@ def derive_lengths(
     if arrow_copy is not None:
         _check_apart(output, arrow_copy)
         check_output(arrow_copy, overwrite, inputs, is_token_copy)
-    sources, id_column = _sources(input, column, id_column, files)
+    kept.check_names(keep, column, None if id_column == AUTO else id_column)
+    sources, id_column = _sources(input, column, id_column, files, keep)
+    keep = kept.check_names(keep, column, id_column)  # the id column "auto" chose
+    schema = kept.schema_with(WRITE_SCHEMA, keep, pq.read_schema(sources[0].path))
     total = sum(s.num_rows for s in sources)
     published = False
     try:
         with _maybe_copy(arrow_copy, overwrite, sources, inputs) as copy:
             with (
                 atomic_dir(output, overwrite, inputs, marker="metadata") as tmp,
-                ShardedWriter(tmp, even_sizes(total, rows_per_shard), WRITE_SCHEMA) as writer,
+                ShardedWriter(tmp, even_sizes(total, rows_per_shard), schema) as writer,
             ):
-                tokens = _stream(sources, column, id_column, writer, copy, quiet)
+                tokens = _stream(sources, column, id_column, writer, copy, quiet, keep)
             published = True  # the copy is published last, when this block ends
     except BaseException:
         if published:  # publishing the copy failed: take the metadata back too
@@ -312,13 +327,14 @@ def _sources(
     column: str,
     id_column: str | None,
     files: Sequence[Path] | None = None,
+    keep: Sequence[str] = (),
 ) -> tuple[list[Source], str | None]:
     """The input files and the id column (``"auto"`` resolved on the first file's schema)."""
     files = resolve_files(input) if files is None else files
     if id_column == AUTO:
         list_sources(files[:1], column, None)  # readable, with a token column
         id_column = pick_id_column(pq.read_schema(files[0]), AUTO)
-    sources = list_sources(files, column, id_column)
+    sources = list_sources(files, column, id_column, keep)
     if sum(s.num_rows for s in sources) == 0:
         raise InputError(f"{input}: the dataset holds no rows; nothing to do")
     return sources, id_column
@@ -364,12 +380,13 @@ def _stream(
     writer: ShardedWriter | None,
     copy: TokenCopyWriter | None,
     quiet: bool,
+    keep: Sequence[str] = (),
 ) -> int:
     """One pass over the row groups into the metadata and/or copy writers; returns the tokens."""
     tokens = 0
     seen: list[np.ndarray] = []
     with progress("lengths", sum(s.num_rows for s in sources), quiet) as bar:
-        for src, table, token_lists in iter_row_groups(sources, column, id_column):
+        for src, table, token_lists in iter_row_groups(sources, column, id_column, keep):
             if writer is not None:
                 writer.write(table)
             if copy is not None:
