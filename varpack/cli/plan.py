@@ -90,6 +90,40 @@ def _with_plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
     "columns (\"score > 0.5 AND lang = 'en'\"); read from INPUT, or --carry-from META when "
     "INPUT is a sort output.",
 )
+@click.option(
+    "--mix",
+    "mix",
+    default=None,
+    metavar="NAME=W,...",
+    help="Blend the sources of --source-column at these weights (summing to 1): code=0.3,chat=0.7. "
+    "Each source is repeated or subsampled to its share of the run and interleaved at it.",
+)
+@click.option(
+    "--source-column",
+    "source_column",
+    default=None,
+    metavar="COL",
+    help="The metadata column naming each sample's source (strings or integers), for --mix; "
+    "read from INPUT or --carry-from, and carried into the manifests.",
+)
+@click.option(
+    "--mix-unit",
+    type=click.Choice(["tokens", "samples"]),
+    default="tokens",
+    help="What the --mix weights count. [default: tokens]",
+)
+@click.option(
+    "--total-tokens",
+    type=click.IntRange(1),
+    default=None,
+    help="The run's total with --mix (--mix-unit tokens) [default: the largest that repeats no source].",
+)
+@click.option(
+    "--total-samples",
+    type=click.IntRange(1),
+    default=None,
+    help="The run's total with --mix --mix-unit samples [default: the largest that repeats no source].",
+)
 @_with_plan_options
 def plan(
     input: str,
@@ -100,6 +134,11 @@ def plan(
     carry: tuple[str, ...],
     carry_from: str | None,
     where: str | None,
+    mix: str | None,
+    source_column: str | None,
+    mix_unit: str,
+    total_tokens: int | None,
+    total_samples: int | None,
     **options: Any,
 ) -> None:
     """Plan training on INPUT (a `varpack sort` output, or raw metadata) into the directory OUT.
@@ -136,9 +175,22 @@ def plan(
     values = {k: v for k, v in values.items() if k not in ("carry", "carry_from", "where")}
     values.update({k: v for k, v in options.items() if v is not None})
     cfg = PlanConfig.from_mapping(values).resolved()
+    blend = None
+    if mix is not None:
+        from varpack.plan.mix import Mix, parse_mix
+
+        total = total_tokens if mix_unit == "tokens" else total_samples
+        if (total_samples if mix_unit == "tokens" else total_tokens) is not None:
+            raise click.UsageError(f"--mix-unit {mix_unit}: give --total-{mix_unit}")
+        blend = Mix(parse_mix(mix), mix_unit, total)
+    elif total_tokens is not None or total_samples is not None:
+        raise click.UsageError("--total-tokens and --total-samples need --mix")
     arrays, meta = run_plan(
-        input, out, cfg, overwrite=overwrite, carry=names, carry_from=source, where=where
-    )
+        input, out, cfg, overwrite=overwrite, carry=names, carry_from=source, where=where,
+        mix=blend, source_column=source_column,
+    )  # fmt: skip
+    if "mix" in meta and not quiet:
+        click.echo(mix_line(meta["mix"]))
     for note in arrays.notes:
         click.echo(note, err=True)
     if "selection" in meta and not quiet:
@@ -150,6 +202,16 @@ def plan(
 
         click.echo(summary_line(out, meta, cfg))
         click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
+
+
+def mix_line(m: dict[str, Any]) -> str:
+    """One line: each source's weight, repeat factor and share of the steps (min .. max)."""
+    parts = [
+        f"{name} {f['weight']:.3g} (x{f['repeat']:.2f}; steps {100 * m['shares'][name]['min']:.1f}"
+        f"..{100 * m['shares'][name]['max']:.1f}%)"
+        for name, f in m["sources"].items()
+    ]
+    return f"mix by {m['unit']}, total {m['total']:,}: " + ", ".join(parts)
 
 
 def _where_fields(entry: dict[str, Any]) -> dict[str, Any]:

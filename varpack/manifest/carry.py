@@ -171,7 +171,10 @@ def join(ids: np.ndarray, meta_ids: np.ndarray, table: pa.Table, where: str) -> 
             f"{where}: sample id {int(sorted_ids[twice[0]])} appears more than once; a carried "
             "value must belong to one sample"
         )
-    pos = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+    order_q = np.argsort(ids, kind="stable")  # queries in order: one walk over sorted_ids
+    pos = np.empty(len(ids), dtype=np.int64)
+    pos[order_q] = np.searchsorted(sorted_ids, ids[order_q])
+    pos = np.minimum(pos, len(sorted_ids) - 1)
     missing = sorted_ids[pos] != ids
     if missing.any():
         lost = ids[missing]

@@ -19,10 +19,12 @@ import numpy as np
 from varpack.atomic import check_output
 from varpack.errors import ConfigError, InputError
 from varpack.manifest.format import write_plan
+from varpack.manifest.mixing import plan_mixed
 from varpack.manifest.tables import plan_tables
 from varpack.metadata.where import Where, check_sql, keep, where_ids
 from varpack.plan import PlanArrays, PlanConfig, make_plan
 from varpack.plan.kernels.split import unit_count
+from varpack.plan.mix import Mix
 from varpack.plan.stages.select import plan_bytes
 from varpack.sort.output import is_sorted_output
 
@@ -179,13 +181,17 @@ def plan(
     carry: Sequence[str] = (),
     carry_from: str | os.PathLike[str] | None = None,
     where: str | None = None,
+    mix: Mix | None = None,
+    source_column: str | None = None,
 ) -> tuple[PlanArrays, dict[str, Any]]:
     """Plan ``input`` with ``cfg`` and write the plan directory ``out`` (atomically).
 
     ``carry`` names metadata columns to take into the manifests (``carry.COL``), read from
     ``carry_from`` or else from ``input`` when it is raw metadata; ``where``, a SQL condition
     over the metadata's columns (read from the same place), selects the samples planned
-    (:mod:`varpack.metadata.where`; plan.json's ``selection``). Fails before any work when
+    (:mod:`varpack.metadata.where`; plan.json's ``selection``); ``mix`` blends the sources of
+    ``source_column`` (read from there too, and carried) at its weights
+    (:mod:`varpack.manifest.mixing`; plan.json's ``mix``). Fails before any work when
     ``out`` exists without ``overwrite``, and writes nothing on error. Returns the plan arrays
     and plan.json's content (without ranks).
     """
@@ -194,6 +200,12 @@ def plan(
     inputs = input_paths(input) + (input_paths(carry_from) if carry_from is not None else [])
     check_output(out, overwrite, inputs)
     cfg = cfg.resolved()
+    if (mix is None) != (source_column is None):
+        raise ConfigError(
+            "--mix and --source-column go together: the weights, and the column naming each sample's source"
+        )
+    if source_column is not None and source_column not in carry:
+        carry = (*carry, source_column)  # the source travels into the manifests
     names = check_names(carry)
     source = carry_source(input, names, None if carry_from is None else str(carry_from))
     # the carried columns are read (and refused) before the planning work
@@ -206,7 +218,11 @@ def plan(
         ids, lens, selected = select_input(ids, lens, where, where_source(input, carry_from))
     split = cfg.split_len if cfg.oversize == "split" else None
     check_memory(unit_count(lens, split), cfg)  # pieces are planned rows too
-    arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
+    if mix is not None:
+        assert source_column is not None and source is not None
+        arrays, meta, extra = plan_mixed(ids, lens, cfg, mix, source_column, source, str(input))
+    else:
+        arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
     carried = None
     if carried_from is not None:
         assert source is not None

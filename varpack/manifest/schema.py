@@ -51,6 +51,7 @@ ADDED = {
     CHECKSUM_KEY: 2,
     "parent": 3,
     "selection": 3,
+    "mix": 3,
 }
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -226,8 +227,20 @@ _SELECTION = obj(
         "kept_tokens": integer(0),
     },
 )
+#: ``--mix``: the blend's weights, each source's figures and its share of the steps
+_MIX = obj(
+    "an object {column, unit, total, sources, shares}",
+    {
+        "column": STRING,
+        "unit": Spec("tokens or samples", lambda v: v in ("tokens", "samples")),
+        "total": integer(0),
+        "sources": Spec("an object", lambda v: isinstance(v, dict)),
+        "shares": Spec("an object", lambda v: isinstance(v, dict)),
+    },
+)
 #: keys a plan has only where a feature uses them
 OPTIONAL = {
+    "mix": _MIX,
     FINGERPRINT_KEY: SHA256,
     "carry": _CARRY,
     "checksum": SHA256,

@@ -51,6 +51,7 @@ from varpack.manifest.validate.files import (
     read_rank,
 )
 from varpack.manifest.validate.lineage import check_lineage
+from varpack.manifest.validate.mixture import check_mix
 from varpack.manifest.validate.numbering import check_numbering
 from varpack.manifest.validate.pieces import documents, recompute_tokens
 from varpack.manifest.validate.replay import check_replay
@@ -119,6 +120,8 @@ def validate_plan(
     split = cfg.oversize == "split"
     if "parent" in meta:  # the run's coverage: this plan's steps and its parents' before
         check_lineage(plan, cfg, (ranks, whole.sample_step), metadata, report, parent)
+    elif "mix" in meta:  # a blend: each source's use of its samples, not once per epoch
+        check_mix(meta, ranks, whole, metadata, report)
     else:
         ids, lens, steps = (
             documents(meta, cfg, ranks, whole.sample_step, reordered, report)
@@ -145,7 +148,8 @@ def validate_plan(
     check_rank_shapes(meta, whole, report)
     # a replanned plan's figures are its own rows' (no permutation to measure moves against)
     epochs = None if "parent" in meta else meta.get("epochs")
-    stats = recompute_stats(ranks, whole, lengths, cfg, epochs)
+    # a blend (--mix) orders its samples itself: no drawn permutation to measure moves against
+    stats = recompute_stats(ranks, whole, lengths, cfg, epochs, moved="mix" not in meta)
     stats["tokens"] = recompute_tokens(meta, ranks, len(meta.get("epochs") or [0]), split)
     later = absent(meta, "stats")  # figures a plan of an earlier version does not hold
     compare_stats(meta.get("stats", {}), {k: v for k, v in stats.items() if k not in later}, report)

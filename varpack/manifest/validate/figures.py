@@ -112,8 +112,11 @@ def recompute_stats(
     lengths: np.ndarray | None,
     cfg: PlanConfig,
     epochs: list[dict[str, int]] | None = None,
+    moved: bool = True,
 ) -> dict[str, Any]:
-    """plan.json's stats, recomputed from the manifests with the planner's own function."""
+    """plan.json's stats, recomputed from the manifests with the planner's own function
+    (``moved``: how far samples moved from their drawn permutation, for a shuffled plan that
+    draws one)."""
     pad_rows = np.concatenate([rk.pad_rows for rk in ranks]) if cfg.uses_pad_rows else None
     warm = np.concatenate([rk.warmup for rk in ranks])
     return plan_figures(
@@ -132,7 +135,7 @@ def recompute_stats(
         lengths=lengths,
         shapes=whole.shapes,
         cfg=cfg,
-        rows=_input_rows(whole, epochs) if cfg.order == "shuffle" and epochs else None,
+        rows=_input_rows(whole, epochs) if cfg.order == "shuffle" and epochs and moved else None,
         epochs=epochs,
         row_lens=_row_lens(whole, epochs) if cfg.order == "shuffle" and epochs else None,
     )

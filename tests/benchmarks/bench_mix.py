@@ -1,0 +1,108 @@
+"""Benchmark of ``plan --mix``: a 3-source blend against the same plan without a mix.
+
+Three sources (long-tail chat, bimodal long documents, uniform code; natural proportions 70 /
+10 / 20 % of the samples) are blended at weights far from them (chat 0.3, docs 0.5, code 0.2 of
+the tokens) and planned shuffled (dp 8, grad-accum 4, budget 16 K, FLOPs cost; documents over
+the budget dropped first). Prints, for the plan without a mix and with it, each in a process of
+its own: plan time (the mix: the source column read and joined, the blend drawn, planned and
+scored), peak memory, time vs ideal, padding, and with the mix each source's planned share of
+the tokens and of the steps (mean, min, max), with the time ratio.
+
+    PYTHONPATH=$PWD python tests/benchmarks/bench_mix.py [--samples 30M] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WEIGHTS = {"chat": 0.3, "docs": 0.5, "code": 0.2}
+
+
+def _data(n: int, path: str) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from varpack.metadata.synth import sample_lengths
+
+    rng = np.random.default_rng(0)
+    src = rng.choice(np.array(["chat", "docs", "code"]), n, p=[0.7, 0.1, 0.2])
+    lens = np.empty(n, dtype=np.int64)
+    for name, dist in (("chat", "long-tail"), ("docs", "bimodal"), ("code", "uniform")):
+        mine = src == name
+        lens[mine] = sample_lengths(dist, int(mine.sum()), rng)
+    table = pa.table({"sample_id": np.arange(n, dtype=np.int64), "seq_len": lens,
+                      "source": pa.array(src).dictionary_encode()})  # fmt: skip
+    pq.write_table(table, path)
+
+
+def _run(path: str, mixed: bool, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    import numpy as np
+
+    from varpack.manifest.make import read_input
+    from varpack.manifest.mixing import plan_mixed
+    from varpack.plan import PlanConfig, make_plan
+    from varpack.plan.mix import Mix
+
+    cfg = PlanConfig(max_tokens=16384, dp=8, grad_accum=4, cost="flops", oversize="drop",
+                     model_preset="qwen2.5-0.5b", order="shuffle").resolved()  # fmt: skip
+    ids, lens = read_input(path)
+    make_plan(ids[:20_000], np.sort(lens[:20_000]), cfg)  # numba kernels compiled or loaded
+    t0 = time.perf_counter()
+    if mixed:
+        _, meta, _ = plan_mixed(ids, lens, cfg, Mix(WEIGHTS), "source", path, path)
+    else:
+        _, meta, _ = make_plan(ids, lens, cfg)
+    s = meta["stats"]
+    q.put({"s": time.perf_counter() - t0, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+           "time": s["time_vs_ideal"], "pad": s["padding_ratio"], "mix": meta.get("mix")})  # fmt: skip
+
+
+def _proc(*args):  # type: ignore[no-untyped-def]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_run, args=(*args, q))
+    p.start()
+    got = q.get()
+    p.join()
+    return got
+
+
+def _count(text: str) -> int:
+    scale = {"K": 10**3, "M": 10**6}
+    return int(float(text[:-1]) * scale[text[-1]]) if text[-1] in scale else int(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", default="30M")
+    ap.add_argument("--quick", action="store_true", help="1 M samples")
+    a = ap.parse_args()
+    n = 1_000_000 if a.quick else _count(a.samples)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/meta.parquet"
+        _data(n, path)
+        base, mixed = _proc(path, False), _proc(path, True)
+    print(f"{n:,} samples, 3 sources (natural 70/10/20 % of samples), weights {WEIGHTS} by tokens")
+    print(f"{'plan':<10} {'time':>8} {'ratio':>6} {'peak GB':>8} {'vs ideal':>9} {'padding':>8}")
+    for name, r in (("no mix", base), ("mix", mixed)):
+        print(f"{name:<10} {r['s']:>7.1f}s {r['s'] / base['s']:>6.2f} {r['rss']:>8.2f} "
+              f"{r['time']:>9.4f} {100 * r['pad']:>7.2f}%")  # fmt: skip
+    m = mixed["mix"]
+    planned = sum(f["planned_tokens"] for f in m["sources"].values())
+    for name, f in m["sources"].items():
+        sh = m["shares"][name]
+        print(f"  {name:<5} weight {f['weight']:.2f}: planned {f['planned_tokens'] / planned:.4f} "
+              f"of the tokens (x{f['repeat']:.2f}); share of the steps mean {sh['mean']:.4f}, "
+              f"min {sh['min']:.4f}, max {sh['max']:.4f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    main()

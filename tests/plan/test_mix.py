@@ -1,0 +1,159 @@
+"""Mixtures: exact repeat/subsample counts, interleaving at the weights, ``plan --mix`` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from testkit import cli
+
+from varpack.errors import ConfigError
+from varpack.plan.mix import copy_number, draw, interleave, parse_mix
+
+
+@given(
+    n=st.integers(1, 60),
+    factor=st.floats(0.05, 4.0),
+    by_tokens=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=200, deadline=None)
+def test_draw_is_whole_passes_then_a_seeded_subset(
+    n: int, factor: float, by_tokens: bool, seed: int
+) -> None:
+    lens = np.random.default_rng(seed).integers(1, 50, n)
+    size = int(lens.sum()) if by_tokens else n
+    share = max(1, int(factor * size))
+    got = draw(lens, share, by_tokens, np.random.default_rng(seed))
+    counts = np.bincount(got, minlength=n)
+    passes = share // size
+    assert set(np.unique(counts)) <= {passes, passes + 1}  # nobody k+1 before all k
+    if by_tokens:  # the subset ends at the sample reaching the share
+        assert share <= int(lens[got].sum()) < share + int(lens.max())
+    else:
+        assert len(got) == share
+    again = draw(lens, share, by_tokens, np.random.default_rng(seed))
+    assert np.array_equal(got, again)
+
+
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    by_tokens=st.booleans(),
+    curriculum=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+@settings(max_examples=150, deadline=None)
+def test_every_prefix_of_the_blend_holds_each_source_at_its_share(
+    sizes: list[int], by_tokens: bool, curriculum: bool, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    source = np.repeat(np.arange(len(sizes)), sizes)
+    lens = rng.integers(1, 30, len(source))
+    units = np.arange(len(source))
+    order = interleave(source, lens, copy_number(units), by_tokens, seed, curriculum)
+    assert sorted(order.tolist()) == list(range(len(source)))  # a permutation
+    size = lens if by_tokens else np.ones(len(lens), np.int64)
+    total = np.array([size[source == s].sum() for s in range(len(sizes))], dtype=float)
+    done = np.zeros(len(sizes))
+    for i in order:  # after each unit, no source is more than one unit ahead of another
+        done[source[i]] += size[i]
+        frac = done / total
+        biggest = np.array([size[source == s].max() for s in range(len(sizes))]) / total
+        assert frac.max() - frac.min() <= biggest.max() + 1e-9
+
+
+def test_parse_mix_names_what_is_wrong() -> None:
+    assert parse_mix("a=0.25,b=0.75") == {"a": 0.25, "b": 0.75}
+    for text, words in [
+        ("a=0.5,b=0.4", "sum to 0.9, not 1 (a=0.5, b=0.4)"),
+        ("a=0.5,a=0.5", "'a' named twice"),
+        ("a=x,b=1", "'a=x' is not NAME=WEIGHT"),
+        ("a=-1,b=2", "'a=-1' is not NAME=WEIGHT"),
+    ]:
+        with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            parse_mix(text)
+
+
+@pytest.fixture
+def meta(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(2)
+    n = 6000
+    src = rng.choice(["chat", "docs", "code"], n, p=[0.7, 0.1, 0.2])
+    lens = np.where(src == "chat", rng.lognormal(5.5, 0.8, n),
+                    np.where(src == "docs", rng.integers(1500, 4000, n), rng.integers(50, 800, n)))  # fmt: skip
+    pq.write_table(
+        pa.table(
+            {
+                "sample_id": np.arange(n) * 2 + 1,
+                "seq_len": lens.astype(np.int64).clip(1, 4096),
+                "source": src,
+                "score": rng.random(n),
+            }
+        ),  # fmt: skip
+        tmp_path / "m.parquet",
+    )
+    return tmp_path / "m.parquet"
+
+
+PLAN = ("--max-tokens", 4096, "--dp", 2, "--grad-accum", 2, "--cost", "flops",
+        "--model-preset", "qwen2.5-0.5b", "--source-column", "source", "-q")  # fmt: skip
+
+
+@pytest.mark.parametrize("order", ["shuffle", "curriculum"])
+@pytest.mark.parametrize("unit", ["tokens", "samples"])
+def test_a_blend_is_planned_at_its_weights_and_validated(
+    tmp_path: Path, meta: Path, order: str, unit: str
+) -> None:
+    weights = {"chat": 0.3, "docs": 0.5, "code": 0.2}
+    mix = ",".join(f"{k}={v}" for k, v in weights.items())
+    total = ("--total-tokens", 3_000_000) if unit == "tokens" else ("--total-samples", 9000)
+    args = (meta, tmp_path / "p", *PLAN, "--order", order, "--mix", mix, "--mix-unit", unit, *total)
+    cli("plan", *args)
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    want = total[1]
+    for name, w in weights.items():
+        fig = doc["mix"]["sources"][name]
+        got = fig["planned_tokens"] if unit == "tokens" else fig["planned_samples"]
+        assert abs(got - w * want) <= (4096 if unit == "tokens" else 1), (name, got)
+    out = cli("validate", tmp_path / "p", "--metadata", meta).stdout
+    assert out.startswith("OK") and "carried source (checked against the metadata)" in out
+    cli("plan", *args[:1], tmp_path / "q", *args[2:])  # the same input and options: same bytes
+    for f in (tmp_path / "p").iterdir():
+        assert f.read_bytes() == (tmp_path / "q" / f.name).read_bytes(), f.name
+
+
+def test_a_blend_after_a_selection(tmp_path: Path, meta: Path) -> None:
+    cli("plan", meta, tmp_path / "p", *PLAN, "--order", "shuffle", "--mix", "chat=0.5,code=0.5",
+        "--where", "score > 0.3")  # fmt: skip
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert doc["selection"]["kept_samples"] < 6000 and set(doc["mix"]["sources"]) == {
+        "chat",
+        "code",
+    }
+    assert cli("validate", tmp_path / "p", "--metadata", meta).stdout.startswith("OK")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            ("--mix", "chat=0.5,math=0.5"),
+            "source 'math' is not in column 'source' (sources: chat (",
+        ),
+        (("--mix", "chat=0.5,code=0.6"), "the weights sum to 1.1, not 1"),
+        (("--mix", "chat=0.5,docs=0.5", "--where", "source = 'chat'"), "source 'docs' is not in"),
+        (("--mix", "chat=1", "--epochs", 2), "--epochs 2 with --mix"),
+    ],
+)
+def test_a_bad_mix_is_one_line_and_writes_nothing(
+    tmp_path: Path, meta: Path, args: tuple[object, ...], words: str
+) -> None:
+    out = cli("plan", meta, tmp_path / "p", *PLAN, *args, expect=2)
+    assert len(out.stderr.strip().splitlines()) == 1 and words in out.stderr, out.stderr
+    assert not (tmp_path / "p").exists()

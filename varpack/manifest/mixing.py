@@ -1,0 +1,143 @@
+"""The I/O edge of ``varpack plan --mix``: each sample's source read, the blend planned.
+
+The source of every sample is the metadata's ``--source-column`` (strings, or integers named by
+their value), read where ``--carry`` columns are read and joined by sample id. The blend is made
+by :mod:`varpack.plan.mix` (which samples, how often, in which order); the planner then plans it
+as one epoch whose order is given (:func:`varpack.plan.kernels.permute.given_orders`; a
+curriculum blend is passed in its interleaved order). The source column is carried into the
+manifests (``carry.COL``), so the reader, ``train.py --log-by`` and ``validate`` see each
+sample's source; plan.json's ``mix`` records the weights, each source's samples, tokens and
+repeat factor, and its share of every step (:func:`varpack.plan.mix.share_figures`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.types as pat
+
+from varpack.errors import ConfigError, InputError
+from varpack.manifest.carry import read_carry_source
+from varpack.plan import PlanArrays, PlanConfig, plan_arrays
+from varpack.plan.arrays import Selection
+from varpack.plan.figures.plan_json import input_info, plan_meta
+from varpack.plan.kernels.permute import given_orders
+from varpack.plan.mix import Mix, copy_number, interleave, mix_units, share_figures
+from varpack.plan.stages.select import select
+
+
+def source_codes(ids: np.ndarray, column: str, path: str) -> tuple[np.ndarray, list[str]]:
+    """Each sample's source (an index into the returned names) from ``column`` at ``path``."""
+    meta_ids, table = read_carry_source(path, [column])
+    col = table.column(column).combine_chunks()
+    if pat.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    if not (pat.is_string(col.type) or pat.is_large_string(col.type) or pat.is_integer(col.type)):
+        raise ConfigError(
+            f"--source-column {column}: type {col.type} in {path}; a source column holds names "
+            "(strings) or integers"
+        )
+    order = np.argsort(meta_ids, kind="stable")
+    pos = np.minimum(sorted_lookup(meta_ids[order], ids), len(order) - 1)
+    found = meta_ids[order][pos] == ids
+    if not found.all():
+        raise InputError(
+            f"{path}: sample id {int(ids[~found][0])} has no row there; --source-column reads "
+            "the metadata the input came from"
+        )
+    values = pc.cast(col, pa.string()).take(pa.array(order[pos]))
+    encoded = pc.dictionary_encode(values)
+    names = encoded.dictionary.to_pylist()
+    rank = np.argsort(np.argsort(names))  # names sorted, so codes do not depend on row order
+    return rank[encoded.indices.to_numpy()].astype(np.int64), sorted(names)
+
+
+def plan_mixed(
+    ids: np.ndarray,
+    lens: np.ndarray,
+    cfg: PlanConfig,
+    mix: Mix,
+    column: str,
+    path: str,
+    source: str,
+) -> tuple[PlanArrays, dict[str, Any], list[dict[str, Any]]]:
+    """The blend of ``ids``/``lens`` (curriculum order) planned: ``(arrays, meta, rank_extra)``."""
+    if cfg.epochs != 1:
+        raise ConfigError(
+            f"--epochs {cfg.epochs} with --mix: the mix's total sets how long the run is; give "
+            "--total-tokens (or --total-samples) instead"
+        )
+    chosen = _selected(ids, lens, cfg)
+    info = input_info(ids, lens, source)  # the input: what was given, dropped ones included
+    ids, lens = chosen.ids, chosen.lens
+    codes, names = source_codes(ids, column, path)
+    absent = [s for s in mix.weights if s not in names]
+    if absent:
+        counts = np.bincount(codes, minlength=len(names))
+        have = ", ".join(f"{n} ({c:,})" for n, c in zip(names, counts.tolist(), strict=True))
+        raise ConfigError(
+            f"--mix: source {absent[0]!r} is not in column '{column}' (sources: {have})"
+        )
+    units, figures = mix_units(codes, lens, names, mix, cfg.seed)
+    u_codes, u_lens = codes[units], lens[units]
+    by_tokens = mix.unit == "tokens"
+    copies = copy_number(units)
+    order = interleave(u_codes, u_lens, copies, by_tokens, cfg.seed, cfg.order == "curriculum")
+    stream = units[order]
+    srt = np.arange(len(stream))
+    if cfg.order == "shuffle":  # the planner's input by length, the blend as its permutation
+        u = lens[stream]
+        srt = np.argsort(u.astype(np.uint16) if u.max() < 2**16 else u, kind="stable")  # radix
+        perm = np.empty(len(srt), dtype=np.int64)
+        perm[srt] = np.arange(len(srt))
+        with given_orders({0: perm}):
+            arrays = plan_arrays(ids[stream[srt]], lens[stream[srt]], cfg)
+    else:  # a curriculum blend: the planner takes its input order as it is
+        arrays = plan_arrays(ids[stream], lens[stream], cfg)
+    arrays.moved = None
+    arrays.dropped = chosen.dropped
+    meta, extra = plan_meta(arrays, info)
+    for key in [k for k in meta["stats"] if k.startswith("moved_")]:
+        del meta["stats"][key]  # measured against a drawn permutation: the blend has its own
+    # the planner kept every unit it was given, in its input order
+    planned = codes[stream[srt] if cfg.order == "shuffle" else stream][arrays.stream]
+    meta["mix"] = {
+        "column": column,
+        "unit": mix.unit,
+        "total": int(sum(f["planned_tokens" if by_tokens else "planned_samples"] for f in figures.values())),
+        "sources": figures,
+        "shares": share_figures(
+            np.repeat(arrays.step, arrays.micro.samples), planned,
+            arrays.lens[arrays.stream] if by_tokens else np.ones(len(planned)),
+            [names.index(s) for s in mix.weights], list(mix.weights),
+        ),
+    }  # fmt: skip
+    return arrays, meta, extra
+
+
+def _selected(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> Selection:
+    """The samples a blend may draw from: the planner's own oversize rule applied first
+    (``--oversize drop`` drops, ``error`` refuses, ``alone`` keeps), so it keeps all it is given
+    after the blend; split pieces are not drawn yet (refused in one line)."""
+    if cfg.oversize == "split":
+        raise ConfigError(
+            "--mix with --oversize split is not supported yet (pieces would be drawn after the "
+            "blend); choose --oversize drop, alone or error"
+        )
+    return select(ids, lens, cfg)
+
+
+def sorted_lookup(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(keys, queries)`` by sorted queries: a binary search per query in random
+    order misses the cache at every step; in sorted order it walks ``keys`` once.
+
+    >>> sorted_lookup(np.array([2, 5, 9]), np.array([9, 2, 5])).tolist()
+    [2, 0, 1]
+    """
+    order = np.argsort(queries, kind="stable")
+    pos = np.empty(len(queries), dtype=np.int64)
+    pos[order] = np.searchsorted(keys, queries[order])
+    return pos

@@ -1,0 +1,209 @@
+"""Mixtures: sources drawn at chosen weights, repeated or subsampled, interleaved at their weights.
+
+``--mix code=0.3,chat=0.5,math=0.2`` (with ``--source-column``) makes the run's samples a blend:
+each source gets its weight's share of the run's total (tokens by default, or samples), and the
+sources are interleaved so that every stretch of the stream holds them at their weights. Pure
+NumPy; the I/O edge reads the source of each sample (:mod:`varpack.manifest.mixing`).
+
+**Repeat or subsample** (:func:`draw`): a source of ``n`` samples whose share is ``k`` whole
+passes and a fraction more gets ``k`` copies of every sample, then a prefix of a permutation
+drawn from ``(seed, source)`` for the rest: no sample is used ``k + 1`` times before every
+sample of its source has been used ``k`` times. By tokens, the prefix ends at the first sample
+that reaches the share; by samples, it holds exactly the share's count (rounded).
+
+**Interleave** (:func:`interleave`): each source's stream (shuffled from ``(seed, source)``,
+or sorted by length for a curriculum) is given a *virtual time*: the share of the source's tokens
+(or samples) up to the middle of each sample. All sources merged by virtual time advance at the
+same rate, so any prefix of the merged stream holds each source at its weight, within one sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from varpack.errors import ConfigError
+
+#: how far weights may sum from 1
+WEIGHT_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Weights by source name, the unit they are in, and the run's total (``None``: the largest
+    that repeats no source)."""
+
+    weights: dict[str, float]
+    unit: str = "tokens"
+    total: int | None = None
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """``"code=0.3,chat=0.7"`` as ``{name: weight}``; one line for what is wrong.
+
+    >>> parse_mix("code=0.3, chat=0.7")
+    {'code': 0.3, 'chat': 0.7}
+    """
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, eq, value = part.partition("=")
+        name = name.strip()
+        try:
+            weight = float(value) if eq else float("nan")
+        except ValueError:
+            weight = float("nan")
+        if not name or not np.isfinite(weight) or weight <= 0:
+            raise ConfigError(
+                f"--mix {text!r}: {part!r} is not NAME=WEIGHT with a weight > 0 "
+                "(--mix code=0.3,chat=0.7)"
+            )
+        if name in out:
+            raise ConfigError(f"--mix {text!r}: source {name!r} named twice")
+        out[name] = weight
+    total = sum(out.values())
+    if not out or abs(total - 1) > WEIGHT_TOLERANCE:
+        raise ConfigError(
+            f"--mix {text!r}: the weights sum to {total:g}, not 1 "
+            f"({', '.join(f'{k}={v:g}' for k, v in out.items())})"
+        )
+    return out
+
+
+def default_total(sizes: dict[str, int], weights: dict[str, float]) -> int:
+    """The largest total in which no source is repeated: ``min(size / weight)``.
+
+    >>> default_total({"a": 100, "b": 50}, {"a": 0.5, "b": 0.5})
+    100
+    """
+    return int(min(sizes[s] / w for s, w in weights.items()))
+
+
+def draw(lens: np.ndarray, share: int, by_tokens: bool, rng: np.random.Generator) -> np.ndarray:
+    """Positions into one source's samples (``lens``) making up ``share`` tokens or samples:
+    whole passes, then a prefix of a seeded permutation (see the module doc).
+
+    >>> draw(np.array([5, 5, 5, 5]), 6, False, np.random.default_rng(0)).size
+    6
+    >>> np.bincount(draw(np.array([5, 5, 5, 5]), 6, False, np.random.default_rng(0))).tolist()
+    [2, 1, 2, 1]
+    """
+    n = len(lens)
+    size = int(lens.sum()) if by_tokens else n
+    passes, rest = divmod(int(share), size)
+    whole = np.tile(np.arange(n, dtype=np.int64), passes)
+    if rest == 0:
+        return whole
+    perm = rng.permutation(n).astype(np.int64)
+    if by_tokens:
+        cut = int(np.searchsorted(np.cumsum(lens[perm]), rest)) + 1  # the sample reaching it
+    else:
+        cut = rest
+    return np.concatenate((whole, perm[: min(cut, n)]))
+
+
+def copy_number(units: np.ndarray) -> np.ndarray:
+    """Which use of its sample each unit is (0 for the first), in the units' order.
+
+    >>> copy_number(np.array([4, 2, 4, 4, 2])).tolist()
+    [0, 0, 1, 2, 1]
+    """
+    order = np.argsort(units, kind="stable")
+    s = units[order]
+    start = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    run = np.repeat(start, np.diff(np.r_[start, len(s)]))
+    out = np.empty(len(units), dtype=np.int64)
+    out[order] = np.arange(len(s)) - run
+    return out
+
+
+def interleave(
+    source: np.ndarray,
+    lens: np.ndarray,
+    copy: np.ndarray,
+    by_tokens: bool,
+    seed: int,
+    curriculum: bool,
+) -> np.ndarray:
+    """The order of the units (``source`` code, length and :func:`copy_number` of each) in the
+    merged stream: each source's units shuffled from ``(seed, source)``, or for a curriculum
+    sorted by length within each pass over the source (a repeated sample's copies are a pass
+    apart), then all merged by virtual time (module doc)."""
+    order_in = np.empty(len(source), dtype=np.int64)
+    vtime = np.empty(len(source), dtype=np.float64)
+    for s in np.unique(source):
+        mine = np.flatnonzero(source == s)
+        if curriculum:
+            mine = mine[np.lexsort((lens[mine], copy[mine]))]
+        else:
+            mine = mine[np.random.default_rng([seed, 1 << 20, int(s)]).permutation(len(mine))]
+        size = lens[mine].astype(np.float64) if by_tokens else np.ones(len(mine))
+        done = np.cumsum(size) - size / 2  # up to the middle of each unit
+        vtime[mine] = done / size.sum()
+        order_in[mine] = np.arange(len(mine))
+    return np.lexsort((order_in, source, vtime))
+
+
+def mix_units(
+    codes: np.ndarray, lens: np.ndarray, names: list[str], mix: Mix, seed: int
+) -> tuple[np.ndarray, dict[str, dict[str, float]]]:
+    """Positions into the samples (with repeats) that make the run, and each source's figures.
+
+    ``codes[i]`` is sample ``i``'s source, an index into ``names``; ``lens`` its length."""
+    by_tokens = mix.unit == "tokens"
+    sizes = {}
+    for k, name in enumerate(names):
+        mine = codes == k
+        sizes[name] = int(lens[mine].sum()) if by_tokens else int(mine.sum())
+    missing = [s for s in mix.weights if sizes.get(s, 0) == 0]
+    if missing:
+        have = ", ".join(f"{n} ({sizes[n]:,})" for n in names) or "none"
+        raise ConfigError(
+            f"--mix: source {missing[0]!r} has no samples (sources: {have}); weigh only sources "
+            "the data holds"
+        )
+    total = mix.total if mix.total is not None else default_total(sizes, mix.weights)
+    picks, figures = [], {}
+    for name, weight in mix.weights.items():
+        k = names.index(name)
+        mine = np.flatnonzero(codes == k)
+        share = int(round(weight * total))
+        rng = np.random.default_rng([seed, 1 << 21, k])
+        got = mine[draw(lens[mine], share, by_tokens, rng)]
+        picks.append(got)
+        figures[name] = {
+            "weight": weight,
+            "samples": int(len(mine)),
+            "tokens": int(lens[mine].sum()),
+            "planned_samples": int(len(got)),
+            "planned_tokens": int(lens[got].sum()),
+            "repeat": (int(lens[got].sum()) if by_tokens else len(got)) / sizes[name],
+        }
+    return np.concatenate(picks), figures
+
+
+def share_figures(
+    sample_step: np.ndarray,
+    code: np.ndarray,
+    size: np.ndarray,
+    codes: list[int],
+    names: list[str],
+) -> dict[str, dict[str, float]]:
+    """Each source's share of every step (``size``: each planned sample's tokens, or 1 by
+    samples): mean, min and max over the steps, the run's last step left out (it holds what
+    is left).
+
+    >>> share_figures(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 0, 0, 1]), np.ones(5), [0, 1],
+    ...               ["a", "b"])
+    {'a': {'mean': 0.75, 'min': 0.5, 'max': 1.0}, 'b': {'mean': 0.25, 'min': 0.0, 'max': 0.5}}
+    """
+    steps = int(sample_step.max()) + 1 if len(sample_step) else 0
+    total = np.bincount(sample_step, weights=size, minlength=steps)
+    keep = slice(0, max(steps - 1, 1))
+    out = {}
+    for k, name in zip(codes, names, strict=True):
+        mine = code == k
+        share = np.bincount(sample_step[mine], weights=size[mine], minlength=steps)
+        frac = (share / np.maximum(total, 1e-300))[keep]
+        out[name] = {"mean": float(frac.mean()), "min": float(frac.min()), "max": float(frac.max())}
+    return out
