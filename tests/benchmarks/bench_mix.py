@@ -64,31 +64,18 @@ def _run(path: str, mixed: bool, q: mp.Queue) -> None:  # type: ignore[type-arg]
            "time": s["time_vs_ideal"], "pad": s["padding_ratio"], "mix": meta.get("mix")})  # fmt: skip
 
 
-def _proc(*args):  # type: ignore[no-untyped-def]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_run, args=(*args, q))
-    p.start()
-    got = q.get()
-    p.join()
-    return got
-
-
-def _count(text: str) -> int:
-    scale = {"K": 10**3, "M": 10**6}
-    return int(float(text[:-1]) * scale[text[-1]]) if text[-1] in scale else int(text)
-
-
 def main() -> None:
+    from benchkit import count, in_process
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", default="30M")
     ap.add_argument("--quick", action="store_true", help="1 M samples")
     a = ap.parse_args()
-    n = 1_000_000 if a.quick else _count(a.samples)
+    n = 1_000_000 if a.quick else count(a.samples)
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/meta.parquet"
         _data(n, path)
-        base, mixed = _proc(path, False), _proc(path, True)
+        base, mixed = in_process(_run, path, False), in_process(_run, path, True)
     print(f"{n:,} samples, 3 sources (natural 70/10/20 % of samples), weights {WEIGHTS} by tokens")
     print(f"{'plan':<10} {'time':>8} {'ratio':>6} {'peak GB':>8} {'vs ideal':>9} {'padding':>8}")
     for name, r in (("no mix", base), ("mix", mixed)):
@@ -105,4 +92,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

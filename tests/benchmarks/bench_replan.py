@@ -54,28 +54,16 @@ def _rss() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def _run(target, *args):  # type: ignore[no-untyped-def]
-    q: mp.Queue = mp.get_context("spawn").Queue()  # type: ignore[type-arg]
-    p = mp.get_context("spawn").Process(target=target, args=(*args, q))
-    p.start()
-    got = q.get()
-    p.join()
-    return got
-
-
-def _count(text: str) -> int:
-    scale = {"K": 10**3, "M": 10**6}
-    return int(float(text[:-1]) * scale[text[-1]]) if text[-1] in scale else int(text)
-
-
 def main() -> None:
+    from benchkit import count, in_process
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", default="10M")
     ap.add_argument("--quick", action="store_true", help="1M samples")
     a = ap.parse_args()
-    n = 1_000_000 if a.quick else _count(a.samples)
+    n = 1_000_000 if a.quick else count(a.samples)
     with tempfile.TemporaryDirectory() as tmp:
-        base = _run(_plan, n, f"{tmp}/plan")
+        base = in_process(_plan, n, f"{tmp}/plan")
         mid = base["steps"] // 2
         print(f"{n:,} samples, {base['steps']:,} steps; replanned from step {mid:,}")
         print(f"{'run':<44} {'time':>8} {'vs plan':>8} {'peak GB':>8}")
@@ -86,7 +74,7 @@ def main() -> None:
             ("replan dp 4 x 8 (steps kept)", {"dp": 4}),
             ("replan dp 6 x 4 (what is left planned again)", {"dp": 6, "grad_accum": 4}),
         ]:
-            got = _run(_replan, f"{tmp}/plan", f"{tmp}/{opts['dp']}", mid, opts)
+            got = in_process(_replan, f"{tmp}/plan", f"{tmp}/{opts['dp']}", mid, opts)
             ratio = got["s"] / base["s"]
             print(f"{name:<44} {got['s']:>7.1f}s {ratio:>8.2f} {got['rss_gb']:>8.2f}"
                   f"   time vs ideal {got['time_vs_ideal']:.3f}")  # fmt: skip
@@ -95,4 +83,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

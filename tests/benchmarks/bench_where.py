@@ -66,12 +66,9 @@ def _time(fn, repeat: int) -> tuple[float, np.ndarray]:  # type: ignore[no-untyp
     return statistics.median(times), got
 
 
-def _count(text: str) -> int:
-    scale = {"K": 10**3, "M": 10**6}
-    return int(float(text[:-1]) * scale[text[-1]]) if text[-1] in scale else int(text)
-
-
 def main() -> None:
+    from benchkit import count
+
     from varpack.metadata.where import where_ids
 
     ap = argparse.ArgumentParser()
@@ -80,7 +77,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="1 M rows in 16 shards")
     a = ap.parse_args()
-    rows, shards = (1_000_000, 16) if a.quick else (_count(a.rows), a.shards)
+    rows, shards = (1_000_000, 16) if a.quick else (count(a.rows), a.shards)
     with tempfile.TemporaryDirectory() as tmp:
         files = write(Path(tmp), rows, shards)
         dataset = ds.dataset(files, format="parquet")
@@ -101,4 +98,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()
