@@ -87,7 +87,7 @@ def main() -> None:
         sh = m["shares"][name]
         print(f"  {name:<5} weight {f['weight']:.2f}: planned {f['planned_tokens'] / planned:.4f} "
               f"of the tokens (x{f['repeat']:.2f}); share of the steps mean {sh['mean']:.4f}, "
-              f"min {sh['min']:.4f}, max {sh['max']:.4f}")  # fmt: skip
+              f"min {sh['min']:.4f}, max {sh['max']:.4f}, within 2 points {100 * sh['held']:.1f}% of the steps")  # fmt: skip
 
 
 if __name__ == "__main__":

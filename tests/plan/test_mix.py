@@ -147,7 +147,10 @@ def test_a_blend_after_a_selection(tmp_path: Path, meta: Path) -> None:
             "source 'math' is not in column 'source' (sources: chat (",
         ),
         (("--mix", "chat=0.5,code=0.6"), "the weights sum to 1.1, not 1"),
-        (("--mix", "chat=0.5,docs=0.5", "--where", "source = 'chat'"), "source 'docs' is not in"),
+        (
+            ("--mix", "chat=0.5,docs=0.5", "--where", "source = 'chat'"),
+            "source 'docs' has no samples (sources: chat (",
+        ),
         (("--mix", "chat=1", "--epochs", 2), "--epochs 2 with --mix"),
     ],
 )
@@ -157,3 +160,32 @@ def test_a_bad_mix_is_one_line_and_writes_nothing(
     out = cli("plan", meta, tmp_path / "p", *PLAN, *args, expect=2)
     assert len(out.stderr.strip().splitlines()) == 1 and words in out.stderr, out.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_a_shuffled_blend_keeps_the_weights_in_every_step(tmp_path: Path) -> None:
+    """The cost composer deals each sample to the step holding least of its source: at
+    grad-accum 4 nearly every step is within 2 points of every weight (measured on the
+    benchmark's shapes: 96-98 % of the steps; here, long documents of up to a quarter of a
+    micro-batch, all of them)."""
+    rng = np.random.default_rng(4)
+    n = 40_000
+    src = rng.choice(["chat", "docs", "code"], n, p=[0.6, 0.15, 0.25])
+    lens = np.where(src == "chat", rng.lognormal(5.5, 0.8, n),
+                    np.where(src == "docs", rng.integers(1000, 4000, n), rng.integers(50, 800, n)))  # fmt: skip
+    pq.write_table(
+        pa.table(
+            {
+                "sample_id": np.arange(n),
+                "seq_len": lens.astype(np.int64).clip(1, 4096),
+                "source": src,
+            }
+        ),  # fmt: skip
+        tmp_path / "m.parquet",
+    )
+    cli("plan", tmp_path / "m.parquet", tmp_path / "p", "--max-tokens", 16384, "--dp", 4,
+        "--grad-accum", 4, "--cost", "flops", "--model-preset", "qwen2.5-0.5b", "--order",
+        "shuffle", "--source-column", "source", "--mix", "chat=0.3,docs=0.5,code=0.2", "-q")  # fmt: skip
+    mix = json.loads((tmp_path / "p" / "plan.json").read_text())["mix"]
+    for name, w in {"chat": 0.3, "docs": 0.5, "code": 0.2}.items():
+        share = mix["shares"][name]
+        assert abs(share["mean"] - w) < 0.002 and share["held"] >= 0.95, (name, share)

@@ -208,7 +208,8 @@ def mix_line(m: dict[str, Any]) -> str:
     """One line: each source's weight, repeat factor and share of the steps (min .. max)."""
     parts = [
         f"{name} {f['weight']:.3g} (x{f['repeat']:.2f}; steps {100 * m['shares'][name]['min']:.1f}"
-        f"..{100 * m['shares'][name]['max']:.1f}%)"
+        f"..{100 * m['shares'][name]['max']:.1f}%, {100 * m['shares'][name]['held']:.0f}% within "
+        "2 points)"
         for name, f in m["sources"].items()
     ]
     return f"mix by {m['unit']}, total {m['total']:,}: " + ", ".join(parts)

@@ -25,7 +25,7 @@ from varpack.plan import PlanArrays, PlanConfig, plan_arrays
 from varpack.plan.arrays import Selection
 from varpack.plan.figures.plan_json import input_info, plan_meta
 from varpack.plan.kernels.permute import given_orders
-from varpack.plan.mix import Mix, copy_number, interleave, mix_units, share_figures
+from varpack.plan.mix import Mix, blending, copy_number, interleave, mix_units, share_figures
 from varpack.plan.stages.select import select
 
 
@@ -40,19 +40,39 @@ def source_codes(ids: np.ndarray, column: str, path: str) -> tuple[np.ndarray, l
             f"--source-column {column}: type {col.type} in {path}; a source column holds names "
             "(strings) or integers"
         )
-    order = np.argsort(meta_ids, kind="stable")
-    pos = np.minimum(sorted_lookup(meta_ids[order], ids), len(order) - 1)
-    found = meta_ids[order][pos] == ids
-    if not found.all():
-        raise InputError(
-            f"{path}: sample id {int(ids[~found][0])} has no row there; --source-column reads "
-            "the metadata the input came from"
-        )
-    values = pc.cast(col, pa.string()).take(pa.array(order[pos]))
-    encoded = pc.dictionary_encode(values)
+    encoded = pc.dictionary_encode(pc.cast(col, pa.string()))  # codes on the metadata's rows
     names = encoded.dictionary.to_pylist()
     rank = np.argsort(np.argsort(names))  # names sorted, so codes do not depend on row order
-    return rank[encoded.indices.to_numpy()].astype(np.int64), sorted(names)
+    meta_codes = rank[encoded.indices.to_numpy()].astype(np.int64)
+    row = rows_of(meta_ids, ids)
+    if (row < 0).any():
+        raise InputError(
+            f"{path}: sample id {int(ids[row < 0][0])} has no row there; --source-column reads "
+            "the metadata the input came from"
+        )
+    return meta_codes[row], sorted(names)
+
+
+def rows_of(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """The row of ``keys`` holding each query (-1: none). Ids dense enough (the largest under
+    4 x the rows, as row numbers or ``3 * i + 1`` are) take a direct int32 table (at most 16
+    bytes a row); others a sort.
+
+    >>> rows_of(np.array([7, 1, 4]), np.array([4, 7, 5, 10**6])).tolist()
+    [2, 0, -1, -1]
+    >>> rows_of(np.array([10**12, 5]), np.array([5, 10**12, 3])).tolist()  # sparse: by sorting
+    [1, 0, -1]
+    """
+    top = 4 * len(keys) + 1024
+    if 0 < len(keys) < 2**31 and keys.min() >= 0 and queries.min() >= 0 and keys.max() < top:
+        table = np.full(top, -1, dtype=np.int32)
+        table[keys] = np.arange(len(keys), dtype=np.int32)
+        out = table[np.minimum(queries, top - 1)].astype(np.int64)
+        out[queries >= top] = -1
+        return out
+    order = np.argsort(keys, kind="stable")
+    pos = np.minimum(sorted_lookup(keys[order], queries), len(order) - 1)
+    return np.where(keys[order][pos] == queries, order[pos], -1)
 
 
 def plan_mixed(
@@ -93,15 +113,17 @@ def plan_mixed(
         srt = np.argsort(u.astype(np.uint16) if u.max() < 2**16 else u, kind="stable")  # radix
         perm = np.empty(len(srt), dtype=np.int64)
         perm[srt] = np.arange(len(srt))
-        with given_orders({0: perm}):
+        weights = np.zeros(len(names))
+        for name, w in mix.weights.items():
+            weights[names.index(name)] = w
+        with given_orders({0: perm}), blending(codes[stream[srt]], weights):
             arrays = plan_arrays(ids[stream[srt]], lens[stream[srt]], cfg)
     else:  # a curriculum blend: the planner takes its input order as it is
         arrays = plan_arrays(ids[stream], lens[stream], cfg)
     arrays.moved = None
     arrays.dropped = chosen.dropped
-    meta, extra = plan_meta(arrays, info)
-    for key in [k for k in meta["stats"] if k.startswith("moved_")]:
-        del meta["stats"][key]  # measured against a drawn permutation: the blend has its own
+    # no moved_* figures: they measure against a drawn permutation, and the blend has its own
+    meta, extra = plan_meta(arrays, info, moved=False)
     # the planner kept every unit it was given, in its input order
     planned = codes[stream[srt] if cfg.order == "shuffle" else stream][arrays.stream]
     meta["mix"] = {
@@ -112,7 +134,7 @@ def plan_mixed(
         "shares": share_figures(
             np.repeat(arrays.step, arrays.micro.samples), planned,
             arrays.lens[arrays.stream] if by_tokens else np.ones(len(planned)),
-            [names.index(s) for s in mix.weights], list(mix.weights),
+            [names.index(s) for s in mix.weights], list(mix.weights), list(mix.weights.values()),
         ),
     }  # fmt: skip
     return arrays, meta, extra

@@ -19,6 +19,9 @@ same rate, so any prefix of the merged stream holds each source at its weight, w
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +30,28 @@ from varpack.errors import ConfigError
 
 #: how far weights may sum from 1
 WEIGHT_TOLERANCE = 1e-6
+#: how far a step's share of a source may be from its weight and count as held (2 points)
+SHARE_TOLERANCE = 0.02
+#: the blend being planned: each input sample's source code, and each code's weight
+_BLEND: ContextVar[tuple[np.ndarray, np.ndarray] | None] = ContextVar("blend", default=None)
+
+
+@contextmanager
+def blending(codes: np.ndarray, weights: np.ndarray) -> Iterator[None]:
+    """Inside the block, the planner composes shuffled steps keeping each source's weight
+    (``codes``: each of the planner's input samples' source; ``weights[code]``): the cost
+    composer deals a sample to the step that holds least of its source against its share
+    (:func:`varpack.plan.kernels.window.compose_window`)."""
+    token = _BLEND.set((np.asarray(codes, np.int64), np.asarray(weights, np.float64)))
+    try:
+        yield
+    finally:
+        _BLEND.reset(token)
+
+
+def blend_sources() -> tuple[np.ndarray, np.ndarray] | None:
+    """The blend being planned (:func:`blending`), if any."""
+    return _BLEND.get()
 
 
 @dataclass(frozen=True)
@@ -129,8 +154,7 @@ def interleave(
     merged stream: each source's units shuffled from ``(seed, source)``, or for a curriculum
     sorted by length within each pass over the source (a repeated sample's copies are a pass
     apart), then all merged by virtual time (module doc)."""
-    order_in = np.empty(len(source), dtype=np.int64)
-    vtime = np.empty(len(source), dtype=np.float64)
+    streams, vtimes = [], []
     for s in np.unique(source):
         mine = np.flatnonzero(source == s)
         if curriculum:
@@ -139,9 +163,11 @@ def interleave(
             mine = mine[np.random.default_rng([seed, 1 << 20, int(s)]).permutation(len(mine))]
         size = lens[mine].astype(np.float64) if by_tokens else np.ones(len(mine))
         done = np.cumsum(size) - size / 2  # up to the middle of each unit
-        vtime[mine] = done / size.sum()
-        order_in[mine] = np.arange(len(mine))
-    return np.lexsort((order_in, source, vtime))
+        streams.append(mine)
+        vtimes.append(done / size.sum())
+    # one stable sort: a source's units keep their order, ties between sources go by source
+    stream = np.concatenate(streams)
+    return stream[np.argsort(np.concatenate(vtimes), kind="stable")]
 
 
 def mix_units(
@@ -157,7 +183,7 @@ def mix_units(
         sizes[name] = int(lens[mine].sum()) if by_tokens else int(mine.sum())
     missing = [s for s in mix.weights if sizes.get(s, 0) == 0]
     if missing:
-        have = ", ".join(f"{n} ({sizes[n]:,})" for n in names) or "none"
+        have = ", ".join(f"{n} ({sizes[n]:,} {mix.unit})" for n in names) or "none"
         raise ConfigError(
             f"--mix: source {missing[0]!r} has no samples (sources: {have}); weigh only sources "
             "the data holds"
@@ -188,22 +214,29 @@ def share_figures(
     size: np.ndarray,
     codes: list[int],
     names: list[str],
+    weights: list[float],
 ) -> dict[str, dict[str, float]]:
     """Each source's share of every step (``size``: each planned sample's tokens, or 1 by
-    samples): mean, min and max over the steps, the run's last step left out (it holds what
-    is left).
+    samples): mean, min and max over the steps, and ``held``, the share of the steps within
+    :data:`SHARE_TOLERANCE` of its weight; the run's last step left out (it holds what is left).
 
     >>> share_figures(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 0, 0, 1]), np.ones(5), [0, 1],
-    ...               ["a", "b"])
-    {'a': {'mean': 0.75, 'min': 0.5, 'max': 1.0}, 'b': {'mean': 0.25, 'min': 0.0, 'max': 0.5}}
+    ...               ["a", "b"], [0.5, 0.5])["a"]
+    {'mean': 0.75, 'min': 0.5, 'max': 1.0, 'held': 0.5}
     """
     steps = int(sample_step.max()) + 1 if len(sample_step) else 0
     total = np.bincount(sample_step, weights=size, minlength=steps)
     keep = slice(0, max(steps - 1, 1))
     out = {}
-    for k, name in zip(codes, names, strict=True):
+    for k, name, w in zip(codes, names, weights, strict=True):
         mine = code == k
         share = np.bincount(sample_step[mine], weights=size[mine], minlength=steps)
         frac = (share / np.maximum(total, 1e-300))[keep]
-        out[name] = {"mean": float(frac.mean()), "min": float(frac.min()), "max": float(frac.max())}
+        held = float((np.abs(frac - w) <= SHARE_TOLERANCE + 1e-12).mean())
+        out[name] = {
+            "mean": float(frac.mean()),
+            "min": float(frac.min()),
+            "max": float(frac.max()),
+            "held": held,
+        }
     return out

@@ -105,7 +105,8 @@ def _check_shares(mix: dict[str, Any], whole: AllRanks, names: np.ndarray, repor
     for k, name in enumerate(sources):
         code[names == name] = k
     size = whole.lens.astype(np.float64) if mix["unit"] == "tokens" else np.ones(len(names))
-    got = share_figures(whole.sample_step, code, size, list(range(len(sources))), sources)
+    weights = [float(mix["sources"][s]["weight"]) for s in sources]
+    got = share_figures(whole.sample_step, code, size, list(range(len(sources))), sources, weights)
     for name, want in mix["shares"].items():
         have = got.get(name, {})
         if any(

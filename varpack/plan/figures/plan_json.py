@@ -36,9 +36,10 @@ _PIECE = 1 << 20  # samples per piece of the input fingerprint
 
 
 def plan_meta(
-    p: PlanArrays, input_info: dict[str, Any]
+    p: PlanArrays, input_info: dict[str, Any], moved: bool = True
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """plan.json's content (without format/version/ranks) and each rank's extra entry (shapes)."""
+    """plan.json's content (without format/version/ranks) and each rank's extra entry (shapes);
+    ``moved``: a shuffled plan's moved_* figures (against its drawn permutation)."""
     cfg = p.cfg
     m = p.micro
     model = cfg.cost_model()
@@ -61,7 +62,7 @@ def plan_meta(
         lengths=p.lengths,
         shapes=shapes_of,
         cfg=cfg,
-        rows=p.stream,
+        rows=p.stream if moved else None,
         epochs=p.epochs,
         row_lens=p.lens,
         moved_stats=p.moved,

@@ -105,6 +105,8 @@ def _steps_of(
     cap,
     where,
     fill,
+    src,
+    wshare,
 ):  # type: ignore[no-untyped-def]
     """Compose a window into the most steps that leave no micro-batch empty, from ``p0`` down
     (the epoch's last window: the fewest from ``p0`` up that place every sample). 0: none."""
@@ -113,7 +115,7 @@ def _steps_of(
     p = min(p0, most)
     while 1 <= p <= most:
         ok = compose_window(buf, order, carried, wait, group, density, lens, alone, lin, quad, p,
-                            dp, k, cap, where, fill, last)  # fmt: skip
+                            dp, k, cap, where, fill, last, src, wshare)  # fmt: skip
         if ok and not last:
             return p
         if ok and np.all(where[:m] >= 0):
@@ -123,7 +125,7 @@ def _steps_of(
 
 
 @njit(cache=True)
-def _compose_epoch(lens, alone, lin, quad, window_tok, step_tok, dp, k, cap, fill):  # type: ignore[no-untyped-def]
+def _compose_epoch(lens, alone, lin, quad, window_tok, step_tok, dp, k, cap, fill, src, wshare):  # type: ignore[no-untyped-def]
     """The epoch's stream (positions in the permuted order) and micro-batch starts; ``lens``
     and ``alone`` are in the permuted order, so a window's samples are read in sequence."""
     n = len(lens)
@@ -176,7 +178,7 @@ def _compose_epoch(lens, alone, lin, quad, window_tok, step_tok, dp, k, cap, fil
                 wtok -= lens[buf[i]]
         p0 = max(1, np.int64(wtok / step_tok + 0.5))
         p = _steps_of(buf, order, nc, wait, group, density, lens, alone, lin, quad, p0, last, dp,
-                      k, cap, where, fill)  # fmt: skip
+                      k, cap, where, fill, src, wshare)  # fmt: skip
         if p == 0:
             if last:
                 return stream, starts[:1], False
@@ -205,6 +207,7 @@ def compose_epoch(
     multiple: int,
     budget: int,
     fill: float = 0.0,
+    sources: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """One epoch composed by cost: ``(stream, offsets)``, or None where it cannot be.
 
@@ -213,8 +216,10 @@ def compose_epoch(
     the cost of a sample of ``x`` tokens as ``lin * x + quad * x^2``. Every ``dp * k``
     consecutive micro-batches form a step, and every ``k`` consecutive ones of a step one rank's
     share (a *slot*). ``fill``: the budget fill a step of heavy samples keeps at least
-    (``--balance-fill``). None: the last window could not place every sample (too few samples
-    for whole steps); the caller composes by tokens instead.
+    (``--balance-fill``). ``sources``: a blend's ``(source of each sample, in the permuted
+    order; weight of each source)``, whose shares every step keeps. None: the last window could
+    not place every sample (too few samples for whole steps); the caller composes by tokens
+    instead.
     """
     stream, starts, ok = _compose_epoch(
         np.ascontiguousarray(plens, dtype=np.int64),
@@ -227,5 +232,14 @@ def compose_epoch(
         np.int64(k),
         np.int64(capacity(multiple, budget)),
         float(fill),
+        *(_no_blend() if sources is None else _blend(*sources)),
     )
     return (stream, starts) if ok else None
+
+
+def _no_blend() -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+
+
+def _blend(src: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.ascontiguousarray(src, dtype=np.int64), np.ascontiguousarray(weights, np.float64)

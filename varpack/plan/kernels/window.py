@@ -13,8 +13,10 @@ places a window (see :mod:`varpack.plan.kernels.compose` for the whole algorithm
    samples it does not take go to other steps or move on;
 3. **the deal**: the rest, costliest first (samples carried from the last window first), by
    count in proportion to the tokens each step can take (a weighted round robin, so every step
-   gets a stratified share of every length range), each into its step's lightest slot that has
-   room, into that slot's micro-batch with the fewest tokens (longest-processing-time first).
+   gets a stratified share of every length range; in a blend, to the step holding least of the
+   sample's source against its share of the step's tokens, so every step keeps the weights),
+   each into its step's lightest slot that has room, into that slot's micro-batch with the
+   fewest tokens (longest-processing-time first).
    A step without backbones refuses a sample that would lift a slot above both its costliest
    slot and the level its other slots can still reach. A step of backbones whose other slots
    cannot catch up (*hungry*) takes the costliest light samples first (the top
@@ -264,8 +266,15 @@ def compose_window(
     where,
     fill,
     last,
+    src,
+    wshare,
 ):  # type: ignore[no-untyped-def]
     """Deal the window ``buf[:m]`` to ``p`` steps x ``dp`` slots x ``k`` micro-batches.
+
+    A blend (``wshare``: each source's weight; ``src``: each sample's source, by permuted
+    position; both empty otherwise) deals the rest to the step that holds least of its
+    sample's source against that source's share of the step's tokens, so that every step
+    keeps the blend's weights; a plan without a blend deals by count.
 
     ``order``: the window's positions, costliest first, the heavy ones ``order[:h]`` (those
     flagged in ``wait`` move on); ``buf[:carried]`` came from the last window and are dealt
@@ -317,6 +326,19 @@ def compose_window(
     for s in range(p):
         if room[s] > 0:
             due[s] = 0.5 / room[s]
+    blend = len(wshare) > 0
+    nsrc = max(len(wshare), 1)
+    held = np.zeros((p, nsrc))  # a blend: each step's tokens of each source, backbones included
+    want = np.zeros((p, nsrc))  # ... and what the weights ask of it
+    if blend:
+        for i in range(m):
+            if where[i] >= 0:
+                held[(where[i] // k) // dp, src[buf[i]]] += lens[buf[i]]
+        for s in range(p):
+            tot = room[s] + held[s].sum()
+            for c in range(nsrc):
+                want[s, c] = max(wshare[c] * tot, 1.0)
+    share_due = np.empty(p)
     big = 0  # samples of more than half a micro-batch need an empty one: they go first
     while big < m and 2 * lens[buf[order[big]]] > cap:
         big += 1
@@ -334,14 +356,22 @@ def compose_window(
                                     hungry)  # fmt: skip
             if r < 0:  # heavy samples dealt with the rest are not refused to stay level
                 lv = level if q >= h else 0.0
+                step_due = due
+                if blend:
+                    sc = src[buf[i]]
+                    for t in range(p):
+                        share_due[t] = (held[t, sc] + 0.5 * x) / want[t, sc]
+                    step_due = share_due
                 s, r = _choose(x, c, lone, p, dp, k, cap, bin_tok, load, stok, least, spare, ceil,
-                               peak, due, lv)  # fmt: skip
+                               peak, step_due, lv)  # fmt: skip
             if r < 0 and last:  # the epoch's last window places every sample
                 s, r = _choose(x, c, lone, p, dp, k, cap, bin_tok, load, stok, least, spare, free,
                                peak, due, 0.0)  # fmt: skip
             if r >= 0:
                 if room[s] > 0:
                     due[s] += 1.0 / room[s]
+                if blend:
+                    held[s, src[buf[i]]] += x
                 _place(i, x, lone, c, s, r, dp, k, where, bin_tok, bin_cnt, load, stok, least, spare,
                        peak)  # fmt: skip
     return _fill_empty(order, where[:m], bin_cnt, k)

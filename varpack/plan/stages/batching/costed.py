@@ -22,6 +22,7 @@ from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.compose import compose_epoch
 from varpack.plan.kernels.order import MovedTally
 from varpack.plan.kernels.permute import permuted
+from varpack.plan.mix import blend_sources
 from varpack.plan.rules import capacity
 from varpack.plan.stages.batching import greedy
 from varpack.plan.stages.batching.common import EpochJoiner, order_rule, tokens_per_micro
@@ -55,6 +56,7 @@ def build(
     coeffs = cost_coefficients(cfg.cost_model())
     joined, slens, tally = EpochJoiner(), [], MovedTally()
     per_step = cfg.micro_per_step
+    blend = blend_sources()  # a blend (--mix): every step keeps its sources' weights
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)  # the shuffle order's permutation
         got = compose_epoch(
@@ -68,6 +70,7 @@ def build(
             cfg.pad_multiple,
             cfg.max_tokens,
             1.0 if cfg.pp > 1 else cfg.balance_fill,  # --pp pads a rank's micro-batches alike
+            None if blend is None else (blend[0][perm], blend[1]),
         )
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
