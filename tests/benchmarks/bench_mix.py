@@ -3,10 +3,11 @@
 Three sources (long-tail chat, bimodal long documents, uniform code; natural proportions 70 /
 10 / 20 % of the samples) are blended at weights far from them (chat 0.3, docs 0.5, code 0.2 of
 the tokens) and planned shuffled (dp 8, grad-accum 4, budget 16 K, FLOPs cost; documents over
-the budget dropped first). Prints, for the plan without a mix and with it, each in a process of
-its own: plan time (the mix: the source column read and joined, the blend drawn, planned and
-scored), peak memory, time vs ideal, padding, and with the mix each source's planned share of
-the tokens and of the steps (mean, min, max), with the time ratio.
+the budget dropped first). Each plan is ``varpack plan``'s own path end to end (the metadata
+read and sorted, planned, written; the mix: the source column read, the blend drawn, the
+source carried into the manifests), each in a process of its own. Prints, without a mix and
+with it: time, peak memory, time vs ideal, padding, and with the mix each source's planned
+share of the tokens and of the steps (mean, min, max, within 2 points), with the time ratio.
 
     PYTHONPATH=$PWD python tests/benchmarks/bench_mix.py [--samples 30M] [--quick]
 """
@@ -43,24 +44,21 @@ def _data(n: int, path: str) -> None:
 
 
 def _run(path: str, mixed: bool, q: mp.Queue) -> None:  # type: ignore[type-arg]
-    import numpy as np
-
-    from varpack.manifest.make import read_input
-    from varpack.manifest.mixing import plan_mixed
-    from varpack.plan import PlanConfig, make_plan
+    from varpack.manifest.make import plan
+    from varpack.plan import PlanConfig
     from varpack.plan.mix import Mix
 
     cfg = PlanConfig(max_tokens=16384, dp=8, grad_accum=4, cost="flops", oversize="drop",
-                     model_preset="qwen2.5-0.5b", order="shuffle").resolved()  # fmt: skip
-    ids, lens = read_input(path)
-    make_plan(ids[:20_000], np.sort(lens[:20_000]), cfg)  # numba kernels compiled or loaded
-    t0 = time.perf_counter()
-    if mixed:
-        _, meta, _ = plan_mixed(ids, lens, cfg, Mix(WEIGHTS), "source", path, path)
-    else:
-        _, meta, _ = make_plan(ids, lens, cfg)
+                     model_preset="qwen2.5-0.5b", order="shuffle")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:  # numba kernels compiled or loaded first
+        plan(path, f"{tmp}/warm", cfg, mix=Mix(WEIGHTS, total=10**6) if mixed else None,
+             source_column="source" if mixed else None)  # fmt: skip
+        t0 = time.perf_counter()
+        _, meta = plan(path, f"{tmp}/plan", cfg, mix=Mix(WEIGHTS) if mixed else None,
+                       source_column="source" if mixed else None)  # fmt: skip
+        took = time.perf_counter() - t0
     s = meta["stats"]
-    q.put({"s": time.perf_counter() - t0, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    q.put({"s": took, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
            "time": s["time_vs_ideal"], "pad": s["padding_ratio"], "mix": meta.get("mix")})  # fmt: skip
 
 

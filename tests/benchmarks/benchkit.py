@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from collections.abc import Callable
+from queue import Empty
 from typing import Any
 
 
@@ -22,11 +23,18 @@ def count(text: str) -> int:
 
 
 def in_process(target: Callable[..., None], *args: Any) -> Any:
-    """Run ``target(*args, queue)`` in a spawned process; what it puts on the queue."""
+    """Run ``target(*args, queue)`` in a spawned process; what it puts on the queue (a process
+    that dies first is an error, not a wait forever)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=target, args=(*args, queue))
     proc.start()
-    got = queue.get()
+    while True:
+        try:
+            got = queue.get(timeout=1.0)
+            break
+        except Empty:
+            if not proc.is_alive():
+                raise RuntimeError(f"{target.__name__} died (exit code {proc.exitcode})") from None
     proc.join()
     return got

@@ -189,3 +189,20 @@ def test_a_shuffled_blend_keeps_the_weights_in_every_step(tmp_path: Path) -> Non
     for name, w in {"chat": 0.3, "docs": 0.5, "code": 0.2}.items():
         share = mix["shares"][name]
         assert abs(share["mean"] - w) < 0.002 and share["held"] >= 0.95, (name, share)
+
+
+def test_a_mix_table_in_the_config_file_is_the_mix_flag(tmp_path: Path, meta: Path) -> None:
+    (tmp_path / "mix.toml").write_text(
+        '[plan]\nmax_tokens = 4096\ndp = 2\ngrad_accum = 2\norder = "shuffle"\n'
+        'source_column = "source"\ntotal_tokens = 2000000\n\n[mix]\nchat = 0.25\ndocs = 0.75\n'
+    )
+    cli("plan", meta, tmp_path / "toml", "--config", tmp_path / "mix.toml", "-q")
+    cli("plan", meta, tmp_path / "flags", "--max-tokens", 4096, "--dp", 2, "--grad-accum", 2,
+        "--order", "shuffle", "--source-column", "source", "--total-tokens", 2000000,
+        "--mix", "chat=0.25,docs=0.75", "-q")  # fmt: skip
+    for f in (tmp_path / "flags").iterdir():
+        if f.suffix == ".parquet":
+            assert f.read_bytes() == (tmp_path / "toml" / f.name).read_bytes()
+    (tmp_path / "bad.toml").write_text('[mix]\nchat = "a lot"\n')
+    out = cli("plan", meta, tmp_path / "x", "--config", tmp_path / "bad.toml", expect=2)
+    assert "[mix] holds source = weight numbers" in out.stderr

@@ -109,7 +109,7 @@ def _with_plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.option(
     "--mix-unit",
     type=click.Choice(["tokens", "samples"]),
-    default="tokens",
+    default=None,
     help="What the --mix weights count. [default: tokens]",
 )
 @click.option(
@@ -136,7 +136,7 @@ def plan(
     where: str | None,
     mix: str | None,
     source_column: str | None,
-    mix_unit: str,
+    mix_unit: str | None,
     total_tokens: int | None,
     total_samples: int | None,
     **options: Any,
@@ -164,7 +164,8 @@ def plan(
     the torch reader hands to the trainer as batch.carry["source"].
     """
     from varpack.atomic import check_output
-    from varpack.manifest.make import input_paths, load_toml
+    from varpack.errors import ConfigError
+    from varpack.manifest.make import CARRY_KEYS, input_paths, load_toml
     from varpack.manifest.make import plan as run_plan
 
     check_output(out, overwrite, input_paths(input))
@@ -172,7 +173,17 @@ def plan(
     names = list(carry) or values.pop("carry", [])  # flags override the config file
     source = carry_from or values.pop("carry_from", None)
     where = where or values.pop("where", None)
-    values = {k: v for k, v in values.items() if k not in ("carry", "carry_from", "where")}
+    mix = mix or values.pop("mix", None)
+    source_column = source_column or values.pop("source_column", None)
+    if mix_unit is None:
+        mix_unit = values.pop("mix_unit", "tokens")
+        if mix_unit not in ("tokens", "samples"):
+            raise ConfigError(
+                f"--config {config_file}: mix_unit is tokens or samples, not {mix_unit!r}"
+            )
+    total_tokens = total_tokens or values.pop("total_tokens", None)
+    total_samples = total_samples or values.pop("total_samples", None)
+    values = {k: v for k, v in values.items() if k not in CARRY_KEYS}
     values.update({k: v for k, v in options.items() if v is not None})
     cfg = PlanConfig.from_mapping(values).resolved()
     blend = None

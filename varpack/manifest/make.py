@@ -29,8 +29,12 @@ from varpack.plan.stages.select import plan_bytes
 from varpack.sort.output import is_sorted_output
 
 #: Keys of a ``--config`` file that are not planning options: the carried columns (``carry``
-#: accepts a list of names), their metadata (``carry_from``) and the selection (``where``).
-CARRY_KEYS = ("carry", "carry_from", "where")
+#: accepts a list of names), their metadata (``carry_from``), the selection (``where``) and the
+#: blend (``mix``, a string or a ``[mix]`` table of weights, and its companions).
+CARRY_KEYS = (
+    "carry", "carry_from", "where", "mix", "source_column", "mix_unit", "total_tokens",
+    "total_samples",
+)  # fmt: skip
 
 
 def input_paths(path: str | os.PathLike[str]) -> list[Path]:
@@ -100,8 +104,15 @@ def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {p}: invalid TOML ({exc})") from None
+    table = doc.pop("mix") if isinstance(doc.get("mix"), dict) else None
     if set(doc) == {"plan"} and isinstance(doc["plan"], dict):
         doc = doc["plan"]
+    if table is None and isinstance(doc.get("mix"), dict):
+        table = doc.pop("mix")
+    if table is not None:  # a [mix] table of weights: the --mix string
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in table.values()):
+            raise ConfigError(f"--config {p}: [mix] holds source = weight numbers (code = 0.3)")
+        doc["mix"] = ",".join(f"{k}={v}" for k, v in table.items())
     carry = {
         str(k).replace("-", "_"): doc.pop(k)
         for k in list(doc)
@@ -126,8 +137,13 @@ def _check_carry_keys(carry: dict[str, Any], p: Path) -> None:
         )
     if not isinstance(carry.get("carry_from", ""), str):
         raise ConfigError(f"--config {p}: carry_from must be a path (a string)")
-    if not isinstance(carry.get("where", ""), str):
-        raise ConfigError(f"--config {p}: where must be a SQL condition (a string)")
+    for key in ("where", "mix", "source_column", "mix_unit"):
+        if not isinstance(carry.get(key, ""), str):
+            raise ConfigError(f"--config {p}: {key} must be a string")
+    for key in ("total_tokens", "total_samples"):
+        value = carry.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"--config {p}: {key} must be an integer >= 1")
 
 
 def where_source(input: str | os.PathLike[str], carry_from: str | os.PathLike[str] | None) -> str:
@@ -220,7 +236,9 @@ def plan(
     check_memory(unit_count(lens, split), cfg)  # pieces are planned rows too
     if mix is not None:
         assert source_column is not None and source is not None
-        arrays, meta, extra = plan_mixed(ids, lens, cfg, mix, source_column, source, str(input))
+        arrays, meta, extra = plan_mixed(
+            ids, lens, cfg, mix, source_column, source, str(input), carried_from
+        )
     else:
         arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
     carried = None

@@ -29,9 +29,12 @@ from varpack.plan.mix import Mix, blending, copy_number, interleave, mix_units, 
 from varpack.plan.stages.select import select
 
 
-def source_codes(ids: np.ndarray, column: str, path: str) -> tuple[np.ndarray, list[str]]:
-    """Each sample's source (an index into the returned names) from ``column`` at ``path``."""
-    meta_ids, table = read_carry_source(path, [column])
+def source_codes(
+    ids: np.ndarray, column: str, path: str, read: tuple[np.ndarray, pa.Table] | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """Each sample's source (an index into the returned names) from ``column`` at ``path``
+    (``read``: its ids and columns, when the caller has read them already)."""
+    meta_ids, table = read if read is not None else read_carry_source(path, [column])
     col = table.column(column).combine_chunks()
     if pat.is_dictionary(col.type):
         col = col.cast(col.type.value_type)
@@ -63,8 +66,11 @@ def rows_of(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
     >>> rows_of(np.array([10**12, 5]), np.array([5, 10**12, 3])).tolist()  # sparse: by sorting
     [1, 0, -1]
     """
-    top = 4 * len(keys) + 1024
-    if 0 < len(keys) < 2**31 and keys.min() >= 0 and queries.min() >= 0 and keys.max() < top:
+    if 0 < len(keys) < 2**31 and keys.min() >= 0 and queries.min() >= 0:
+        top = int(keys.max()) + 1
+    else:
+        top = 0
+    if 0 < top <= 4 * len(keys) + 1024:
         table = np.full(top, -1, dtype=np.int32)
         table[keys] = np.arange(len(keys), dtype=np.int32)
         out = table[np.minimum(queries, top - 1)].astype(np.int64)
@@ -83,8 +89,10 @@ def plan_mixed(
     column: str,
     path: str,
     source: str,
+    read: tuple[np.ndarray, pa.Table] | None = None,
 ) -> tuple[PlanArrays, dict[str, Any], list[dict[str, Any]]]:
-    """The blend of ``ids``/``lens`` (curriculum order) planned: ``(arrays, meta, rank_extra)``."""
+    """The blend of ``ids``/``lens`` (curriculum order) planned: ``(arrays, meta, rank_extra)``;
+    ``read``: the metadata's ids and columns at ``path``, if read already (the carried ones)."""
     if cfg.epochs != 1:
         raise ConfigError(
             f"--epochs {cfg.epochs} with --mix: the mix's total sets how long the run is; give "
@@ -93,7 +101,7 @@ def plan_mixed(
     chosen = _selected(ids, lens, cfg)
     info = input_info(ids, lens, source)  # the input: what was given, dropped ones included
     ids, lens = chosen.ids, chosen.lens
-    codes, names = source_codes(ids, column, path)
+    codes, names = source_codes(ids, column, path, read)
     absent = [s for s in mix.weights if s not in names]
     if absent:
         counts = np.bincount(codes, minlength=len(names))
