@@ -206,3 +206,15 @@ def test_a_mix_table_in_the_config_file_is_the_mix_flag(tmp_path: Path, meta: Pa
     (tmp_path / "bad.toml").write_text('[mix]\nchat = "a lot"\n')
     out = cli("plan", meta, tmp_path / "x", "--config", tmp_path / "bad.toml", expect=2)
     assert "[mix] holds source = weight numbers" in out.stderr
+
+
+def test_the_plot_of_a_blend_shows_its_shares(tmp_path: Path, meta: Path) -> None:
+    pytest.importorskip("matplotlib")
+    cli("plan", meta, tmp_path / "p", *PLAN, "--order", "shuffle", "--mix", "chat=0.5,code=0.5")
+    cli("inspect", tmp_path / "p", "--plot", tmp_path / "mix.png")
+    from matplotlib.image import imread
+
+    wide = imread(tmp_path / "mix.png")
+    cli("plan", meta, tmp_path / "q", "--max-tokens", 4096, "--dp", 2, "-q")
+    cli("inspect", tmp_path / "q", "--plot", tmp_path / "plain.png")
+    assert wide.shape[1] > imread(tmp_path / "plain.png").shape[1]  # a third column of panels

@@ -103,7 +103,9 @@ def plot(
 
     plan = load_plan(path, verify=True, full=True)
     cfg = PlanConfig.from_mapping(plan.meta["config"]).resolved()
+    mix = plan.meta.get("mix") if cfg.cp == 1 else None
     steps, ranks, tokens, costs, lens_all, places, offs = [], [], [], [], [], [], []
+    srcs: list[np.ndarray] = []
     lr = np.ones(plan.num_steps)
     for r in range(plan.dp):
         t = plan.rank_table(r, verify=False)
@@ -120,16 +122,23 @@ def plot(
         offs.append(off)
         if cfg.cp > 1:
             places.append(t.column("cp_placement").combine_chunks().flatten().to_numpy())
+        if mix is not None:  # each sample's source, from the carried source column
+            col_src = t.column(f"carry.{mix['column']}").combine_chunks().flatten()
+            srcs.append(np.asarray(col_src.cast("string").to_numpy(zero_copy_only=False)))
         lr[step] = t.column("lr_factor").to_numpy()
     step = np.concatenate(steps)
     rank = np.concatenate(ranks)
     cost = np.concatenate(costs)
     order = np.lexsort((rank, step))
-    fig, ax = plt.subplots(2, 3 if cfg.cp > 1 else 2, figsize=(19 if cfg.cp > 1 else 13, 8))
+    wide = cfg.cp > 1 or mix is not None
+    fig, ax = plt.subplots(2, 3 if wide else 2, figsize=(19 if wide else 13, 8))
     lens = np.concatenate(lens_all)
+    counts = np.concatenate([np.diff(o) for o in offs])
     if cfg.cp > 1:  # the CP cost model's times, and the CP panels
-        counts = np.concatenate([np.diff(o) for o in offs])
         cost = _cp_panels(ax[:, 2], cfg, counts, lens, np.concatenate(places))
+    if mix is not None:
+        _mix_panels(ax[:, 2], mix, np.repeat(step, counts), np.concatenate(srcs), lens,
+                    plan.num_steps)  # fmt: skip
     ax[0, 0].hist(lens, bins=100, log=True, color="tab:blue")
     ax[0, 0].set(title="sample lengths", xlabel="tokens", ylabel="samples")
     tok = np.concatenate(tokens)[order]
@@ -169,6 +178,32 @@ def plot(
             fig.savefig(tmp, dpi=100, format=fmt, metadata={"Creator": CREATOR})
     finally:
         plt.close(fig)
+
+
+def _mix_panels(ax: Any, mix: dict[str, Any], sample_step: np.ndarray, source: np.ndarray,
+                lens: np.ndarray, num_steps: int) -> None:  # fmt: skip
+    """A blend's panels: each source's share of every step (its weight dashed), and how far the
+    steps are from the weights (the share of the steps within each distance)."""
+    size = lens.astype(np.float64) if mix["unit"] == "tokens" else np.ones(len(lens))
+    total = np.maximum(np.bincount(sample_step, weights=size, minlength=num_steps), 1e-300)
+    x = np.arange(num_steps)
+    worst = np.zeros(max(num_steps - 1, 1))
+    for k, (name, fig) in enumerate(mix["sources"].items()):
+        mine = source == name
+        share = np.bincount(sample_step[mine], weights=size[mine], minlength=num_steps) / total
+        keep = _thin(num_steps)
+        ax[0].plot(x[keep], 100 * share[keep], ".", ms=2, color=f"C{k}", label=name)
+        ax[0].axhline(100 * fig["weight"], color=f"C{k}", ls="--", lw=0.8)
+        err = np.abs(share - fig["weight"])[: max(num_steps - 1, 1)]
+        worst = np.maximum(worst, err)
+    ax[0].set(title=f"share of each step ({mix['unit']}; weights dashed)", xlabel="step",
+              ylabel="%")  # fmt: skip
+    ax[0].legend(loc="upper right", fontsize="small")
+    dist = np.sort(100 * worst)
+    ax[1].plot(dist, 100 * np.arange(1, len(dist) + 1) / len(dist), color="tab:purple")
+    ax[1].axvline(2, color="gray", lw=0.5)
+    ax[1].set(title="steps within a distance of every weight", xlabel="largest distance (points)",
+              ylabel="% of steps")  # fmt: skip
 
 
 def _cp_panels(ax: Any, cfg: PlanConfig, counts: np.ndarray, lens: np.ndarray,
