@@ -224,3 +224,24 @@ def test_a_replan_is_deterministic_and_leaves_its_parent_alone(
     assert {p.name: p.read_bytes() for p in plan.iterdir()} == before
     out = cli("validate", tmp_path / "a", "--metadata", tmp_path / "meta", "--replay", expect=2)
     assert "a replanned plan" in out.stderr and "without --replay" in out.stderr
+
+
+def test_rebalance_plans_again_where_kept_steps_would_not_level(tmp_path: Path) -> None:
+    """Micro-batches composed for grad-accum 4 (a rank with a long sample got lighter ones) do
+    not level over grad-accum 1; --rebalance plans what is left for the new layout."""
+    rng = np.random.default_rng(0)
+    n = 20_000
+    lens = np.minimum(rng.lognormal(6.1, 0.9, n).astype(np.int64) + 1, 16384)
+    lens[rng.choice(n, 60, replace=False)] = rng.integers(12000, 16385, 60)  # the long tail
+    write_metadata(tmp_path / "meta" / "m.parquet", np.arange(n), lens)
+    cli("plan", tmp_path / "meta", tmp_path / "plan", "--max-tokens", 16384, "--dp", 4,
+        "--grad-accum", 4, "--order", "shuffle", "--cost", "flops", "--model-preset",
+        "qwen2.5-0.5b", "-q")  # fmt: skip
+    out = cli("replan", tmp_path / "plan", tmp_path / "kept", "--from-step", 3, "--dp", 16)
+    kept = json.loads((tmp_path / "kept" / "plan.json").read_text())["stats"]["time_vs_ideal"]
+    assert "--rebalance" in out.stderr and kept > 1.02
+    cli("replan", tmp_path / "plan", tmp_path / "again", "--from-step", 3, "--dp", 16,
+        "--rebalance", "-q")  # fmt: skip
+    again = json.loads((tmp_path / "again" / "plan.json").read_text())["stats"]["time_vs_ideal"]
+    assert again < kept - 0.02
+    assert not validate_plan(tmp_path / "again").problems

@@ -80,25 +80,24 @@ def test_parse_mix_names_what_is_wrong() -> None:
             parse_mix(text)
 
 
+def write_blend(
+    path: Path, n: int, shares: list[float], seed: int, docs: tuple[int, int], **extra: object
+) -> Path:
+    """Metadata of three sources: chat (log-normal), docs (uniform in ``docs``), code (short)."""
+    rng = np.random.default_rng(seed)
+    src = rng.choice(["chat", "docs", "code"], n, p=shares)
+    lens = np.where(src == "chat", rng.lognormal(5.5, 0.8, n),
+                    np.where(src == "docs", rng.integers(*docs, n), rng.integers(50, 800, n)))  # fmt: skip
+    cols = {"sample_id": np.arange(n) * 2 + 1, "seq_len": lens.astype(np.int64).clip(1, 4096),
+            "source": src, **{k: v(rng, n) for k, v in extra.items()}}  # type: ignore[operator]  # fmt: skip
+    pq.write_table(pa.table(cols), path)
+    return path
+
+
 @pytest.fixture
 def meta(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(2)
-    n = 6000
-    src = rng.choice(["chat", "docs", "code"], n, p=[0.7, 0.1, 0.2])
-    lens = np.where(src == "chat", rng.lognormal(5.5, 0.8, n),
-                    np.where(src == "docs", rng.integers(1500, 4000, n), rng.integers(50, 800, n)))  # fmt: skip
-    pq.write_table(
-        pa.table(
-            {
-                "sample_id": np.arange(n) * 2 + 1,
-                "seq_len": lens.astype(np.int64).clip(1, 4096),
-                "source": src,
-                "score": rng.random(n),
-            }
-        ),  # fmt: skip
-        tmp_path / "m.parquet",
-    )
-    return tmp_path / "m.parquet"
+    return write_blend(tmp_path / "m.parquet", 6000, [0.7, 0.1, 0.2], 2, (1500, 4000),
+                       score=lambda rng, n: rng.random(n))  # fmt: skip
 
 
 PLAN = ("--max-tokens", 4096, "--dp", 2, "--grad-accum", 2, "--cost", "flops",
@@ -167,21 +166,7 @@ def test_a_shuffled_blend_keeps_the_weights_in_every_step(tmp_path: Path) -> Non
     grad-accum 4 nearly every step is within 2 points of every weight (measured on the
     benchmark's shapes: 96-98 % of the steps; here, long documents of up to a quarter of a
     micro-batch, all of them)."""
-    rng = np.random.default_rng(4)
-    n = 40_000
-    src = rng.choice(["chat", "docs", "code"], n, p=[0.6, 0.15, 0.25])
-    lens = np.where(src == "chat", rng.lognormal(5.5, 0.8, n),
-                    np.where(src == "docs", rng.integers(1000, 4000, n), rng.integers(50, 800, n)))  # fmt: skip
-    pq.write_table(
-        pa.table(
-            {
-                "sample_id": np.arange(n),
-                "seq_len": lens.astype(np.int64).clip(1, 4096),
-                "source": src,
-            }
-        ),  # fmt: skip
-        tmp_path / "m.parquet",
-    )
+    write_blend(tmp_path / "m.parquet", 40_000, [0.6, 0.15, 0.25], 4, (1000, 4000))
     cli("plan", tmp_path / "m.parquet", tmp_path / "p", "--max-tokens", 16384, "--dp", 4,
         "--grad-accum", 4, "--cost", "flops", "--model-preset", "qwen2.5-0.5b", "--order",
         "shuffle", "--source-column", "source", "--mix", "chat=0.3,docs=0.5,code=0.2", "-q")  # fmt: skip

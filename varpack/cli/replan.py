@@ -19,11 +19,23 @@ from varpack.cli.plan import _with_plan_options
     required=True,
     help="The first step the new plan holds: the step the run's checkpoint resumes at.",
 )
+@click.option(
+    "--rebalance",
+    is_flag=True,
+    help="Plan what is left again even where every step could keep its micro-batches (they were "
+    "composed for the old grad-accum: over fewer per rank they may not level the ranks).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
 @click.option("--quiet", "-q", is_flag=True, help="No summary line.")
 @_with_plan_options
 def replan(
-    plan: str, out: str, from_step: int, overwrite: bool, quiet: bool, **options: Any
+    plan: str,
+    out: str,
+    from_step: int,
+    rebalance: bool,
+    overwrite: bool,
+    quiet: bool,
+    **options: Any,
 ) -> None:
     """Continue PLAN from step --from-step, on --dp ranks, into the new plan directory OUT.
 
@@ -47,7 +59,18 @@ def replan(
 
     check_output(out, overwrite, [plan])
     given = {k: v for k, v in options.items() if v is not None}
-    meta, kept = run_replan(plan, out, from_step, given, overwrite)
+    meta, kept = run_replan(plan, out, from_step, given, overwrite, rebalance)
+    if kept:  # micro-batches composed for the old grad-accum may not level fewer per rank
+        from varpack.manifest.format import read_meta
+
+        before = read_meta(plan)["stats"]["time_vs_ideal"]
+        if meta["stats"]["time_vs_ideal"] > before + 0.02:
+            click.echo(
+                f"note: {meta['stats']['time_vs_ideal']:.3f}x ideal against {before:.3f}x before: "
+                "these micro-batches were composed for more per rank; --rebalance plans what is "
+                "left again for this layout (each step then holds other samples)",
+                err=True,
+            )
     if not quiet:
         s, lay = meta["stats"], meta["layout"]
         how = "every step keeps its samples" if kept else "what is left planned again"

@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.types as pat
 
 from varpack.errors import ConfigError, InputError
-from varpack.manifest.carry import read_carry_source
+from varpack.manifest.carry import name_codes, read_carry_source, rows_of
+from varpack.manifest.remaining import given_input
 from varpack.plan import PlanArrays, PlanConfig, plan_arrays
 from varpack.plan.arrays import Selection
 from varpack.plan.figures.plan_json import input_info, plan_meta
@@ -43,42 +44,16 @@ def source_codes(
             f"--source-column {column}: type {col.type} in {path}; a source column holds names "
             "(strings) or integers"
         )
-    encoded = pc.dictionary_encode(pc.cast(col, pa.string()))  # codes on the metadata's rows
-    names = encoded.dictionary.to_pylist()
-    rank = np.argsort(np.argsort(names))  # names sorted, so codes do not depend on row order
-    meta_codes = rank[encoded.indices.to_numpy()].astype(np.int64)
+    # names sorted, so codes do not depend on row order
+    names = sorted(pc.unique(pc.cast(col, pa.string())).to_pylist())
+    meta_codes = name_codes(col, names)
     row = rows_of(meta_ids, ids)
     if (row < 0).any():
         raise InputError(
             f"{path}: sample id {int(ids[row < 0][0])} has no row there; --source-column reads "
             "the metadata the input came from"
         )
-    return meta_codes[row], sorted(names)
-
-
-def rows_of(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """The row of ``keys`` holding each query (-1: none). Ids dense enough (the largest under
-    4 x the rows, as row numbers or ``3 * i + 1`` are) take a direct int32 table (at most 16
-    bytes a row); others a sort.
-
-    >>> rows_of(np.array([7, 1, 4]), np.array([4, 7, 5, 10**6])).tolist()
-    [2, 0, -1, -1]
-    >>> rows_of(np.array([10**12, 5]), np.array([5, 10**12, 3])).tolist()  # sparse: by sorting
-    [1, 0, -1]
-    """
-    if 0 < len(keys) < 2**31 and keys.min() >= 0 and queries.min() >= 0:
-        top = int(keys.max()) + 1
-    else:
-        top = 0
-    if 0 < top <= 4 * len(keys) + 1024:
-        table = np.full(top, -1, dtype=np.int32)
-        table[keys] = np.arange(len(keys), dtype=np.int32)
-        out = table[np.minimum(queries, top - 1)].astype(np.int64)
-        out[queries >= top] = -1
-        return out
-    order = np.argsort(keys, kind="stable")
-    pos = np.minimum(sorted_lookup(keys[order], queries), len(order) - 1)
-    return np.where(keys[order][pos] == queries, order[pos], -1)
+    return meta_codes[row], names
 
 
 def plan_mixed(
@@ -117,10 +92,7 @@ def plan_mixed(
     stream = units[order]
     srt = np.arange(len(stream))
     if cfg.order == "shuffle":  # the planner's input by length, the blend as its permutation
-        u = lens[stream]
-        srt = np.argsort(u.astype(np.uint16) if u.max() < 2**16 else u, kind="stable")  # radix
-        perm = np.empty(len(srt), dtype=np.int64)
-        perm[srt] = np.arange(len(srt))
+        srt, perm = given_input(ids[stream], lens[stream], True)
         weights = np.zeros(len(names))
         for name, w in mix.weights.items():
             weights[names.index(name)] = w
@@ -158,16 +130,3 @@ def _selected(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> Selection:
             "blend); choose --oversize drop, alone or error"
         )
     return select(ids, lens, cfg)
-
-
-def sorted_lookup(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """``np.searchsorted(keys, queries)`` by sorted queries: a binary search per query in random
-    order misses the cache at every step; in sorted order it walks ``keys`` once.
-
-    >>> sorted_lookup(np.array([2, 5, 9]), np.array([9, 2, 5])).tolist()
-    [2, 0, 1]
-    """
-    order = np.argsort(queries, kind="stable")
-    pos = np.empty(len(queries), dtype=np.int64)
-    pos[order] = np.searchsorted(keys, queries[order])
-    return pos

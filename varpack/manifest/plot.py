@@ -22,11 +22,13 @@ import numpy as np
 
 from varpack.atomic import atomic_file, check_output
 from varpack.errors import ConfigError, VarpackError
+from varpack.manifest.carry import name_codes
 from varpack.manifest.format import load_plan
 from varpack.plan.config import PlanConfig
 from varpack.plan.cp.cost import cp_load, cp_model
 from varpack.plan.figures.stats import step_loads
 from varpack.plan.kernels.micro import summarize
+from varpack.plan.mix import step_shares
 
 _MAX_POINTS = 200_000
 
@@ -124,7 +126,7 @@ def plot(
             places.append(t.column("cp_placement").combine_chunks().flatten().to_numpy())
         if mix is not None:  # each sample's source, from the carried source column
             col_src = t.column(f"carry.{mix['column']}").combine_chunks().flatten()
-            srcs.append(np.asarray(col_src.cast("string").to_numpy(zero_copy_only=False)))
+            srcs.append(name_codes(col_src, list(mix["sources"])))
         lr[step] = t.column("lr_factor").to_numpy()
     step = np.concatenate(steps)
     rank = np.concatenate(ranks)
@@ -180,26 +182,22 @@ def plot(
         plt.close(fig)
 
 
-def _mix_panels(ax: Any, mix: dict[str, Any], sample_step: np.ndarray, source: np.ndarray,
+def _mix_panels(ax: Any, mix: dict[str, Any], sample_step: np.ndarray, code: np.ndarray,
                 lens: np.ndarray, num_steps: int) -> None:  # fmt: skip
     """A blend's panels: each source's share of every step (its weight dashed), and how far the
     steps are from the weights (the share of the steps within each distance)."""
     size = lens.astype(np.float64) if mix["unit"] == "tokens" else np.ones(len(lens))
-    total = np.maximum(np.bincount(sample_step, weights=size, minlength=num_steps), 1e-300)
-    x = np.arange(num_steps)
-    worst = np.zeros(max(num_steps - 1, 1))
-    for k, (name, fig) in enumerate(mix["sources"].items()):
-        mine = source == name
-        share = np.bincount(sample_step[mine], weights=size[mine], minlength=num_steps) / total
-        keep = _thin(num_steps)
-        ax[0].plot(x[keep], 100 * share[keep], ".", ms=2, color=f"C{k}", label=name)
-        ax[0].axhline(100 * fig["weight"], color=f"C{k}", ls="--", lw=0.8)
-        err = np.abs(share - fig["weight"])[: max(num_steps - 1, 1)]
-        worst = np.maximum(worst, err)
+    shares = step_shares(sample_step, code, size, len(mix["sources"]), num_steps)
+    weights = np.array([f["weight"] for f in mix["sources"].values()])
+    keep = _thin(num_steps)
+    for k, name in enumerate(mix["sources"]):
+        ax[0].plot(keep, 100 * shares[k, keep], ".", ms=2, color=f"C{k}", label=name)
+        ax[0].axhline(100 * weights[k], color=f"C{k}", ls="--", lw=0.8)
     ax[0].set(title=f"share of each step ({mix['unit']}; weights dashed)", xlabel="step",
               ylabel="%")  # fmt: skip
     ax[0].legend(loc="upper right", fontsize="small")
-    dist = np.sort(100 * worst)
+    full = shares[:, : max(num_steps - 1, 1)]  # the last step holds what is left
+    dist = np.sort(100 * np.abs(full - weights[:, None]).max(axis=0))
     ax[1].plot(dist, 100 * np.arange(1, len(dist) + 1) / len(dist), color="tab:purple")
     ax[1].axvline(2, color="gray", lw=0.5)
     ax[1].set(title="steps within a distance of every weight", xlabel="largest distance (points)",

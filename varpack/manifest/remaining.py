@@ -137,13 +137,27 @@ def input_order(ids: np.ndarray, lens: np.ndarray, shuffled: bool) -> np.ndarray
     return np.argsort(lens, kind="stable")
 
 
+def given_input(ids: np.ndarray, lens: np.ndarray, shuffled: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(srt, perm)`` for samples given in training order: the planner's input is
+    ``ids[srt]``/``lens[srt]`` (:func:`input_order`), and ``perm`` the permutation of it that
+    gives back the training order (``srt[perm]`` is ``0, 1, ...``), the epoch's order to give
+    the planner (:func:`varpack.plan.kernels.permute.given_orders`).
+
+    >>> srt, perm = given_input(np.array([7, 3, 5]), np.array([9, 2, 4]), True)
+    >>> srt.tolist(), srt[perm].tolist()
+    ([1, 2, 0], [0, 1, 2])
+    """
+    srt = input_order(ids, lens, shuffled)
+    perm = np.empty(len(srt), dtype=np.int64)
+    perm[srt] = np.arange(len(srt))
+    return srt, perm
+
+
 def _plan_one(
     s: Stream, cfg: PlanConfig, lookup: tuple[np.ndarray, pa.Table] | None, where: str
 ) -> tuple[Any, Carried | None]:
     """One epoch's stream planned in its given order."""
-    srt = input_order(s.ids, s.lens, cfg.order == "shuffle")
-    perm = np.empty(len(srt), dtype=np.int64)
-    perm[srt] = np.arange(len(srt))  # sorted[perm] is the stream in the parent's order
+    srt, perm = given_input(s.ids, s.lens, cfg.order == "shuffle")
     try:
         with given_orders({0: perm} if cfg.order == "shuffle" else {}):
             arrays = plan_arrays(s.ids[srt], s.lens[srt], cfg)

@@ -129,11 +129,13 @@ def replan(
     from_step: int,
     options: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    rebalance: bool = False,
 ) -> tuple[dict[str, Any], bool]:
     """Write the child plan ``out`` of ``parent`` from step ``from_step`` with the plan
     ``options`` changed (atomically); returns its plan.json content (without ranks) and whether
-    every step kept its samples (resharded) or what is left was planned again. See the module
-    doc."""
+    every step kept its samples (resharded) or what is left was planned again (always with
+    ``rebalance``: a step's micro-batches, composed for ``grad_accum`` per rank, may not level
+    over fewer per rank). See the module doc."""
     # every rank file's sha256 and plan.json's checksum verified (its content is varpack's)
     plan = load_plan(parent, verify=True)
     meta = plan.meta
@@ -146,7 +148,7 @@ def replan(
         )
     child_cfg = child_config(cfg, options or {})
     _refuse_unsupported(cfg, child_cfg)
-    kept = keeps_steps(cfg, child_cfg)
+    kept = keeps_steps(cfg, child_cfg) and not rebalance
     if not kept and child_cfg.max_shapes is not None:
         raise ConfigError(
             "replan: --max-shapes chooses its lengths from the whole plan; a replan that plans "

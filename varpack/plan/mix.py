@@ -208,6 +208,22 @@ def mix_units(
     return np.concatenate(picks), figures
 
 
+def step_shares(
+    sample_step: np.ndarray, code: np.ndarray, size: np.ndarray, sources: int, steps: int
+) -> np.ndarray:
+    """``[source, step]``: each source's share of every step (``code``: each planned sample's
+    source, -1 for none; ``size``: its tokens, or 1 by samples).
+
+    >>> step_shares(np.array([0, 0, 1]), np.array([0, 1, 1]), np.ones(3), 2, 2).tolist()
+    [[0.5, 0.0], [0.5, 1.0]]
+    """
+    total = np.maximum(np.bincount(sample_step, weights=size, minlength=steps), 1e-300)
+    keep = code >= 0
+    flat = code[keep] * steps + sample_step[keep]
+    tok = np.bincount(flat, weights=size[keep], minlength=sources * steps)
+    return tok.reshape(sources, steps) / total
+
+
 def share_figures(
     sample_step: np.ndarray,
     code: np.ndarray,
@@ -216,27 +232,27 @@ def share_figures(
     names: list[str],
     weights: list[float],
 ) -> dict[str, dict[str, float]]:
-    """Each source's share of every step (``size``: each planned sample's tokens, or 1 by
-    samples): mean, min and max over the steps, and ``held``, the share of the steps within
-    :data:`SHARE_TOLERANCE` of its weight; the run's last step left out (it holds what is left).
+    """Each source's share of every step (:func:`step_shares`): mean, min and max over the
+    steps, and ``held``, the share of the steps within :data:`SHARE_TOLERANCE` of its weight;
+    the run's last step left out (it holds what is left). ``codes[i]`` is source ``names[i]``'s
+    code in ``code``.
 
     >>> share_figures(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 0, 0, 1]), np.ones(5), [0, 1],
     ...               ["a", "b"], [0.5, 0.5])["a"]
     {'mean': 0.75, 'min': 0.5, 'max': 1.0, 'held': 0.5}
     """
     steps = int(sample_step.max()) + 1 if len(sample_step) else 0
-    total = np.bincount(sample_step, weights=size, minlength=steps)
-    keep = slice(0, max(steps - 1, 1))
+    top = max(max(codes, default=0), int(code.max()) if len(code) else 0)
+    remap = np.full(top + 2, -1, dtype=np.int64)  # index -1 (no source) stays -1
+    remap[np.asarray(codes, dtype=np.int64)] = np.arange(len(codes))
+    shares = step_shares(sample_step, remap[code], size, len(codes), steps)
+    shares = shares[:, : max(steps - 1, 1)]
     out = {}
-    for k, name, w in zip(codes, names, weights, strict=True):
-        mine = code == k
-        share = np.bincount(sample_step[mine], weights=size[mine], minlength=steps)
-        frac = (share / np.maximum(total, 1e-300))[keep]
-        held = float((np.abs(frac - w) <= SHARE_TOLERANCE + 1e-12).mean())
+    for frac, name, w in zip(shares, names, weights, strict=True):
         out[name] = {
             "mean": float(frac.mean()),
             "min": float(frac.min()),
             "max": float(frac.max()),
-            "held": held,
+            "held": float((np.abs(frac - w) <= SHARE_TOLERANCE + 1e-12).mean()),
         }
     return out

@@ -16,20 +16,20 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from varpack.manifest.carry import name_codes
 from varpack.manifest.validate.figures import AllRanks
 from varpack.manifest.validate.files import RankRows
-from varpack.manifest.validate.report import SHOW, Report
+from varpack.manifest.validate.report import Report
 from varpack.plan.mix import share_figures
 
 
-def _sources(ranks: list[RankRows], column: str) -> np.ndarray | None:
-    """Each planned sample's source name, from the carried source column."""
+def _codes(ranks: list[RankRows], column: str, names: list[str]) -> np.ndarray | None:
+    """Each planned sample's source, as its position in ``names`` (-1: another), from the
+    carried source column."""
     if any(column not in rk.carry for rk in ranks):
         return None
-    values = pa.concat_arrays([rk.carry[column] for rk in ranks])
-    return np.asarray(pc.cast(values, pa.string()).to_numpy(zero_copy_only=False), dtype=object)
+    return name_codes(pa.concat_arrays([rk.carry[column] for rk in ranks]), names)
 
 
 def check_mix(
@@ -41,40 +41,41 @@ def check_mix(
 ) -> None:
     """Every rule of the module doc, one line per violation."""
     mix = meta["mix"]
-    names = _sources(ranks, mix["column"])
-    if names is None:
+    sources = list(mix["sources"])
+    code = _codes(ranks, mix["column"], sources)
+    if code is None:
         report.add(f"mix: the manifests do not carry the source column '{mix['column']}'")
         return
     ids, lens = whole.ids, whole.lens
     order = np.lexsort((lens, ids))
-    s_ids, s_lens, s_names = ids[order], lens[order], names[order]
+    s_ids, s_lens, s_code = ids[order], lens[order], code[order]
     same = s_ids[1:] == s_ids[:-1]
-    bad = np.flatnonzero(same & ((s_lens[1:] != s_lens[:-1]) | (s_names[1:] != s_names[:-1])))
+    bad = np.flatnonzero(same & ((s_lens[1:] != s_lens[:-1]) | (s_code[1:] != s_code[:-1])))
     if len(bad):
         report.examples("mix: sample ids planned with two lengths or sources", s_ids[bad], len(bad))
     uniq, first, counts = np.unique(s_ids, return_index=True, return_counts=True)
-    for name, fig in mix["sources"].items():
-        mine = names == name
+    for k, (name, fig) in enumerate(mix["sources"].items()):
+        mine = code == k
         planned = (int(mine.sum()), int(lens[mine].sum()))
         if planned != (fig["planned_samples"], fig["planned_tokens"]):
             report.add(
                 f"mix: source {name}: {planned[0]:,} samples, {planned[1]:,} tokens planned; "
                 f"plan.json says {fig['planned_samples']:,}, {fig['planned_tokens']:,}"
             )
-        used = counts[s_names[first] == name]
+        used = counts[s_code[first] == k]
         if len(used) and used.max() - used.min() > 1:
             report.add(
                 f"mix: source {name}: a sample used {int(used.max())} times and another "
                 f"{int(used.min())}; a source's samples are used alike (whole passes, then a subset)"
             )
-    extra = sorted(set(names.tolist()) - set(mix["sources"]))
-    if extra:
-        report.add(f"mix: samples of sources outside the mix: {', '.join(extra[:SHOW])}")
+    outside = int((code < 0).sum())
+    if outside:
+        report.add(f"mix: {outside:,} planned samples of sources outside the mix")
     if len(uniq) > int(meta["input"]["num_samples"]):
         report.add(f"mix: {len(uniq):,} distinct samples planned, the input holds fewer")
     if metadata is not None:
         _check_known(uniq, s_lens[first], metadata, report)
-    _check_shares(mix, whole, names, report)
+    _check_shares(mix, whole, code, report)
 
 
 def _check_known(
@@ -98,13 +99,10 @@ def _check_known(
         )
 
 
-def _check_shares(mix: dict[str, Any], whole: AllRanks, names: np.ndarray, report: Report) -> None:
+def _check_shares(mix: dict[str, Any], whole: AllRanks, code: np.ndarray, report: Report) -> None:
     """Each source's share of the steps, recomputed (floats within 1e-6)."""
     sources = list(mix["sources"])
-    code = np.full(len(names), -1, dtype=np.int64)
-    for k, name in enumerate(sources):
-        code[names == name] = k
-    size = whole.lens.astype(np.float64) if mix["unit"] == "tokens" else np.ones(len(names))
+    size = whole.lens.astype(np.float64) if mix["unit"] == "tokens" else np.ones(len(code))
     weights = [float(mix["sources"][s]["weight"]) for s in sources]
     got = share_figures(whole.sample_step, code, size, list(range(len(sources))), sources, weights)
     for name, want in mix["shares"].items():
