@@ -7,7 +7,8 @@ the budget dropped first). Each plan is ``varpack plan``'s own path end to end (
 read and sorted, planned, written; the mix: the source column read, the blend drawn, the
 source carried into the manifests), each in a process of its own. Prints, without a mix and
 with it: time, peak memory, time vs ideal, padding, and with the mix each source's planned
-share of the tokens and of the steps (mean, min, max, within 2 points), with the time ratio.
+share of the tokens and of the steps (mean, min, max, error against its target, steps within
+the tolerance), with the time ratio.
 
     PYTHONPATH=$PWD python tests/benchmarks/bench_mix.py [--samples 30M] [--quick]
 """
@@ -85,7 +86,9 @@ def main() -> None:
         sh = m["shares"][name]
         print(f"  {name:<5} weight {f['weight']:.2f}: planned {f['planned_tokens'] / planned:.4f} "
               f"of the tokens (x{f['repeat']:.2f}); share of the steps mean {sh['mean']:.4f}, "
-              f"min {sh['min']:.4f}, max {sh['max']:.4f}, within 2 points {100 * sh['held']:.1f}% of the steps")  # fmt: skip
+              f"min {sh['min']:.4f}, max {sh['max']:.4f}; error vs target mean {sh['error']:.4f}, "
+              f"max {sh['error_max']:.4f}; within {100 * m['tolerance']:.3g} points "
+              f"{100 * sh['held']:.2f}% of the steps ({sh['outside']} outside)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def test_sorted_input_needs_carry_from(tmp_path, rng):
     cols = _meta(tmp_path / "meta", rng)
     cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
     bad = cli("plan", tmp_path / "sorted", tmp_path / "p", *OPTS, "--carry", "source", expect=2)
-    assert "add --carry-from METADATA" in bad.stderr and not (tmp_path / "p").exists()
+    assert "add --carry-from PATH" in bad.stderr and "varpack lengths --keep source" in bad.stderr
+    assert not (tmp_path / "p").exists()
     cli("plan", tmp_path / "sorted", tmp_path / "p", *OPTS, "--carry", "source",
         "--carry-from", tmp_path / "meta")  # fmt: skip
     ids, values = _carried(tmp_path / "p", "source")

@@ -133,7 +133,7 @@ def test_where_reads_a_sort_outputs_metadata_from_carry_from(
     out = cli(
         "plan", tmp_path / "sorted", tmp_path / "p", *PLAN, "--where", "score > 0.5", expect=2
     )
-    assert "add --carry-from METADATA" in out.stderr
+    assert "add --carry-from PATH" in out.stderr and "lengths --keep COL" in out.stderr
     cli("plan", tmp_path / "sorted", tmp_path / "p", *PLAN, "--where", "score > 0.5",
         "--carry-from", path)  # fmt: skip
     cli("plan", path, tmp_path / "direct", *PLAN, "--where", "score > 0.5")

@@ -98,8 +98,11 @@ def test_check_vocab_names_the_largest_id_and_its_sample(tmp_path) -> None:
     top = max(int(t.max()) for t in truth.values())
     holder = next(i for i, t in truth.items() if int(t.max()) == top)
     assert check_vocab(loader, top + 1) == top
-    with pytest.raises(InputError, match=f"token id {top} \\(sample id {holder}\\).* has {top}"):
+    with pytest.raises(
+        InputError, match=f"token id {top} \\(sample id {holder}\\).* has {top}"
+    ) as err:
         check_vocab(loader, top)
+    assert "raise the model's vocab_size to at least" in str(err.value)  # no CLI flag from Python
     # chunked: the same answer one sample at a time, each sample read once
     assert token_range(truth, np.array([12, 10, 11, 10]), np.array([3, 5, 7, 5]), 4) == (
         min(int(t.min()) for t in truth.values()),

@@ -107,10 +107,26 @@ def _with_plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
     "read from INPUT or --carry-from, and carried into the manifests.",
 )
 @click.option(
+    "--source",
+    "sources",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="A source of --mix by path: the samples whose metadata lies under PATH (repeat: "
+    "--source code=meta/code/ --source chat=meta/chat/); instead of --source-column.",
+)
+@click.option(
     "--mix-unit",
     type=click.Choice(["tokens", "samples"]),
     default=None,
     help="What the --mix weights count. [default: tokens]",
+)
+@click.option(
+    "--mix-tolerance",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=None,
+    help="How far each step's token share of a source may be from its target (0.02: 2 points); "
+    "steps outside it are counted and reported [default: 0.02 at steps of 256 K tokens or "
+    "more, larger in proportion for smaller steps].",
 )
 @click.option(
     "--total-tokens",
@@ -136,7 +152,9 @@ def plan(
     where: str | None,
     mix: str | None,
     source_column: str | None,
+    sources: tuple[str, ...],
     mix_unit: str | None,
+    mix_tolerance: float | None,
     total_tokens: int | None,
     total_samples: int | None,
     **options: Any,
@@ -175,12 +193,14 @@ def plan(
     where = where or values.pop("where", None)
     mix = mix or values.pop("mix", None)
     source_column = source_column or values.pop("source_column", None)
+    sources = sources or tuple(values.pop("sources", ()))
     if mix_unit is None:
         mix_unit = values.pop("mix_unit", "tokens")
         if mix_unit not in ("tokens", "samples"):
             raise ConfigError(
                 f"--config {config_file}: mix_unit is tokens or samples, not {mix_unit!r}"
             )
+    mix_tolerance = mix_tolerance or values.pop("mix_tolerance", None)
     total_tokens = total_tokens or values.pop("total_tokens", None)
     total_samples = total_samples or values.pop("total_samples", None)
     values = {k: v for k, v in values.items() if k not in CARRY_KEYS}
@@ -193,15 +213,18 @@ def plan(
         total = total_tokens if mix_unit == "tokens" else total_samples
         if (total_samples if mix_unit == "tokens" else total_tokens) is not None:
             raise click.UsageError(f"--mix-unit {mix_unit}: give --total-{mix_unit}")
-        blend = Mix(parse_mix(mix), mix_unit, total)
-    elif total_tokens is not None or total_samples is not None:
-        raise click.UsageError("--total-tokens and --total-samples need --mix")
+        blend = Mix(parse_mix(mix), mix_unit, total, mix_tolerance)
+    elif total_tokens is not None or total_samples is not None or mix_tolerance is not None:
+        raise click.UsageError("--total-tokens, --total-samples and --mix-tolerance need --mix")
     arrays, meta = run_plan(
         input, out, cfg, overwrite=overwrite, carry=names, carry_from=source, where=where,
-        mix=blend, source_column=source_column,
+        mix=blend, source_column=source_column, source_paths=_paths(sources),
     )  # fmt: skip
     if "mix" in meta and not quiet:
         click.echo(mix_line(meta["mix"]))
+    if "mix" in meta:
+        outside_line(meta["mix"])
+    shapes_note(out, cfg)
     for note in arrays.notes:
         click.echo(note, err=True)
     if "selection" in meta and not quiet:
@@ -215,15 +238,57 @@ def plan(
         click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
 
 
+#: more shapes per rank than this, unbounded, earn a note (a static compile builds a graph each)
+SHAPES_NOTE = 32
+
+
+def shapes_note(out: str, cfg: PlanConfig) -> None:
+    """On stderr: a plan whose ranks meet many shapes, and the flag that bounds them."""
+    if cfg.max_shapes is not None or cfg.pack_to is not None or cfg.batching == "blocks":
+        return
+    import json
+    from pathlib import Path
+
+    ranks = json.loads((Path(out) / "plan.json").read_text())["ranks"]
+    most = max(ranks, key=lambda r: len(r["shapes"]))
+    if len(most["shapes"]) > SHAPES_NOTE:
+        click.echo(
+            f"note: rank {most['rank']} meets {len(most['shapes']):,} shapes (ranks "
+            f"{min(len(r['shapes']) for r in ranks):,} to {len(most['shapes']):,}); a static "
+            "torch.compile builds a graph for each: --max-shapes 16 bounds them (about 1 point "
+            "of padding when packed), or compile with dynamic shapes",
+            err=True,
+        )
+
+
+def _paths(sources: tuple[str, ...]) -> dict[str, str] | None:
+    from varpack.manifest.path_sources import parse_sources
+
+    return parse_sources(sources) if sources else None
+
+
 def mix_line(m: dict[str, Any]) -> str:
     """One line: each source's weight, repeat factor and share of the steps (min .. max)."""
+    tol = 100 * m["tolerance"]
     parts = [
         f"{name} {f['weight']:.3g} (x{f['repeat']:.2f}; steps {100 * m['shares'][name]['min']:.1f}"
-        f"..{100 * m['shares'][name]['max']:.1f}%, {100 * m['shares'][name]['held']:.0f}% within "
-        "2 points)"
+        f"..{100 * m['shares'][name]['max']:.1f}%, {100 * m['shares'][name]['held']:.1f}% within "
+        f"{tol:.3g} points)"
         for name, f in m["sources"].items()
     ]
     return f"mix by {m['unit']}, total {m['total']:,}: " + ", ".join(parts)
+
+
+def outside_line(m: dict[str, Any]) -> None:
+    """On stderr: the sources some steps hold further from their target than the tolerance."""
+    out = {name: s["outside"] for name, s in m["shares"].items() if s["outside"]}
+    if out:
+        each = ", ".join(f"{name} in {n:,}" for name, n in out.items())
+        click.echo(
+            f"note: steps outside the mix tolerance ({100 * m['tolerance']:.3g} points): {each}; "
+            "a larger --grad-accum or --max-tokens gives steps more samples to hold the weights",
+            err=True,
+        )
 
 
 def _where_fields(entry: dict[str, Any]) -> dict[str, Any]:

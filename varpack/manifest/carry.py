@@ -130,7 +130,9 @@ def _columns(dataset: ds.Dataset, files: list[Path], names: Sequence[str], where
         for name in names:
             if name not in have:
                 raise InputError(
-                    f"{path}: --carry {name}: no such column (columns: {', '.join(have)})"
+                    f"{path}: --carry {name}: no such column (columns: {', '.join(have)}); "
+                    f"--carry-from the tokenized data that holds it, or make the metadata with "
+                    f"varpack lengths --keep {name}"
                 )
             carry_type(name, schema.field(name).type, str(path))
         footer_rows(path, frag.metadata, [id_col, *names])  # the checks of every metadata reader

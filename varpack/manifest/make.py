@@ -18,6 +18,7 @@ import numpy as np
 
 from varpack.atomic import check_output
 from varpack.errors import ConfigError, InputError
+from varpack.manifest import path_sources
 from varpack.manifest.format import write_plan
 from varpack.manifest.mixing import plan_mixed
 from varpack.manifest.tables import plan_tables
@@ -33,7 +34,7 @@ from varpack.sort.output import is_sorted_output
 #: blend (``mix``, a string or a ``[mix]`` table of weights, and its companions).
 CARRY_KEYS = (
     "carry", "carry_from", "where", "mix", "source_column", "mix_unit", "total_tokens",
-    "total_samples",
+    "total_samples", "mix_tolerance", "sources",
 )  # fmt: skip
 
 
@@ -104,15 +105,21 @@ def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config {p}: invalid TOML ({exc})") from None
-    table = doc.pop("mix") if isinstance(doc.get("mix"), dict) else None
+    tables = {k: doc.pop(k) for k in ("mix", "sources") if isinstance(doc.get(k), dict)}
     if set(doc) == {"plan"} and isinstance(doc["plan"], dict):
         doc = doc["plan"]
-    if table is None and isinstance(doc.get("mix"), dict):
-        table = doc.pop("mix")
-    if table is not None:  # a [mix] table of weights: the --mix string
+    tables |= {k: doc.pop(k) for k in ("mix", "sources") if isinstance(doc.get(k), dict)}
+    if "mix" in tables:  # a [mix] table of weights: the --mix string
+        table = tables["mix"]
         if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in table.values()):
             raise ConfigError(f"--config {p}: [mix] holds source = weight numbers (code = 0.3)")
         doc["mix"] = ",".join(f"{k}={v}" for k, v in table.items())
+    if "sources" in tables:  # a [sources] table of paths: the --source NAME=PATH flags
+        if not all(isinstance(v, str) for v in tables["sources"].values()):
+            raise ConfigError(
+                f'--config {p}: [sources] holds source = "path" (code = "meta/code/")'
+            )
+        doc["sources"] = [f"{k}={v}" for k, v in tables["sources"].items()]
     carry = {
         str(k).replace("-", "_"): doc.pop(k)
         for k in list(doc)
@@ -137,6 +144,9 @@ def _check_carry_keys(carry: dict[str, Any], p: Path) -> None:
         )
     if not isinstance(carry.get("carry_from", ""), str):
         raise ConfigError(f"--config {p}: carry_from must be a path (a string)")
+    srcs = carry.get("sources", [])
+    if not isinstance(srcs, list) or not all(isinstance(v, str) for v in srcs):
+        raise ConfigError(f'--config {p}: sources is a [sources] table (code = "meta/code/")')
     for key in ("where", "mix", "source_column", "mix_unit"):
         if not isinstance(carry.get(key, ""), str):
             raise ConfigError(f"--config {p}: {key} must be a string")
@@ -144,6 +154,9 @@ def _check_carry_keys(carry: dict[str, Any], p: Path) -> None:
         value = carry.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"--config {p}: {key} must be an integer >= 1")
+    tol = carry.get("mix_tolerance", 0.5)
+    if isinstance(tol, bool) or not isinstance(tol, int | float) or not 0 < tol <= 1:
+        raise ConfigError(f"--config {p}: mix_tolerance must be a number in (0, 1] (0.02)")
 
 
 def where_source(input: str | os.PathLike[str], carry_from: str | os.PathLike[str] | None) -> str:
@@ -154,7 +167,8 @@ def where_source(input: str | os.PathLike[str], carry_from: str | os.PathLike[st
     if carry_from is None:
         raise ConfigError(
             f"--where: {input} is a varpack sort output, which keeps only sample_id, seq_len and "
-            "key columns; add --carry-from METADATA (the metadata it was sorted from)"
+            "key columns; add --carry-from PATH, a dataset holding the condition's columns by "
+            "sample id: the tokenized data, or metadata made with varpack lengths --keep COL"
         )
     return str(carry_from)
 
@@ -184,7 +198,8 @@ def carry_source(
     if is_sorted_output(input):
         raise ConfigError(
             f"--carry {names[0]}: {input} is a varpack sort output, which keeps only sample_id, "
-            "seq_len and key columns; add --carry-from METADATA (the metadata it was sorted from)"
+            f"seq_len and key columns; add --carry-from PATH, a dataset holding '{names[0]}' by "
+            f"sample id: the tokenized data, or metadata made with varpack lengths --keep {names[0]}"
         )
     return str(input)
 
@@ -199,6 +214,7 @@ def plan(
     where: str | None = None,
     mix: Mix | None = None,
     source_column: str | None = None,
+    source_paths: dict[str, str] | None = None,
 ) -> tuple[PlanArrays, dict[str, Any]]:
     """Plan ``input`` with ``cfg`` and write the plan directory ``out`` (atomically).
 
@@ -206,32 +222,45 @@ def plan(
     ``carry_from`` or else from ``input`` when it is raw metadata; ``where``, a SQL condition
     over the metadata's columns (read from the same place), selects the samples planned
     (:mod:`varpack.metadata.where`; plan.json's ``selection``); ``mix`` blends the sources of
-    ``source_column`` (read from there too, and carried) at its weights
-    (:mod:`varpack.manifest.mixing`; plan.json's ``mix``). Fails before any work when
+    ``source_column`` (read from there too, and carried) at its weights, or those of
+    ``source_paths`` (a sample's source: the path its metadata lies under,
+    :mod:`varpack.manifest.path_sources`) (:mod:`varpack.manifest.mixing`; plan.json's ``mix``). Fails before any work when
     ``out`` exists without ``overwrite``, and writes nothing on error. Returns the plan arrays
     and plan.json's content (without ranks).
     """
     from varpack.manifest.carry import check_names, join, read_carry_source
 
     inputs = input_paths(input) + (input_paths(carry_from) if carry_from is not None else [])
+    inputs += [Path(p) for p in (source_paths or {}).values()]
     check_output(out, overwrite, inputs)
     cfg = cfg.resolved()
+    if source_paths:
+        if source_column is not None:
+            raise ConfigError("--source NAME=PATH and --source-column: give one of them")
+        source_column = path_sources.COLUMN
     if (mix is None) != (source_column is None):
         raise ConfigError(
-            "--mix and --source-column go together: the weights, and the column naming each sample's source"
+            "--mix and --source-column (or --source NAME=PATH) go together: the weights, and "
+            "where each sample's source is read"
         )
     if source_column is not None and source_column not in carry:
         carry = (*carry, source_column)  # the source travels into the manifests
     names = check_names(carry)
-    source = carry_source(input, names, None if carry_from is None else str(carry_from))
+    read = [n for n in names if not (source_paths and n == path_sources.COLUMN)]
+    source = carry_source(input, read, None if carry_from is None else str(carry_from))
     # the carried columns are read (and refused) before the planning work
-    carried_from = None if source is None else read_carry_source(source, names)
+    carried_from = None if source is None else read_carry_source(source, read)
+    if source_paths:
+        carried_from = path_sources.with_path_sources(source_paths, carried_from)
+        source = source or str(input)
     if carry_from is not None and not names and where is None:
         raise ConfigError("--carry-from needs --carry COL or --where (what to read from it)")
     ids, lens = read_input(input)
     selected = None
     if where is not None:
         ids, lens, selected = select_input(ids, lens, where, where_source(input, carry_from))
+    if source_paths and carried_from is not None:
+        path_sources.check_covered(source_paths, carried_from[0], ids)
     split = cfg.split_len if cfg.oversize == "split" else None
     check_memory(unit_count(lens, split), cfg)  # pieces are planned rows too
     if mix is not None:
@@ -247,6 +276,8 @@ def plan(
         carried = join(arrays.ids, *carried_from, source)  # ids: the kept samples
 
         meta["carry"] = carried.entry(source)
+    if source_paths:
+        meta["mix"]["paths"] = source_paths
     if selected is not None:
         meta["selection"] = selected.entry()
     write_plan(out, meta, plan_tables(arrays, carried), overwrite, extra, inputs)

@@ -7,7 +7,8 @@ as one epoch whose order is given (:func:`varpack.plan.kernels.permute.given_ord
 curriculum blend is passed in its interleaved order). The source column is carried into the
 manifests (``carry.COL``), so the reader, ``train.py --log-by`` and ``validate`` see each
 sample's source; plan.json's ``mix`` records the weights, each source's samples, tokens and
-repeat factor, and its share of every step (:func:`varpack.plan.mix.share_figures`).
+repeat factor, its share of the blend's tokens (its *target*), and its share of every step's
+tokens against it (:func:`varpack.plan.mix.share_figures`, with the tolerance).
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from varpack.plan import PlanArrays, PlanConfig, plan_arrays
 from varpack.plan.arrays import Selection
 from varpack.plan.figures.plan_json import input_info, plan_meta
 from varpack.plan.kernels.permute import given_orders
-from varpack.plan.mix import Mix, blending, copy_number, interleave, mix_units, share_figures
+from varpack.plan.mix import (
+    Mix,
+    blending,
+    copy_number,
+    default_tolerance,
+    interleave,
+    mix_units,
+    share_figures,
+)
 from varpack.plan.stages.select import select
 
 
@@ -86,17 +95,16 @@ def plan_mixed(
         )
     units, figures = mix_units(codes, lens, names, mix, cfg.seed)
     u_codes, u_lens = codes[units], lens[units]
-    by_tokens = mix.unit == "tokens"
     copies = copy_number(units)
-    order = interleave(u_codes, u_lens, copies, by_tokens, cfg.seed, cfg.order == "curriculum")
+    curriculum = cfg.order == "curriculum"
+    order = interleave(u_codes, u_lens, copies, mix.unit == "tokens", cfg.seed, curriculum)
     stream = units[order]
+    targets = _targets(figures, names)
+    tolerance = _tolerance(mix, cfg)
     srt = np.arange(len(stream))
-    if cfg.order == "shuffle":  # the planner's input by length, the blend as its permutation
+    if not curriculum:  # the planner's input by length, the blend as its permutation
         srt, perm = given_input(ids[stream], lens[stream], True)
-        weights = np.zeros(len(names))
-        for name, w in mix.weights.items():
-            weights[names.index(name)] = w
-        with given_orders({0: perm}), blending(codes[stream[srt]], weights):
+        with given_orders({0: perm}), blending(codes[stream[srt]], targets, tolerance):
             arrays = plan_arrays(ids[stream[srt]], lens[stream[srt]], cfg)
     else:  # a curriculum blend: the planner takes its input order as it is
         arrays = plan_arrays(ids[stream], lens[stream], cfg)
@@ -105,19 +113,40 @@ def plan_mixed(
     # no moved_* figures: they measure against a drawn permutation, and the blend has its own
     meta, extra = plan_meta(arrays, info, moved=False)
     # the planner kept every unit it was given, in its input order
-    planned = codes[stream[srt] if cfg.order == "shuffle" else stream][arrays.stream]
+    planned = codes[stream[srt]][arrays.stream]
+    for name, fig in figures.items():
+        fig["target"] = float(targets[names.index(name)])
     meta["mix"] = {
         "column": column,
         "unit": mix.unit,
-        "total": int(sum(f["planned_tokens" if by_tokens else "planned_samples"] for f in figures.values())),
+        "total": int(sum(f["planned_tokens" if mix.unit == "tokens" else "planned_samples"] for f in figures.values())),
+        "tolerance": tolerance,
         "sources": figures,
         "shares": share_figures(
             np.repeat(arrays.step, arrays.micro.samples), planned,
-            arrays.lens[arrays.stream] if by_tokens else np.ones(len(planned)),
-            [names.index(s) for s in mix.weights], list(mix.weights), list(mix.weights.values()),
+            arrays.lens[arrays.stream].astype(np.float64),
+            [names.index(s) for s in mix.weights], list(mix.weights),
+            [figures[s]["target"] for s in mix.weights], tolerance,
         ),
     }  # fmt: skip
     return arrays, meta, extra
+
+
+def _targets(figures: dict[str, dict[str, Any]], names: list[str]) -> np.ndarray:
+    """Each source's share of the blend's planned tokens, by source code: what every step's
+    tokens hold of it (its weight, by tokens; by samples, what its samples weigh in tokens)."""
+    out = np.zeros(len(names))
+    total = sum(f["planned_tokens"] for f in figures.values())
+    for name, fig in figures.items():
+        out[names.index(name)] = fig["planned_tokens"] / total
+    return out
+
+
+def _tolerance(mix: Mix, cfg: PlanConfig) -> float:
+    """``--mix-tolerance``, else the default for the plan's steps at full budget."""
+    if mix.tolerance is not None:
+        return mix.tolerance
+    return default_tolerance(cfg.micro_per_step * (cfg.max_tokens or 0))
 
 
 def _selected(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> Selection:

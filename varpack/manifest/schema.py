@@ -229,11 +229,14 @@ _SELECTION = obj(
 )
 #: ``--mix``: the blend's weights, each source's figures and its share of the steps
 _MIX = obj(
-    "an object {column, unit, total, sources, shares}",
+    "an object {column, unit, total, tolerance, sources, shares}",
     {
         "column": STRING,
         "unit": Spec("tokens or samples", lambda v: v in ("tokens", "samples")),
         "total": integer(0),
+        "tolerance": Spec(
+            "a number in (0, 1]", lambda v: isinstance(v, int | float) and 0 < v <= 1
+        ),
         "sources": Spec("an object", lambda v: isinstance(v, dict)),
         "shares": Spec("an object", lambda v: isinstance(v, dict)),
     },

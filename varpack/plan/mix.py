@@ -30,38 +30,53 @@ from varpack.errors import ConfigError
 
 #: how far weights may sum from 1
 WEIGHT_TOLERANCE = 1e-6
-#: how far a step's share of a source may be from its weight and count as held (2 points)
+#: how far a step's share of a source may be from its weight (2 points) at steps of
+#: :data:`TOLERANCE_STEP` tokens or more; a smaller step's is larger in proportion, since one
+#: sample moves its shares more
 SHARE_TOLERANCE = 0.02
-#: the blend being planned: each input sample's source code, and each code's weight
-_BLEND: ContextVar[tuple[np.ndarray, np.ndarray] | None] = ContextVar("blend", default=None)
+TOLERANCE_STEP = 256 * 1024
+#: the blend being planned: each input sample's source code, each code's weight, the tolerance
+_BLEND: ContextVar[tuple[np.ndarray, np.ndarray, float] | None] = ContextVar("blend", default=None)
+
+
+def default_tolerance(step_tokens: int) -> float:
+    """The share tolerance of steps of ``step_tokens`` tokens (``--mix-tolerance``'s default).
+
+    >>> default_tolerance(512 * 1024), default_tolerance(64 * 1024)
+    (0.02, 0.08)
+    """
+    return SHARE_TOLERANCE * max(1.0, TOLERANCE_STEP / max(step_tokens, 1))
 
 
 @contextmanager
-def blending(codes: np.ndarray, weights: np.ndarray) -> Iterator[None]:
+def blending(codes: np.ndarray, weights: np.ndarray, tolerance: float) -> Iterator[None]:
     """Inside the block, the planner composes shuffled steps keeping each source's weight
-    (``codes``: each of the planner's input samples' source; ``weights[code]``): the cost
-    composer deals a sample to the step that holds least of its source against its share
-    (:func:`varpack.plan.kernels.window.compose_window`)."""
-    token = _BLEND.set((np.asarray(codes, np.int64), np.asarray(weights, np.float64)))
+    (``codes``: each of the planner's input samples' source; ``weights[code]``) within
+    ``tolerance``: the cost composer deals a sample to the step that holds least of its source
+    against its share (:func:`varpack.plan.kernels.window.compose_window`), then swaps
+    like-sized samples between steps (:mod:`varpack.plan.kernels.shares`)."""
+    blend = (np.asarray(codes, np.int64), np.asarray(weights, np.float64), float(tolerance))
+    token = _BLEND.set(blend)
     try:
         yield
     finally:
         _BLEND.reset(token)
 
 
-def blend_sources() -> tuple[np.ndarray, np.ndarray] | None:
+def blend_sources() -> tuple[np.ndarray, np.ndarray, float] | None:
     """The blend being planned (:func:`blending`), if any."""
     return _BLEND.get()
 
 
 @dataclass(frozen=True)
 class Mix:
-    """Weights by source name, the unit they are in, and the run's total (``None``: the largest
-    that repeats no source)."""
+    """Weights by source name, the unit they are in, the run's total (``None``: the largest
+    that repeats no source), and how far each step's shares may be from the weights."""
 
     weights: dict[str, float]
     unit: str = "tokens"
     total: int | None = None
+    tolerance: float | None = None  # None: default_tolerance of the plan's steps
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -227,32 +242,39 @@ def step_shares(
 def share_figures(
     sample_step: np.ndarray,
     code: np.ndarray,
-    size: np.ndarray,
+    tokens: np.ndarray,
     codes: list[int],
     names: list[str],
-    weights: list[float],
+    targets: list[float],
+    tolerance: float,
 ) -> dict[str, dict[str, float]]:
-    """Each source's share of every step (:func:`step_shares`): mean, min and max over the
-    steps, and ``held``, the share of the steps within :data:`SHARE_TOLERANCE` of its weight;
-    the run's last step left out (it holds what is left). ``codes[i]`` is source ``names[i]``'s
-    code in ``code``.
+    """Each source's share of every step's tokens (:func:`step_shares`): mean, min and max over
+    the steps, the distance from its target (its share of the blend's tokens; ``error``: mean
+    and ``error_max``), ``held``, the share of the steps within ``tolerance`` of the target, and
+    ``outside``, how many are not; the run's last step left out (it holds what is left).
+    ``codes[i]`` is source ``names[i]``'s code in ``code``.
 
     >>> share_figures(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 0, 0, 1]), np.ones(5), [0, 1],
-    ...               ["a", "b"], [0.5, 0.5])["a"]
-    {'mean': 0.75, 'min': 0.5, 'max': 1.0, 'held': 0.5}
+    ...               ["a", "b"], [0.5, 0.5], 0.02)["a"]
+    {'mean': 0.75, 'min': 0.5, 'max': 1.0, 'error': 0.25, 'error_max': 0.5, 'held': 0.5, 'outside': 1}
     """
     steps = int(sample_step.max()) + 1 if len(sample_step) else 0
     top = max(max(codes, default=0), int(code.max()) if len(code) else 0)
     remap = np.full(top + 2, -1, dtype=np.int64)  # index -1 (no source) stays -1
     remap[np.asarray(codes, dtype=np.int64)] = np.arange(len(codes))
-    shares = step_shares(sample_step, remap[code], size, len(codes), steps)
+    shares = step_shares(sample_step, remap[code], tokens, len(codes), steps)
     shares = shares[:, : max(steps - 1, 1)]
     out = {}
-    for frac, name, w in zip(shares, names, weights, strict=True):
+    for frac, name, w in zip(shares, names, targets, strict=True):
+        error = np.abs(frac - w)
+        within = error <= tolerance + 1e-9
         out[name] = {
             "mean": float(frac.mean()),
             "min": float(frac.min()),
             "max": float(frac.max()),
-            "held": float((np.abs(frac - w) <= SHARE_TOLERANCE + 1e-12).mean()),
+            "error": float(error.mean()),
+            "error_max": float(error.max()),
+            "held": float(within.mean()),
+            "outside": int((~within).sum()),
         }
     return out

@@ -64,12 +64,13 @@ def token_range(
     return lo, hi, where
 
 
-def check_vocab(loader: Any, vocab_size: int, what: str = "--vocab-size") -> int:
+def check_vocab(loader: Any, vocab_size: int, what: str = "the model's vocab_size") -> int:
     """Raise :class:`InputError` (one line) if this rank's samples hold an id outside
     ``[0, vocab_size)``; returns the largest id found.
 
     ``loader``: a :class:`~varpack.torch.loader.PlanLoader` (its rank's manifest and dataset).
-    ``what``: how the user sets the vocabulary, named in the message.
+    ``what``: how the user sets the vocabulary, named in the message (a trainer script passes
+    its flag, e.g. ``"--vocab-size"``).
     """
     lo, hi, sample = token_range(loader.dataset.dataset, loader.rows.ids, loader.rows.lens)
     if hi >= vocab_size:

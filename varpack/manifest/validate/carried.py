@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from varpack.errors import VarpackError
+from varpack.manifest import path_sources
 from varpack.manifest.carry import join, read_carry_source
 from varpack.manifest.format import CARRY_PREFIX, carried_columns
 from varpack.manifest.validate.coverage import Locator
@@ -39,8 +40,16 @@ def check_carried(
     if not names:
         return None
     ids = np.concatenate([rk.ids for rk in ranks]).astype(np.int64)
+    paths = (meta.get("mix") or {}).get("paths")  # sources by path: rebuilt from the paths
     try:
-        meta_ids, table = read_carry_source(source, names)
+        if paths:
+            read = [n for n in names if n != path_sources.COLUMN]
+            meta_ids, table = path_sources.with_path_sources(
+                paths, read_carry_source(source, read) if read else None
+            )
+            table = table.select(names)
+        else:
+            meta_ids, table = read_carry_source(source, names)
         want = join(ids, meta_ids, table, source)
     except VarpackError as exc:
         if not required:
@@ -66,5 +75,4 @@ def check_carried(
             )
         if len(bad) > SHOW:
             report.add(f"({len(bad) - SHOW:,} more carried {name} values differ)")
-    return None
     return None

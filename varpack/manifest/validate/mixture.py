@@ -21,7 +21,7 @@ from varpack.manifest.carry import name_codes
 from varpack.manifest.validate.figures import AllRanks
 from varpack.manifest.validate.files import RankRows
 from varpack.manifest.validate.report import Report
-from varpack.plan.mix import share_figures
+from varpack.plan.mix import SHARE_TOLERANCE, share_figures
 
 
 def _codes(ranks: list[RankRows], column: str, names: list[str]) -> np.ndarray | None:
@@ -100,11 +100,13 @@ def _check_known(
 
 
 def _check_shares(mix: dict[str, Any], whole: AllRanks, code: np.ndarray, report: Report) -> None:
-    """Each source's share of the steps, recomputed (floats within 1e-6)."""
+    """Each source's share of the steps' tokens, recomputed (floats within 1e-6)."""
     sources = list(mix["sources"])
-    size = whole.lens.astype(np.float64) if mix["unit"] == "tokens" else np.ones(len(code))
-    weights = [float(mix["sources"][s]["weight"]) for s in sources]
-    got = share_figures(whole.sample_step, code, size, list(range(len(sources))), sources, weights)
+    figs = mix["sources"]
+    targets = [float(figs[s].get("target", figs[s]["weight"])) for s in sources]
+    tolerance = float(mix.get("tolerance", SHARE_TOLERANCE))
+    got = share_figures(whole.sample_step, code, whole.lens.astype(np.float64),
+                        list(range(len(sources))), sources, targets, tolerance)  # fmt: skip
     for name, want in mix["shares"].items():
         have = got.get(name, {})
         if any(

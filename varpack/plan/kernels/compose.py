@@ -107,6 +107,7 @@ def _steps_of(
     fill,
     src,
     wshare,
+    tol,
 ):  # type: ignore[no-untyped-def]
     """Compose a window into the most steps that leave no micro-batch empty, from ``p0`` down
     (the epoch's last window: the fewest from ``p0`` up that place every sample). 0: none."""
@@ -115,7 +116,7 @@ def _steps_of(
     p = min(p0, most)
     while 1 <= p <= most:
         ok = compose_window(buf, order, carried, wait, group, density, lens, alone, lin, quad, p,
-                            dp, k, cap, where, fill, last, src, wshare)  # fmt: skip
+                            dp, k, cap, where, fill, last, src, wshare, tol)  # fmt: skip
         if ok and not last:
             return p
         if ok and np.all(where[:m] >= 0):
@@ -125,7 +126,9 @@ def _steps_of(
 
 
 @njit(cache=True)
-def _compose_epoch(lens, alone, lin, quad, window_tok, step_tok, dp, k, cap, fill, src, wshare):  # type: ignore[no-untyped-def]
+def _compose_epoch(
+    lens, alone, lin, quad, window_tok, step_tok, dp, k, cap, fill, src, wshare, tol
+):  # type: ignore[no-untyped-def]
     """The epoch's stream (positions in the permuted order) and micro-batch starts; ``lens``
     and ``alone`` are in the permuted order, so a window's samples are read in sequence."""
     n = len(lens)
@@ -178,7 +181,7 @@ def _compose_epoch(lens, alone, lin, quad, window_tok, step_tok, dp, k, cap, fil
                 wtok -= lens[buf[i]]
         p0 = max(1, np.int64(wtok / step_tok + 0.5))
         p = _steps_of(buf, order, nc, wait, group, density, lens, alone, lin, quad, p0, last, dp,
-                      k, cap, where, fill, src, wshare)  # fmt: skip
+                      k, cap, where, fill, src, wshare, tol)  # fmt: skip
         if p == 0:
             if last:
                 return stream, starts[:1], False
@@ -207,7 +210,7 @@ def compose_epoch(
     multiple: int,
     budget: int,
     fill: float = 0.0,
-    sources: tuple[np.ndarray, np.ndarray] | None = None,
+    sources: tuple[np.ndarray, np.ndarray, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """One epoch composed by cost: ``(stream, offsets)``, or None where it cannot be.
 
@@ -217,7 +220,8 @@ def compose_epoch(
     consecutive micro-batches form a step, and every ``k`` consecutive ones of a step one rank's
     share (a *slot*). ``fill``: the budget fill a step of heavy samples keeps at least
     (``--balance-fill``). ``sources``: a blend's ``(source of each sample, in the permuted
-    order; weight of each source)``, whose shares every step keeps. None: the last window could
+    order; weight of each source; tolerance)``, whose shares every step keeps within the
+    tolerance where like-sized swaps can reach it. None: the last window could
     not place every sample (too few samples for whole steps); the caller composes by tokens
     instead.
     """
@@ -237,9 +241,12 @@ def compose_epoch(
     return (stream, starts) if ok else None
 
 
-def _no_blend() -> tuple[np.ndarray, np.ndarray]:
-    return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+def _no_blend() -> tuple[np.ndarray, np.ndarray, float]:
+    return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64), 1.0
 
 
-def _blend(src: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return np.ascontiguousarray(src, dtype=np.int64), np.ascontiguousarray(weights, np.float64)
+def _blend(
+    src: np.ndarray, weights: np.ndarray, tol: float
+) -> tuple[np.ndarray, np.ndarray, float]:
+    src = np.ascontiguousarray(src, dtype=np.int64)
+    return src, np.ascontiguousarray(weights, np.float64), float(tol)

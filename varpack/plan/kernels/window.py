@@ -37,6 +37,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.heavy import cost
+from varpack.plan.kernels.shares import repair_shares
 
 CLOSED = np.int64(1) << 62  # tokens of a micro-batch that takes nothing more (oversize alone)
 #: The share of a window's light samples, costliest first, that hungry steps take before the deal
@@ -268,13 +269,16 @@ def compose_window(
     last,
     src,
     wshare,
+    tol,
 ):  # type: ignore[no-untyped-def]
     """Deal the window ``buf[:m]`` to ``p`` steps x ``dp`` slots x ``k`` micro-batches.
 
     A blend (``wshare``: each source's weight; ``src``: each sample's source, by permuted
     position; both empty otherwise) deals the rest to the step that holds least of its
     sample's source against that source's share of the step's tokens, so that every step
-    keeps the blend's weights; a plan without a blend deals by count.
+    keeps the blend's weights, then swaps like-sized samples between steps until each is
+    within ``tol`` of them (:func:`~varpack.plan.kernels.shares.repair_shares`); a plan without
+    a blend deals by count.
 
     ``order``: the window's positions, costliest first, the heavy ones ``order[:h]`` (those
     flagged in ``wait`` move on); ``buf[:carried]`` came from the last window and are dealt
@@ -374,4 +378,7 @@ def compose_window(
                     held[s, src[buf[i]]] += x
                 _place(i, x, lone, c, s, r, dp, k, where, bin_tok, bin_cnt, load, stok, least, spare,
                        peak)  # fmt: skip
-    return _fill_empty(order, where[:m], bin_cnt, k)
+    ok = _fill_empty(order, where[:m], bin_cnt, k)
+    if ok and blend:
+        repair_shares(buf, m, where, lens, alone, src, wshare, p, dp, k, cap, tol, lin, quad)
+    return ok

@@ -70,7 +70,7 @@ def build(
             cfg.pad_multiple,
             cfg.max_tokens,
             1.0 if cfg.pp > 1 else cfg.balance_fill,  # --pp pads a rank's micro-batches alike
-            None if blend is None else (blend[0][perm], blend[1]),
+            None if blend is None else (blend[0][perm], blend[1], blend[2]),
         )
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
