@@ -69,7 +69,8 @@ def test_copy_is_keyed_like_the_metadata(tmp_path: Path, id_column: str | None) 
     assert schema.equals(copy_schema(pa.int32()), check_metadata=True)
     assert schema.metadata == FORMAT
     assert batches == source_row_groups(tmp_path / "tok")  # one batch per row group: bounded
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta", "tok", "tok.arrow"]
+    names = ["meta", "tok", "tok.arrow", "tok.arrow.idx"]  # the copy and its location index
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
 
 
 @settings(max_examples=12, deadline=None)
@@ -138,11 +139,14 @@ def test_failed_overwrite_keeps_the_old_outputs(tmp_path: Path) -> None:
     write_tokens(tmp_path / "good" / "a.parquet", [1, 2, 3])
     meta, copy = tmp_path / "meta", tmp_path / "t.arrow"
     cli("lengths", tmp_path / "good", meta, "--arrow-copy", copy, "-q")
-    before = copy.read_bytes(), read_metadata(meta)
+    index = tmp_path / "t.arrow.idx"
+    before = copy.read_bytes(), read_metadata(meta), index.read_bytes()
     write_tokens(tmp_path / "bad" / "a.parquet", [1, 0])
     cli("lengths", tmp_path / "bad", meta, "--arrow-copy", copy, "--overwrite", expect=2)
     assert copy.read_bytes() == before[0] and read_metadata(meta).equals(before[1])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "good", "meta", "t.arrow"]
+    assert index.read_bytes() == before[2]
+    names = ["bad", "good", "meta", "t.arrow", "t.arrow.idx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
 
 
 def test_existing_copy_needs_overwrite(tmp_path: Path) -> None:
@@ -182,12 +186,16 @@ def test_failed_copy_publication_takes_the_metadata_back(
     write_tokens(tmp_path / "t.parquet", [1, 2])
     publish = varpack.atomic.publish
 
-    def fail_for_files(tmp: Path, path: Path, overwrite: bool) -> None:
-        if tmp.is_file():  # the copy is published last, after the metadata directory
-            raise OSError(errno.ENOSPC, "No space left on device")
-        publish(tmp, path, overwrite)
+    for last in ("t.arrow.idx", "t.arrow"):  # the index, then the copy, after the metadata
 
-    monkeypatch.setattr(varpack.atomic, "publish", fail_for_files)
-    with pytest.raises(WriteError, match="t.arrow: No space left on device; the disk is full"):
-        derive_lengths(tmp_path / "t.parquet", tmp_path / "meta", arrow_copy=tmp_path / "t.arrow")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]
+        def fail_for(tmp: Path, path: Path, overwrite: bool, last: str = last) -> None:
+            if Path(path).name == last:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            publish(tmp, path, overwrite)
+
+        monkeypatch.setattr(varpack.atomic, "publish", fail_for)
+        with pytest.raises(WriteError, match=f"{last}: No space left on device; the disk is full"):
+            derive_lengths(
+                tmp_path / "t.parquet", tmp_path / "meta", arrow_copy=tmp_path / "t.arrow"
+            )
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"], last

@@ -30,6 +30,7 @@ from varpack.atomic import atomic_dir, atomic_file, check_output, remove
 from varpack.console import progress
 from varpack.errors import ConfigError, InputError
 from varpack.metadata import keep as kept
+from varpack.metadata import token_index
 from varpack.metadata.contract import (
     ID,
     LEN,
@@ -279,6 +280,7 @@ def derive_lengths(
     if arrow_copy is not None:
         _check_apart(output, arrow_copy)
         check_output(arrow_copy, overwrite, inputs, is_token_copy)
+        check_output(token_index.index_path(arrow_copy), overwrite, inputs, token_index.is_index)
     kept.check_names(keep, column, None if id_column == AUTO else id_column)
     sources, id_column = _sources(input, column, id_column, files, keep)
     keep = kept.check_names(keep, column, id_column)  # the id column "auto" chose
@@ -356,15 +358,24 @@ def _maybe_copy(
     sources: Sequence[Source],
     inputs: Sequence[str | os.PathLike[str]],
 ) -> Iterator[TokenCopyWriter | None]:
-    """A token copy writer on a temporary name, published as ``path`` on success (or None)."""
+    """A token copy writer on a temporary name, published as ``path`` on success (or None),
+    with its location index (:mod:`varpack.metadata.token_index`) published just before it."""
     if path is None:
         yield None
         return
-    with (
-        atomic_file(path, overwrite, inputs, is_token_copy) as tmp,
-        TokenCopyWriter(tmp, sources[0].token_type) as copy,
-    ):
-        yield copy
+    idx = token_index.index_path(path)
+    indexed = False
+    try:
+        with atomic_file(path, overwrite, inputs, is_token_copy) as tmp:
+            with atomic_file(idx, overwrite, inputs, token_index.is_index) as tmp_idx:
+                with TokenCopyWriter(tmp, sources[0].token_type) as copy:
+                    yield copy
+                token_index.write_index(tmp, tmp_idx)
+            indexed = True
+    except BaseException:
+        if indexed:  # publishing the copy failed: an index without its copy goes too
+            remove(idx)
+        raise
 
 
 def _given_dirs(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:

@@ -19,8 +19,9 @@ source order; there is one record batch per source row group (the writer never h
 the schema metadata carries ``varpack.format = tokens``, ``varpack.version = 1``.
 
 :class:`varpack.torch.ParquetTokenDataset` opens a path ending in ``.arrow`` (or a directory of
-them) as such a copy: it memory-maps the file, indexes every sample's position in the mapping
-once, and fetches a micro-batch with one vectorised gather from the page cache.
+them) as such a copy: it memory-maps the file and the location index written beside it
+(:mod:`varpack.metadata.token_index`, ``PATH.idx``), and fetches a micro-batch with one vectorised
+gather from the page cache.
 """
 
 from __future__ import annotations

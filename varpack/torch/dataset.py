@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from varpack.errors import InputError
+from varpack.metadata import token_index, tokens
 from varpack.metadata.contract import first_duplicate, resolve_files
 from varpack.metadata.footer import check_pages, check_read, footer_rows
 from varpack.metadata.lengths import ID_COLUMNS, write_arrow_tokens
@@ -130,6 +131,13 @@ class ParquetTokenDataset:
         )
         id_column = self.id_column
         self.cache_row_groups = max(1, cache_row_groups)
+        self._files: dict[int, Any] = {}  # open handles, per process (dropped when pickled)
+        self._views: dict[int, np.ndarray] = {}  # IPC: each file's mapping as tokens (ditto)
+        self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._row_of: np.ndarray | None = None  # sorted position -> global row (None: the same)
+        self._index: token_index.TokenIndex | None = None
+        if self._open_index():
+            return
         # Row-group table: file index and first global row of every row group (plus the end).
         rg_file, rg_local, rg_start = [], [], [0]
         id_parts, file_start = [], []
@@ -170,11 +178,22 @@ class ParquetTokenDataset:
                     f"{path}: sample id {dup} appears more than once in column {id_column!r}; "
                     "ids must be unique"
                 )
-        self._files: dict[int, Any] = {}  # open handles, per process (dropped when pickled)
-        self._views: dict[int, np.ndarray] = {}  # IPC: each file's mapping as tokens (ditto)
-        self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     # -- opening ---------------------------------------------------------------------------
+    def _open_index(self) -> bool:
+        """Open a single token copy through its offline index (:mod:`~varpack.metadata.token_index`,
+        written by ``varpack lengths --arrow-copy``): nothing proportional to the dataset is read
+        or built; the sorted ids and positions stay memory-mapped. False: no index to use."""
+        if not self.ipc or len(self.files) != 1 or self.id_column != tokens.ID:
+            return False
+        index = token_index.open_index(self.files[0])
+        if index is None:
+            return False
+        self._check_columns(self.files[0], pa.ipc.open_file(pa.memory_map(self.files[0])).schema)
+        self._index, self._sorted_ids, self._row_of = index, index.ids, None
+        self._tok_start, self._tok_len, self._dtype = index.start, index.length, index.dtype
+        return True
+
     def _schema_names(self, name: str) -> list[str]:
         """Column names of one file (Parquet footer or IPC schema; no data read)."""
         try:
@@ -220,44 +239,17 @@ class ParquetTokenDataset:
         return footer_rows(name, meta, [self.id_column or self.column], loaded=1)
 
     def _token_positions(self, name: str, starts: list[np.ndarray], lens: list[np.ndarray]) -> None:
-        """Append the start (in tokens, from the start of the mapping) and length of the tokens
-        of every row of one IPC file.
-
-        The record batches of an uncompressed IPC file are views into the mapping, so a sample's
-        tokens lie at a fixed place in the file and a micro-batch needs one gather, whatever
-        batches its samples come from.
-        """
-        mapped = pa.memory_map(name)
-        base = _whole(mapped).address
-        reader = pa.ipc.open_file(mapped)
-        for i in range(reader.num_record_batches):
-            arr = reader.get_batch(i).column(self.column)
-            if not isinstance(arr, pa.LargeListArray | pa.ListArray):
-                raise InputError(
-                    f"{name}: column {self.column!r} is {arr.type}, not a list of tokens"
-                )
-            values = arr.values
-            dtype = np.dtype(values.type.to_pandas_dtype())
-            if arr.null_count or values.null_count or self._dtype not in (None, dtype):
-                raise InputError(
-                    f"{name}: column {self.column!r} holds null samples or tokens, or its token "
-                    "type differs between batches or files; rewrite it with "
-                    "`varpack lengths ... --arrow-copy PATH`"
-                )
-            self._dtype = dtype
-            buf = values.buffers()[1]
-            first = 0
-            if buf is not None and buf.size:
-                at = buf.address - base
-                if not 0 <= at <= mapped.size() - buf.size or at % dtype.itemsize:
-                    raise InputError(
-                        f"{name}: the tokens are not stored uncompressed in the file; write the "
-                        "copy with `varpack lengths ... --arrow-copy PATH`"
-                    )
-                first = at // dtype.itemsize + values.offset
-            offsets = arr.offsets.to_numpy()
-            starts.append(offsets[:-1].astype(np.int64) + first)
-            lens.append(np.diff(offsets).astype(np.int32))
+        """Append where every row's tokens lie in one IPC file's mapping (in tokens), and how
+        many (:func:`varpack.metadata.token_index.token_positions`)."""
+        start, length, dtype = token_index.token_positions(name, self.column)
+        if self._dtype not in (None, dtype):
+            raise InputError(
+                f"{name}: column {self.column!r} holds another token type than the first file's; "
+                "rewrite it with `varpack lengths ... --arrow-copy PATH`"
+            )
+        self._dtype = dtype
+        starts.append(start)
+        lens.append(length)
 
     def _view(self, f: int) -> np.ndarray:
         """File ``f``'s whole mapping as an array of tokens (per process, zero-copy)."""
@@ -297,7 +289,15 @@ class ParquetTokenDataset:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_files"], state["_cache"], state["_views"] = {}, OrderedDict(), {}
+        if self._index is not None:  # mapped again, not copied, in a worker
+            state["_sorted_ids"] = state["_tok_start"] = state["_tok_len"] = None
+            state["_index"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._sorted_ids is None:
+            self._open_index()
 
     # -- lookup ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -312,9 +312,13 @@ class ParquetTokenDataset:
     def rows(self, sample_ids: np.ndarray) -> np.ndarray:
         """Global row of each id (vectorised); :class:`InputError` names the first unknown id."""
         ids = np.asarray(sample_ids, dtype=np.int64)
-        pos = np.searchsorted(self._sorted_ids, ids)
-        pos_c = np.minimum(pos, len(self._sorted_ids) - 1)
-        bad = self._sorted_ids[pos_c] != ids
+        if self._index is not None:  # the offline index: one page of ids per sample
+            pos_c, found = self._index.find(ids)
+            bad = ~found
+        else:
+            pos = np.searchsorted(self._sorted_ids, ids)
+            pos_c = np.minimum(pos, len(self._sorted_ids) - 1)
+            bad = self._sorted_ids[pos_c] != ids
         if bad.any():
             missing = int(ids[np.argmax(bad)])
             raise InputError(
@@ -323,7 +327,7 @@ class ParquetTokenDataset:
                 f"{'column ' + repr(self.id_column) if self.id_column else 'row numbers'}); was the "
                 "plan made from this data, with the same ids (varpack lengths --id-column)?"
             )
-        return self._row_of[pos_c]
+        return pos_c if self._row_of is None else self._row_of[pos_c]
 
     def _row_group(self, g: int) -> tuple[np.ndarray, np.ndarray]:
         """(offsets, values) of one row group's token column, through the LRU cache."""

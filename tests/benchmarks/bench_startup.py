@@ -1,0 +1,103 @@
+"""Reader start-up benchmark: memory and time to open a plan and read a first batch, per process.
+
+    python tests/benchmarks/bench_startup.py [--quick]
+
+For 1 M and 10 M samples (``--quick``: 100 K and 1 M) of 1..16 tokens: ``varpack lengths
+--arrow-copy`` writes the metadata, the token copy and its location index; ``varpack plan --dp 64``
+plans it. A fresh process then opens ``PlanLoader(plan, ParquetTokenDataset(copy), rank=0)`` and
+takes its first micro-batch: what a trainer process does before its first step. Rows: with the
+offline index (mapped), and without it (the index file moved away: positions built at open, the
+baseline). Printed: RSS growth (max RSS after - before, MB; it counts the pages of the mapped
+files this process touched, which the processes of a node share in the page cache), anonymous
+memory growth (this process's own), open + first batch time, and the ratios to the baseline.
+
+Targets: RSS growth <= 100 MB and open time <= 0.5 s at 1 M and 10 M samples, with the index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CHILD = """
+import json, sys, time
+from varpack.torch import ParquetTokenDataset, PlanLoader
+
+def status_mb(key):
+    line = next(x for x in open("/proc/self/status") if x.startswith(key + ":"))
+    return int(line.split()[1]) / 1024
+
+def anon_mb():  # this process's own memory; mapped file pages are the node's shared page cache
+    fields = open("/proc/self/smaps_rollup").read().split()
+    return int(fields[fields.index("Anonymous:") + 1]) / 1024
+
+before, own = status_mb('VmRSS'), anon_mb()
+t = time.perf_counter()
+loader = PlanLoader(sys.argv[1], ParquetTokenDataset(sys.argv[2]), rank=0)
+batch = next(iter(loader))
+took = time.perf_counter() - t
+grew = status_mb('VmHWM') - before  # peak RSS (reset at exec, unlike ru_maxrss)
+print(json.dumps({"mb": grew, "anon_mb": anon_mb() - own, "s": took,
+                  "tokens": int(batch.input_ids.numel())}))
+"""
+
+
+def tokenized(path: Path, n: int, seed: int = 0) -> None:
+    """``n`` samples of 1..16 tokens under shuffled ids, written in row groups of 64 K."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, 17, n)
+    offsets = np.r_[0, np.cumsum(lens)].astype(np.int64)
+    values = rng.integers(0, 30_000, int(offsets[-1])).astype(np.int32)
+    ids = rng.permutation(n).astype(np.int64)
+    tokens = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+    pq.write_table(pa.table({"sample_id": ids, "input_ids": tokens}), path, row_group_size=65_536)
+
+
+def vp(*args: object) -> None:
+    subprocess.run([sys.executable, "-m", "varpack", *map(str, args), "-q"], check=True)
+
+
+def open_once(plan: Path, copy: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(plan), str(copy)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    sizes = (100_000, 1_000_000) if ap.parse_args().quick else (1_000_000, 10_000_000)
+    print(f"{'samples':>12}{'index':>10}{'RSS +MB':>10}{'anon +MB':>13}{'open s':>9}")
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+        for n in sizes:
+            root = Path(tmp) / str(n)
+            root.mkdir()
+            tokenized(root / "tok.parquet", n)
+            copy = root / "tok.arrow"
+            vp("lengths", root / "tok.parquet", root / "meta", "--arrow-copy", copy)
+            vp("plan", root / "meta", root / "plan", "--dp", 64, "--max-tokens", 4096)
+            mapped = open_once(root / "plan", copy)
+            Path(f"{copy}.idx").rename(root / "moved.idx")
+            built = open_once(root / "plan", copy)
+            for name, r in (("mapped", mapped), ("built", built)):
+                print(f"{n:>12,}{name:>10}{r['mb']:>10.1f}{r['anon_mb']:>13.1f}{r['s']:>9.3f}")
+            print(
+                f"{'':>12}{'ratio':>10}{mapped['mb'] / max(built['mb'], 1e-9):>10.3f}"
+                f"{'':>13}{mapped['s'] / built['s']:>9.3f}   (mapped / built)"
+            )
+
+
+if __name__ == "__main__":
+    main()
