@@ -259,7 +259,7 @@ def test_a_plan_of_an_earlier_version_is_read_and_validated(old_plan: Path) -> N
     assert plan.meta["version"] == 1 and "balance_fill" not in plan.meta["config"]
     assert plan.rank_table(1).num_rows == plan.num_steps * plan.grad_accum
     res = cli("validate", old_plan, "--metadata", OLD_INPUT)
-    assert res.stdout.startswith("OK ") and "24 planned samples" in res.stdout
+    assert res.stdout.startswith("OK ") and ": 24 samples -> " in res.stdout
     assert "padding" in cli("inspect", old_plan).stdout
     line = _one_line(
         cli("validate", old_plan, "--metadata", OLD_INPUT, "--replay", expect=2).stderr

@@ -176,6 +176,16 @@ def test_a_shuffled_blend_keeps_the_weights_in_every_step(tmp_path: Path) -> Non
         assert abs(share["mean"] - w) < 0.002 and share["outside"] == 0, (name, share)
 
 
+def test_a_blend_of_tiny_steps_keeps_a_tolerance_of_at_most_one(tmp_path: Path) -> None:
+    """Steps of 4 K tokens: the default tolerance is capped at 1 (every share), and
+    the plan validates."""
+    write_blend(tmp_path / "m.parquet", 2_000, [0.5, 0.3, 0.2], 4, (5, 60))
+    cli("plan", tmp_path / "m.parquet", tmp_path / "p", "--max-tokens", 4096, "--order",
+        "shuffle", "--source-column", "source", "--mix", "chat=0.3,docs=0.5,code=0.2", "-q")  # fmt: skip
+    assert json.loads((tmp_path / "p" / "plan.json").read_text())["mix"]["tolerance"] == 1.0
+    assert "OK" in cli("validate", tmp_path / "p").stdout
+
+
 SHAPES = {
     "lognormal": lambda rng, n: rng.lognormal(5.5, 0.9, n),
     "uniform": lambda rng, n: rng.integers(20, 1500, n),

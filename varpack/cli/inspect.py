@@ -15,12 +15,15 @@ import click
     "plot_file",
     type=click.Path(),
     default=None,
-    help="Write a figure (PNG, or SVG/PDF by the suffix): lengths, tokens per micro-batch, LR "
-    "factor, per-rank load. Never inside PLAN or over the plan's input; written atomically.",
+    help="Write a figure (PNG, or SVG/PDF by the suffix): document lengths (a split plan's "
+    "pieces too), tokens per micro-batch, LR factor, per-rank load; above 500 steps, per-step "
+    "panels as percentile bands over buckets of steps. Never inside PLAN or over the plan's "
+    "input; written atomically.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing --plot file.")
 def inspect(plan: str, as_json: bool, plot_file: str | None, overwrite: bool) -> None:
-    """Show PLAN's padding, balance, time vs ideal, mixing, LR range and shapes (checksums verified)."""
+    """Show PLAN's samples and pieces, tokens, padding, balance, time vs ideal, mixing, LR factors
+    and shapes (checksums verified)."""
     from varpack.manifest.inspect import describe, render
 
     if plot_file:  # an unsafe figure path fails before anything is printed

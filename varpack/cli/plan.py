@@ -225,6 +225,7 @@ def plan(
     if "mix" in meta:
         outside_line(meta["mix"])
     shapes_note(out, cfg)
+    lr_note_line(arrays, cfg)
     for note in arrays.notes:
         click.echo(note, err=True)
     if "selection" in meta and not quiet:
@@ -234,7 +235,7 @@ def plan(
     if not quiet:
         from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 
-        click.echo(summary_line(out, meta, cfg))
+        click.echo(summary_line(out, meta, cfg, arrays))
         click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
 
 
@@ -304,17 +305,39 @@ def bound_text(s: dict[str, Any]) -> str:
     return "" if b is None else f" (bound {b:.3f})"
 
 
-def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig) -> str:
-    """The one-line summary of a new plan (thousands separators; budget fill when known)."""
+def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig, arrays: Any = None) -> str:
+    """The one-line summary of a new plan (thousands separators; budget fill when known): the
+    samples as in ``validate`` (pieces after splitting, epochs), the tokens planned (epochs x
+    tokens kept), and with ``arrays`` (the plan's) the LR factors' range and median."""
     from varpack.manifest.inspect import token_line
+    from varpack.plan.figures.words import lr_text, samples_text, tokens_text
 
     s = meta["stats"]
     fill = s.get("budget_fill")
     fill_text = "" if fill is None else f"budget fill {100 * fill:.1f}%, "
-    return (
-        f"{out}: {meta['input']['num_samples']:,} samples -> {meta['num_steps']:,} steps x {cfg.dp} ranks x "
-        f"{cfg.grad_accum} micro-batches; {s['real_tokens']:,} tokens, {fill_text}"
-        f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal{bound_text(s)}, "
-        f"imbalance max {s['imbalance_max']:.3f}, mixing {s['mixing']:.3f}, dropped {s['dropped']:,}; "
-        f"{token_line(s.get('tokens'))}"
+    mix = meta.get("mix")
+    drawn = sum(int(f["planned_samples"]) for f in mix["sources"].values()) if mix else None
+    epochs = len(meta.get("epochs") or [0])
+    t = s.get("tokens")
+    lr = (
+        ""
+        if arrays is None or cfg.lr_scaling == "none"
+        else f"; {lr_text(arrays.lr, cfg.lr_scaling)}"
     )
+    return (
+        f"{out}: {samples_text(meta['input']['num_samples'], s['dropped'], epochs, t, drawn)} -> "
+        f"{meta['num_steps']:,} steps x {cfg.dp} ranks x {cfg.grad_accum} micro-batches; "
+        f"{tokens_text(s['real_tokens'], epochs, t, mix is not None)}, {fill_text}"
+        f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal{bound_text(s)}, "
+        f"imbalance max {s['imbalance_max']:.3f}, mixing {s['mixing']:.3f}{lr}; {token_line(t)}"
+    )
+
+
+def lr_note_line(arrays: Any, cfg: PlanConfig) -> None:
+    """On stderr: the note of LR factors far from 1 and the flag that sets them, if due."""
+    from varpack.plan.figures.words import lr_note
+
+    note = lr_note(arrays.lr, cfg.lr_scaling, cfg.base_batch_size, cfg.base_unit,
+                   arrays.step_samples, arrays.step_tokens)  # fmt: skip
+    if note is not None:
+        click.echo(note, err=True)

@@ -97,9 +97,10 @@ def validate(
         replayed += f"; carried {', '.join(carried)} ({checked})"
     fill = f.get("budget_fill")
     fill_text = "" if fill is None else f"budget fill {100 * fill:.1f}%, "
+    samples, tokens = ok_counts(f)
     click.echo(
-        f"OK {plan}: {f['samples']:,} planned samples ({f['dropped']:,} dropped), {f['steps']:,} steps x {f['dp']} ranks x "
-        f"{f['grad_accum']} micro-batches; {fill_text}padding {100 * f['padding_ratio']:.2f}%, "
+        f"OK {plan}: {samples} -> {f['steps']:,} steps x {f['dp']} ranks x "
+        f"{f['grad_accum']} micro-batches; {tokens}, {fill_text}padding {100 * f['padding_ratio']:.2f}%, "
         f"time {f['time_vs_ideal']:.3f}x ideal{bound_text(f)}; "
         f"{token_line(f['tokens'])}{replayed}"
     )
@@ -126,3 +127,21 @@ def _selected(
     source = carry_from if carry_from is not None else where_source(metadata, None)
     ids, lens, _ = select_input(*reference, entry["where"], source)
     return ids, lens
+
+
+def ok_counts(f: dict[str, Any]) -> tuple[str, str]:
+    """The OK line's samples and tokens, worded as ``plan`` words them (samples, pieces after
+    splitting, epochs; tokens planned = epochs x tokens kept), recomputed from the manifests:
+    ``f['samples']`` counts their rows, a piece of a split document one each."""
+    from varpack.plan.figures.words import samples_text, tokens_text
+
+    rows, epochs, t = f["samples"], f["epochs"], f["tokens"]
+    if f["replanned"]:  # its steps hold part of the run: no input count to word them against
+        what = "pieces after splitting" if t and t.get("pieces") else "samples"
+        return f"{rows:,} {what} in its steps", f"{f['real_tokens']:,} tokens"
+    if f["mix"]:
+        samples = samples_text(f["input_samples"], f["dropped"], 1, None, drawn=rows)
+    else:
+        docs = rows // max(epochs, 1) - (int(t["pieces"]) - int(t["documents_split"]) if t else 0)
+        samples = samples_text(docs + f["dropped"], f["dropped"], epochs, t)
+    return samples, tokens_text(f["real_tokens"], epochs, t, f["mix"])

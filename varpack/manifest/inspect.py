@@ -12,9 +12,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from varpack.errors import VarpackError
 from varpack.manifest.format import Plan, load_plan, read_meta
 from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
+from varpack.plan.figures.words import (
+    lr_note,
+    lr_spread,
+    plan_epochs,
+    samples_text,
+    shape_text,
+    tokens_text,
+)
 
 
 def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -33,6 +43,9 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         **({"carry": meta["carry"]} if isinstance(meta.get("carry"), dict) else {}),
         **({"parent": lineage(plan)} if isinstance(meta.get("parent"), dict) else {}),
         **({"selection": meta["selection"]} if isinstance(meta.get("selection"), dict) else {}),
+        **({"mix": meta["mix"]} if isinstance(meta.get("mix"), dict) else {}),
+        "epochs": plan_epochs(meta),
+        "lr_factors": lr_factors(plan),
         "shape_lengths": meta.get("shape_lengths"),
         "ranks": [
             {
@@ -47,6 +60,24 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 _SHAPE_LINES = 8
+
+
+def lr_factors(plan: Plan) -> dict[str, Any]:
+    """The LR factors over the steps: ``min``, ``median``, ``max``, and the note of
+    :func:`~varpack.plan.figures.lr_spread.lr_note` (``None`` when they sit near 1), read from
+    rank 0's manifest (every rank holds the same factor for a step)."""
+    import pyarrow.parquet as pq
+
+    cfg = plan.meta["config"]
+    cols = ["step", "lr_factor", "step_samples", "step_tokens"]
+    t = pq.read_table(plan.rank_path(0), columns=cols)
+    step = t.column("step").to_numpy()
+    first = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])  # a row of each step
+    lr, n, tok = (t.column(c).to_numpy()[first] for c in cols[1:])
+    lo, mid, hi = lr_spread(lr)
+    note = lr_note(lr, cfg.get("lr_scaling", "none"), cfg.get("base_batch_size"),
+                   cfg.get("base_unit", "samples"), n, tok)  # fmt: skip
+    return {"min": lo, "median": mid, "max": hi, "note": note}
 
 
 def lineage(plan: Plan) -> dict[str, Any]:
@@ -101,10 +132,15 @@ def token_line(t: dict[str, Any] | None, lead: str = "tokens ") -> str:
     """
     if not t:
         return f"{lead}kept ? (plan made before these figures)"
+    pieces = (
+        f": {t['documents_split']:,} documents in {t['pieces']:,} pieces"
+        if t["documents_split"]
+        else ""
+    )
     return (
         f"{lead}kept {t['kept']:,} ({100 * t['kept_share']:.2f}%), split {t['split']:,} "
-        f"({100 * t['split_share']:.2f}%: {t['documents_split']:,} documents in "
-        f"{t['pieces']:,} pieces), dropped {t['dropped']:,} ({100 * t['dropped_share']:.2f}%)"
+        f"({100 * t['split_share']:.2f}%{pieces}), dropped {t['dropped']:,} "
+        f"({100 * t['dropped_share']:.2f}%)"
     )
 
 
@@ -122,27 +158,7 @@ def _shape_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     )
     if info.get("shape_lengths"):
         rows.append(("shape lengths", ", ".join(f"{x:,}" for x in info["shape_lengths"])))
-    total_pad = max(s["padded_tokens"] - s["real_tokens"], 1)
-    for i, sh in enumerate(s.get("shapes", [])[:_SHAPE_LINES]):
-        b, t = sh["shape"]
-        rows.append(
-            (
-                "largest shapes" if i == 0 else "",
-                f"[{b}, {t:,}]: {sh['micro_batches']:,} micro-batches, padding {sh['padding']:,} tokens "
-                f"({100 * sh['padding'] / max(sh['padded_tokens'], 1):.1f}% of the shape, "
-                f"{100 * sh['padding'] / total_pad:.1f}% of all padding)",
-            )
-        )
-    by_pad = sorted(s.get("shapes", []), key=lambda x: -x["padding"])[:3]
-    if by_pad and len(s.get("shapes", [])) > _SHAPE_LINES:
-        rows.append(
-            (
-                "costliest shapes",
-                "; ".join(
-                    f"[{x['shape'][0]}, {x['shape'][1]:,}] {x['padding']:,} tokens" for x in by_pad
-                ),
-            )
-        )
+    rows.extend(_largest_rows(s))
     if s.get("pad_rows"):
         rows.append(("empty rows", f"{s['pad_rows']:,} (pad_rows), {s['pad_row_tokens']:,} tokens"))
     if "pp_extra_padding" in s:
@@ -171,6 +187,50 @@ def _shape_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     else:
         rows.append(("warm-up", f"{cfg.get('warmup', 'list')}: shapes listed in plan.json"))
     return rows
+
+
+def _largest_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The largest shapes with their real tokens and padding, and the shapes that pad most."""
+    shapes = s.get("shapes", [])
+    total_pad = s["padded_tokens"] - s["real_tokens"]
+    rows: list[tuple[str, str]] = []
+    for i, sh in enumerate(shapes[:_SHAPE_LINES]):
+        pad = (
+            f"padding {sh['padding']:,} ({100 * sh['padding'] / max(sh['padded_tokens'], 1):.1f}% "
+            f"of the shape, {100 * sh['padding'] / total_pad:.1f}% of all padding)"
+            if sh["padding"]
+            else "no padding"
+        )
+        rows.append(
+            (
+                "largest shapes" if i == 0 else "",
+                f"{shape_text(sh['shape'])}: {sh['micro_batches']:,} micro-batches, "
+                f"{sh['real_tokens']:,} real tokens, {pad}",
+            )
+        )
+    if len(shapes) <= _SHAPE_LINES:
+        return rows
+    padding = sorted((x for x in shapes if x["padding"] > 0), key=lambda x: -x["padding"])[:3]
+    if not padding:  # a packed plan padded to no multiple pads nothing: no shape costs padding
+        return [*rows, ("most padding", "none: no shape pads (padding 0 tokens in all)")]
+    rest = s.get("shapes_not_shown") or {}
+    more = (
+        f"; the {rest['shapes']:,} shapes not listed pad {rest['padding']:,} tokens in all"
+        if rest.get("shapes")
+        else ""
+    )
+    return [
+        *rows,
+        (
+            "most padding",
+            "; ".join(
+                f"{shape_text(x['shape'])} {x['padding']:,} tokens "
+                f"({100 * x['padding'] / total_pad:.1f}% of all padding)"
+                for x in padding
+            )
+            + more,
+        ),
+    ]
 
 
 def _moved_rows(s: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[str, str]]:
@@ -247,6 +307,40 @@ def _carry_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     return [("carried", f"{cols} from {c['from']}; manifest columns carry.NAME, batch.carry")]
 
 
+def _planned_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the plan trains on, in samples, pieces and epochs (a replanned plan: its parent's)."""
+    if "parent" in info:
+        return []
+    mix = info.get("mix")
+    drawn = sum(int(f["planned_samples"]) for f in mix["sources"].values()) if mix else None
+    t = info["stats"].get("tokens")
+    return [("planned", samples_text(info["input"]["num_samples"], info["dropped"],
+                                     info["epochs"], t, drawn))]  # fmt: skip
+
+
+def _per_step_row(s: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str]:
+    """Samples per step (all ranks); a split plan counts pieces (each piece one)."""
+    span = f"{s['step_samples_min']:,} .. {s['step_samples_max']:,}"
+    if cfg.get("oversize") == "split":
+        return ("pieces / step", f"{span} (a split document counts once per piece)")
+    return ("samples / step", span)
+
+
+def _lr_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """The LR factors' range and median, and the note when they sit far from 1."""
+    s, cfg, f = info["stats"], info["config"], info.get("lr_factors")
+    base = cfg.get("base_batch_size")
+    rule = cfg["lr_scaling"] + (
+        f", --base-batch-size {base:,.6g} {cfg.get('base_unit', 'samples')}" if base else ""
+    )
+    if not f:
+        return [("LR factor", f"{s['lr_factor_min']:.4g} .. {s['lr_factor_max']:.4g} ({rule})")]
+    rows = [("LR factor", f"{f['min']:.4g} .. {f['max']:.4g}, median {f['median']:.4g} ({rule})")]
+    if f.get("note"):
+        rows.append(("", f["note"].removeprefix("note: ")))
+    return rows
+
+
 def render(info: dict[str, Any]) -> str:
     """Human-readable summary (plain text, one figure per line)."""
     s, lay, cfg = info["stats"], info["layout"], info["config"]
@@ -270,8 +364,14 @@ def render(info: dict[str, Any]) -> str:
             "batching",
             f"{cfg['batching']} ({budget}), {cfg['layout']}, pad multiple {cfg['pad_multiple']}, order {cfg['order']}",
         ),
+        *_planned_rows(info),
         ("micro-batches", f"{s['num_micro_batches']:,} ({s['micro_batches_per_rank']:,} per rank)"),
-        ("real tokens", f"{s['real_tokens']:,}"),
+        (
+            "real tokens",
+            tokens_text(
+                s["real_tokens"], info["epochs"], s.get("tokens"), "mix" in info
+            ).removesuffix(" tokens"),  # the plain count alone; epochs or a mix worded
+        ),
         _fill_row(s),
         ("padded tokens", f"{s['padded_tokens']:,} (padding {100 * s['padding_ratio']:.3f}%)"),
         ("time vs ideal", f"{s['time_vs_ideal']:.4f} (cost {s['cost']})"),
@@ -283,15 +383,16 @@ def render(info: dict[str, Any]) -> str:
         ),
         ("mixing", f"{s['mixing']:.4f} (mean KS distance of a step's lengths to the dataset's)"),
         *_moved_rows(s, cfg),
-        ("samples / step", f"{s['step_samples_min']:,} .. {s['step_samples_max']:,}"),
+        _per_step_row(s, cfg),
         ("tokens / step", f"{s['step_tokens_min']:,} .. {s['step_tokens_max']:,}"),
-        (
-            "LR factor",
-            f"{s['lr_factor_min']:.4g} .. {s['lr_factor_max']:.4g} ({cfg['lr_scaling']})",
-        ),
+        *_lr_rows(info),
         *_shape_rows(info),
         *_cp_rows(info),
-        ("dropped", f"{info['dropped']:,}; oversize alone {len(s.get('oversize_alone', []))}"),
+        (
+            "dropped",
+            f"{info['dropped']:,} samples; {len(s.get('oversize_alone', [])):,} in a micro-batch "
+            "alone (--oversize alone)",
+        ),
         ("tokens", token_line(s.get("tokens"), lead="")),
     ]
     rows.extend(_carry_rows(info))
@@ -306,7 +407,10 @@ def render(info: dict[str, Any]) -> str:
         )
     if cfg.get("oversize") == "split":
         rows.append(
-            ("split", f"pieces of <= {cfg['split_len']} tokens, positions {cfg['split_positions']}")
+            (
+                "split",
+                f"pieces of <= {_n(cfg['split_len'])} tokens, positions {cfg['split_positions']}",
+            )
         )
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

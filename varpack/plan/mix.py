@@ -42,10 +42,13 @@ _BLEND: ContextVar[tuple[np.ndarray, np.ndarray, float] | None] = ContextVar("bl
 def default_tolerance(step_tokens: int) -> float:
     """The share tolerance of steps of ``step_tokens`` tokens (``--mix-tolerance``'s default).
 
-    >>> default_tolerance(512 * 1024), default_tolerance(64 * 1024)
-    (0.02, 0.08)
+    Steps of a few tokens can hold one sample each: no tolerance below 1 (every share)
+    binds them, so the default never exceeds 1.
+
+    >>> default_tolerance(512 * 1024), default_tolerance(64 * 1024), default_tolerance(100)
+    (0.02, 0.08, 1.0)
     """
-    return SHARE_TOLERANCE * max(1.0, TOLERANCE_STEP / max(step_tokens, 1))
+    return min(1.0, SHARE_TOLERANCE * max(1.0, TOLERANCE_STEP / max(step_tokens, 1)))
 
 
 @contextmanager

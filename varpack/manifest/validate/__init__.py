@@ -155,7 +155,12 @@ def validate_plan(
     compare_stats(meta.get("stats", {}), {k: v for k, v in stats.items() if k not in later}, report)
     check_cp(meta, ranks, whole, cfg, report)
     report.facts = {
-        "samples": int(len(whole.ids)),
+        "samples": int(len(whole.ids)),  # rows: pieces of split documents count one each
+        "input_samples": int(meta["input"]["num_samples"]),
+        "epochs": len(meta.get("epochs") or [0]),
+        "real_tokens": stats["real_tokens"],
+        "mix": "mix" in meta,
+        "replanned": "parent" in meta,
         "steps": whole.num_steps,
         "dp": cfg.dp,
         "grad_accum": cfg.grad_accum,

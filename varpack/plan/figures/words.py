@@ -1,0 +1,137 @@
+"""How ``plan``, ``validate`` and ``inspect`` name a plan's figures, one way everywhere.
+
+* samples and pieces: a plan's samples are the input's documents; ``--oversize split`` makes
+  pieces of the long ones (a sample that fits is one piece), and the epochs repeat them
+  (:func:`samples_text`); tokens planned are the kept tokens times the epochs
+  (:func:`tokens_text`); a shape is rows × tokens per row (:func:`shape_text`).
+* LR factors: the factor of a step is ``scaling(realised batch / --base-batch-size)``
+  (:mod:`varpack.plan.lr`). A base batch far from what a step really holds moves every factor the
+  same way: ``--base-batch-size 64`` with steps of 4 to 10 samples and ``--lr-scaling sqrt``
+  multiplies the LR by 0.25 to 0.4 all run long. The range and median are shown
+  (:func:`lr_text`), and :func:`lr_note` says so, and which flag sets it, when the median factor
+  is below ``1 / FAR`` or above ``FAR``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: a median factor below 1 / FAR or above FAR earns a note
+FAR = 2.0
+
+
+def lr_spread(lr: np.ndarray) -> tuple[float, float, float]:
+    """``(min, median, max)`` of the steps' LR factors (1s for a plan without steps).
+
+    >>> lr_spread(np.array([0.5, 0.25, 2.0]))
+    (0.25, 0.5, 2.0)
+    """
+    lr = np.asarray(lr, dtype=np.float64)
+    if len(lr) == 0:
+        return 1.0, 1.0, 1.0
+    return float(lr.min()), float(np.median(lr)), float(lr.max())
+
+
+def lr_text(lr: np.ndarray, scaling: str) -> str:
+    """``LR factor MIN .. MAX, median M (SCALING)``.
+
+    >>> lr_text(np.array([0.5, 0.25, 2.0]), "sqrt")
+    'LR factor 0.25 .. 2, median 0.5 (sqrt)'
+    """
+    lo, mid, hi = lr_spread(lr)
+    return f"LR factor {lo:.3g} .. {hi:.3g}, median {mid:.3g} ({scaling})"
+
+
+def lr_note(
+    lr: np.ndarray,
+    scaling: str,
+    base: float | None,
+    unit: str,
+    step_samples: np.ndarray,
+    step_tokens: np.ndarray,
+) -> str | None:
+    """A note when the median factor is far from 1 (below 1 / :data:`FAR` or above it): the
+    steps' batch against ``--base-batch-size``, and what to set; ``None`` otherwise.
+
+    >>> print(lr_note(np.sqrt([4, 9, 10]) / 8, "sqrt", 64.0, "samples", np.array([4, 9, 10]),
+    ...               np.array([40, 90, 100])))  # doctest: +NORMALIZE_WHITESPACE
+    note: the LR factors are mostly far below 1 (median 0.375, 0.25 .. 0.395): a step holds 4 .. 10
+    samples (median 9) against --base-batch-size 64 (--base-unit samples), and --lr-scaling sqrt
+    multiplies the LR by sqrt(step / base); set --base-batch-size near a typical step (9 samples)
+    to keep the factors near 1
+    """
+    if scaling == "none" or not base or len(lr) == 0:
+        return None
+    lo, mid, hi = lr_spread(lr)
+    if 1 / FAR <= mid <= FAR:
+        return None
+    batch = np.asarray(step_tokens if unit == "tokens" else step_samples, dtype=np.int64)
+    typical = int(np.median(batch))
+    rule = {"sqrt": "sqrt(step / base)", "linear": "step / base"}.get(scaling, scaling)
+    return (
+        f"note: the LR factors are mostly far {'below' if mid < 1 else 'above'} 1 (median "
+        f"{mid:.3g}, {lo:.3g} .. {hi:.3g}): a step holds {int(batch.min()):,} .. "
+        f"{int(batch.max()):,} {unit} (median {typical:,}) against --base-batch-size {base:,.6g} "
+        f"(--base-unit {unit}), and --lr-scaling {scaling} multiplies the LR by {rule}; set "
+        f"--base-batch-size near a typical step ({typical:,} {unit}) to keep the factors near 1"
+    )
+
+
+def samples_text(
+    samples: int, dropped: int, epochs: int, t: dict[str, Any] | None, drawn: int | None = None
+) -> str:
+    """A plan's samples, one way everywhere (``plan``, ``validate``, ``inspect``): the input's
+    samples (documents), those dropped, the pieces a split makes of them (one per sequence
+    trained on: a sample that fits is one piece), and the epochs; ``drawn``: the samples a
+    ``--mix`` drew (repeats included) from the input's ``samples``.
+
+    >>> t = {"documents_split": 2, "pieces": 7}
+    >>> samples_text(10, 0, 2, t)
+    '10 samples (15 pieces after splitting) x 2 epochs'
+    >>> samples_text(10, 3, 1, None), samples_text(10, 0, 1, None, drawn=4)
+    ('10 samples (3 dropped)', '4 samples drawn by --mix from 10')
+    """
+    extra = [f"{dropped:,} dropped"] if dropped else []
+    if drawn is not None:
+        return f"{drawn:,} samples drawn by --mix from {samples:,}" + "".join(
+            f" ({e})" for e in extra
+        )
+    if t and t.get("pieces"):
+        pieces = samples - dropped - int(t["documents_split"]) + int(t["pieces"])
+        extra.append(f"{pieces:,} pieces after splitting")
+    text = f"{samples:,} samples" + (f" ({', '.join(extra)})" if extra else "")
+    return text + (f" x {epochs} epochs" if epochs > 1 else "")
+
+
+def tokens_text(real: int, epochs: int, t: dict[str, Any] | None, mixed: bool = False) -> str:
+    """The tokens a plan trains on, with the epochs that multiply them (``t``: the token
+    figures, whose ``kept`` counts one epoch) or the ``--mix`` that drew them.
+
+    >>> tokens_text(20, 2, {"kept": 10, "total": 10}), tokens_text(9, 1, {"kept": 9})
+    ('20 tokens planned = 2 epochs x 10', '9 tokens')
+    >>> tokens_text(4, 1, {"kept": 10, "total": 12}, mixed=True)  # from the tokens kept
+    '4 tokens drawn by --mix from 10'
+    """
+    if mixed and t:
+        return f"{real:,} tokens drawn by --mix from {int(t['kept']):,}"
+    if epochs > 1 and t and real == epochs * int(t["kept"]):
+        return f"{real:,} tokens planned = {epochs} epochs x {int(t['kept']):,}"
+    return f"{real:,} tokens" + (f" over {epochs} epochs" if epochs > 1 else "")
+
+
+def plan_epochs(meta: dict[str, Any]) -> int:
+    """How many epochs a plan.json's plan runs (its config's; 1 for a replanned plan's part)."""
+    if "parent" in meta:
+        return 1
+    return int(meta.get("config", {}).get("epochs") or len(meta.get("epochs") or [0]))
+
+
+def shape_text(shape: list[int]) -> str:
+    """A micro-batch shape, rows × tokens per row.
+
+    >>> shape_text([1, 8192])
+    '1×8,192'
+    """
+    return f"{shape[0]:,}×{shape[1]:,}"
