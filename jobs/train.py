@@ -1,6 +1,7 @@
 """Example trainer: replay a varpack plan with DDP (torchrun; gloo on CPU, nccl on GPU).
 
     torchrun --standalone --nproc-per-node 2 jobs/train.py --plan PLAN --data TOKENS --out RUN
+    srun --ntasks 2 python jobs/train.py --plan PLAN --data TOKENS --out RUN   # Slurm
 
 What it shows, in the order a real trainer needs it:
 
@@ -21,6 +22,10 @@ What it shows, in the order a real trainer needs it:
 - ``--cp N`` replays a ``varpack plan --cp N`` plan as DP x CP (world = dp x N, CP groups of
   consecutive ranks): local samples whole on one CP rank, distributed ones as 2N-chunk shares
   with all-gathered K/V (``varpack.torch.cp``); the same loss normalisation over the whole world.
+- ``OUT/metrics.jsonl`` (rank 0): one JSON object per logged step, appended on ``--resume``;
+- launched by torchrun, or by ``srun`` alone (``SLURM_PROCID``/``SLURM_NTASKS``, see
+  ``varpack.torch.launch``); Ctrl-C or SIGTERM stops every rank after the same step, saves a
+  checkpoint and says so in one line; a user error is one line per job (``varpack.torch.job``).
 
 Attention (``--attention``, see ``varpack.torch.attention``): ``auto`` takes the fastest path that
 keeps packed samples apart for this layout and device: flash-attn's or torch's varlen kernel over
@@ -36,18 +41,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
-import os
-import sys
+import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from varpack.errors import ConfigError, InputError, VarpackError, env_int
+from varpack.errors import ConfigError, InputError
 from varpack.torch import (
     GroupTally,
     ParquetTokenDataset,
@@ -63,42 +67,28 @@ from varpack.torch import (
     resolve_backend,
     token_losses,
 )
-from varpack.torch.checkpoint import check_run, check_world, load_checkpoint, save_checkpoint
+from varpack.torch.checkpoint import check_run, check_world, load_checkpoint
+from varpack.torch.job import (
+    MetricsLog,
+    Parser,
+    StopRequest,
+    all_or_none,
+    checkpoint,
+    count,
+    cpu_group,
+    done_line,
+    leave,
+    log,
+    lr_lambda,
+    positive,
+    run_job,
+)
+from varpack.torch.launch import export_torch_env, launch_env
 from varpack.torch.model import PRESETS, TinyGPT, model_inputs, param_count_str
 
 
-def _count(low: int, high: int | None = None) -> Any:
-    """An argparse type: an integer in ``[low, high]`` (0 steps or -1 workers mean nothing)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is below {low}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"{value} is above {high}")
-        return value
-
-    return parse
-
-
-def _positive(text: str) -> float:
-    """An argparse type: a finite number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text} must be finite and above 0")
-    return value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", required=True, help="plan directory (varpack plan)")
     p.add_argument(
         "--data",
@@ -106,7 +96,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="token copy (varpack lengths --arrow-copy: *.arrow, memory-mapped; fast) or "
         "tokenized Parquet (sample_id + input_ids; slow random access)",
     )
-    p.add_argument("--out", required=True, help="run directory: checkpoint, logs, records")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="run directory: checkpoint.pt (model, optimizer, LR, loader cursor), metrics.jsonl "
+        "(one JSON line per logged step) and, with --record, record-rank-R.json",
+    )
     p.add_argument(
         "--column",
         default="auto",
@@ -119,17 +114,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     p.add_argument(
-        "--vocab-size", type=_count(1), default=None, help="override the preset's vocabulary"
+        "--vocab-size", type=count(1), default=None, help="override the preset's vocabulary"
     )
     p.add_argument(
-        "--lr", type=_positive, default=3e-4, help="base LR (scaled per step by the plan)"
+        "--lr", type=positive, default=3e-4, help="base LR (scaled per step by the plan)"
     )
-    p.add_argument("--warmup-steps", type=_count(0), default=10)
+    p.add_argument("--warmup-steps", type=count(0), default=10)
     p.add_argument(
-        "--max-steps", type=_count(1), default=None, help="stop after this many optimizer steps"
+        "--max-steps",
+        type=count(1),
+        default=None,
+        help="stop once this many optimizer steps are done in all (a resumed run counts the "
+        "steps before it)",
+    )
+    p.add_argument(
+        "--steps",
+        type=count(1),
+        default=None,
+        help="run this many more optimizer steps from where it starts (with --max-steps: "
+        "whichever comes first)",
     )
     p.add_argument("--collate", choices=["packed", "padded", "blocks"], default=None)
-    p.add_argument("--workers", type=_count(0), default=0, help="DataLoader workers")
+    p.add_argument("--workers", type=count(0), default=0, help="DataLoader workers")
     p.add_argument(
         "--attention",
         choices=["auto", "varlen", "flex", "flash", "mask", "causal"],
@@ -139,10 +145,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--compile", choices=["none", "static", "dynamic"], default="none")
     p.add_argument(
-        "--ckpt-every", type=_count(0), default=0, help="steps between checkpoints (0: at the end)"
+        "--ckpt-every", type=count(0), default=0, help="steps between checkpoints (0: at the end)"
     )
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--log-every", type=_count(1), default=1)
+    p.add_argument("--log-every", type=count(1), default=1)
     p.add_argument(
         "--log-by",
         default=None,
@@ -150,10 +156,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also log the mean loss per value of this carried column (varpack plan --carry COL)",
     )
     p.add_argument("--record", action="store_true", help="write OUT/record-rank-R.json (ids seen)")
-    p.add_argument("--seed", type=_count(0, 2**64 - 1), default=0, help="torch's seed (0..2^64-1)")
+    p.add_argument("--seed", type=count(0, 2**64 - 1), default=0, help="torch's seed (0..2^64-1)")
     p.add_argument(
         "--cp",
-        type=_count(1),
+        type=count(1),
         default=1,
         help="context-parallel ranks (a --cp plan; world = dp x cp): each CP rank computes its "
         "local samples and its share of distributed ones (varpack.torch.cp); 1 replays whole "
@@ -163,32 +169,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def setup_distributed() -> tuple[int, int, torch.device]:
-    world = env_int("WORLD_SIZE", 1, low=1)
+    """Join the job: torchrun's environment, or srun's alone (``varpack.torch.launch``)."""
+    env = launch_env()
+    export_torch_env(env)  # under srun: RANK, WORLD_SIZE, MASTER_ADDR/PORT for env://
     cuda = torch.cuda.is_available()
-    if world > 1 and not dist.is_initialized():
+    if env.world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
-    if cuda:
-        local = env_int("LOCAL_RANK", 0)
+    if cuda:  # srun --gpus-per-task=1 shows each task one device: index 0
+        local = env.local_rank % torch.cuda.device_count()
         torch.cuda.set_device(local)
-        return rank, world, torch.device("cuda", local)
-    return rank, world, torch.device("cpu")
+        return rank, env.world_size, torch.device("cuda", local)
+    return rank, env.world_size, torch.device("cpu")
 
 
-def lr_lambda(warmup: int, total: int) -> Any:
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.1 + 0.9 * 0.5 * (
-            1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup)))
-        )
-
-    return f
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    rank, world, device = setup_distributed()
+def prepare(args: Any, world: int, device: torch.device) -> SimpleNamespace:
+    """Everything before the first collective: options, plan, data, vocabulary, model, optimizer
+    and the resumed state. Run on every rank under ``all_or_none``: one failing rank stops all."""
     out = Path(args.out)
     if not args.resume and (out / "checkpoint.pt").exists():  # never train over a run's state
         raise ConfigError(f"{out} holds a run's checkpoint.pt: pass --resume to continue that "
@@ -196,18 +193,12 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-
     id_column = None if args.id_column.lower() == "none" else args.id_column
     dataset = ParquetTokenDataset(args.data, column=args.column, id_column=id_column)
-    check_world(args.plan, world // args.cp, out / "checkpoint.pt" if args.resume else None)
-    loader = PlanLoader(
-        args.plan,
-        dataset,
-        collate=args.collate,
-        num_workers=args.workers,
-        pin_memory=device.type == "cuda",
-        cp_size=args.cp,
-    )
+    ckpt = out / "checkpoint.pt"
+    check_world(args.plan, world // args.cp, ckpt if args.resume else None)
+    loader = PlanLoader(args.plan, dataset, collate=args.collate, num_workers=args.workers,
+                        pin_memory=device.type == "cuda", cp_size=args.cp)  # fmt: skip
     if args.cp > 1 and args.compile != "none":
         raise ConfigError("--cp runs eagerly here; drop --compile")
     if args.log_by and args.cp > 1:
@@ -219,24 +210,24 @@ def main(argv: list[str] | None = None) -> None:
             f"--log-by {args.log_by}: the plan carries no such column (carried: {have}); "
             f"plan with --carry {args.log_by}"
         )
-    tally = GroupTally()
-    cp_group = cp.cp_group(args.cp) if args.cp > 1 else None
+    resolved = (  # fails early, one line
+        "cp" if args.cp > 1 else resolve_backend(args.attention, device, dtype, loader.layout)
+    )
+    if resolved == "flex" and device.type != "cuda":
+        raise ConfigError(
+            "--attention flex trains on CUDA only (FlexAttention has no CPU backward)"
+        )
     cfg = PRESETS[args.preset]
     if args.vocab_size:
         cfg = type(cfg)(**{**cfg.__dict__, "vocab_size": args.vocab_size})
     # Before building anything: a token id >= the vocabulary would fail deep inside the model.
-    # Every rank checks its own samples, and all stop together (no rank left waiting in DDP).
-    all_or_none(
-        lambda: check_vocab(loader, cfg.vocab_size, "--vocab-size (or a larger --preset)"), device
-    )
+    check_vocab(loader, cfg.vocab_size, "--vocab-size (or a larger --preset)")
     raw = TinyGPT(cfg).to(device)
-    model: torch.nn.Module = raw
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, foreach=False)
+    optimizer = torch.optim.AdamW(raw.parameters(), lr=args.lr, weight_decay=0.0, foreach=False)
     base = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(args.warmup_steps, loader.num_steps)
     )
     scheduler = VariableBatchSizeLR(base, loader.lr_factors())
-    ckpt = out / "checkpoint.pt"
     step_done = 0
     if args.resume:
         if not ckpt.is_file():
@@ -257,22 +248,42 @@ def main(argv: list[str] | None = None) -> None:
                 "resume with the model options the run started with"
             ) from None
         step_done = state["steps_done"]
+    return SimpleNamespace(out=out, ckpt=ckpt, dtype=dtype, loader=loader, raw=raw,
+                           optimizer=optimizer, scheduler=scheduler, step_done=step_done,
+                           attention=resolved)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train; the exit code: 0, or 128 + the signal that stopped the run (saved by then)."""
+    args = parse_args(argv)
+    stop = StopRequest()  # Ctrl-C / SIGTERM: finish the step, save, one line
+    try:
+        return train(args, stop)
+    finally:
+        stop.restore()  # a caller's own handlers again (main() run in-process)
+
+
+def train(args: argparse.Namespace, stop: StopRequest) -> int:
+    rank, world, device = setup_distributed()
+    group = cpu_group()  # stop flags and error messages, off the GPU
+    job = all_or_none(lambda: prepare(args, world, device), group)
+    out, ckpt, dtype, loader, raw = job.out, job.ckpt, job.dtype, job.loader, job.raw
+    optimizer, scheduler, step_done = job.optimizer, job.scheduler, job.step_done
+    stop_at = min((s for s in (args.max_steps, args.steps and step_done + args.steps) if s),
+                  default=None)  # fmt: skip
+    if args.resume:
         cursor = loader.state_dict()
         log(rank, f"resumed at step {cursor['step']} of {loader.num_steps} (epoch {cursor['epoch']}); "
             f"{loader.steps} steps left in this pass")  # fmt: skip
+    tally = GroupTally()
+    cp_group = cp.cp_group(args.cp) if args.cp > 1 else None
+    model: torch.nn.Module = raw
     ddp: DDP | None = None
     if world > 1:
         model = ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     if args.compile != "none":
         model = torch.compile(model, dynamic=args.compile == "dynamic")  # type: ignore[assignment]
-    attention = args.attention
-    resolved = (  # fails early, one line
-        "cp" if args.cp > 1 else resolve_backend(attention, device, dtype, loader.layout)
-    )
-    if resolved == "flex" and device.type != "cuda":
-        raise ConfigError(
-            "--attention flex trains on CUDA only (FlexAttention has no CPU backward)"
-        )
+    attention, resolved = args.attention, job.attention
     # A compiled model must not specialise on the longest sample: give it the row length.
     max_seqlen = "batch" if args.compile == "none" else "row"
 
@@ -291,23 +302,24 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.compile == "static":
         t0 = time.perf_counter()
-        shapes = compile_warmup(
-            model,
-            loader,
-            loader.rank,
-            lambda s: dummy_batch(s, loader.layout).to(device),
-            micro_loss,
-        )
+        shapes = compile_warmup(model, loader, loader.rank,
+                                lambda s: dummy_batch(s, loader.layout).to(device), micro_loss)  # fmt: skip
         log(rank, f"compile warm-up: {len(shapes)} shapes in {time.perf_counter() - t0:.1f}s")
     graphs_warm = compiled_graphs()
 
     log(rank, f"model {args.preset} {param_count_str(raw.num_params())} params; plan {loader.num_steps} steps x "
         f"{loader.grad_accum} micro x dp {world // args.cp} x cp {args.cp}; layout {loader.layout}; attention {resolved}; device {device}")  # fmt: skip
+    metrics = MetricsLog(out / "metrics.jsonl", step_done if args.resume else None, rank == 0)
     seen: list[int] = []
     step_loss = torch.zeros((), device=device)
-    rank_tokens = win_tokens = tokens_total = rank_total = 0
+    rank_tokens = win_tokens = win_steps = tokens_total = rank_total = 0
+    saved_at = step_done if args.resume else -1  # the step the checkpoint on disk holds
     t_start = t_win = time.perf_counter()
-    for batch in loader:
+    signum = stop.agreed(group)  # a signal during the set-up: stop before the first step
+    reached = stop_at is not None and step_done >= stop_at
+    if reached:
+        log(rank, f"{step_done} steps done already (--max-steps {args.max_steps}): nothing to run")
+    for batch in [] if signum or reached else loader:
         batch = batch.to(device, non_blocking=True)
         # Gradients are all-reduced only on the step's last micro-batch (DDP no_sync before it).
         with (
@@ -330,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step_done += 1
+        win_steps += 1
         win_tokens += batch.step_tokens
         tokens_total += batch.step_tokens
         if step_done % args.log_every == 0 or batch.step == loader.num_steps - 1:
@@ -338,20 +351,31 @@ def main(argv: list[str] | None = None) -> None:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             now = time.perf_counter()
-            log(rank, f"step {batch.step:5d}  loss {float(step_loss) / world:.4f}  lr {lr_now:.2e} "
+            mean = float(step_loss) / world
+            log(rank, f"step {batch.step:5d}  loss {mean:.4f}  lr {lr_now:.2e} "
                 f"(x{batch.lr_factor:.3g})  step tokens {batch.step_tokens} (this rank {rank_tokens})  "
                 f"{win_tokens / (now - t_win):,.0f} tok/s")  # fmt: skip
+            record = {"step": step_done, "epoch": batch.epoch, "plan_step": batch.step,
+                      "loss": mean, "tokens": batch.step_tokens, "lr": lr_now,
+                      "step_time_s": (now - t_win) / win_steps}  # fmt: skip
             if args.log_by:  # every rank takes part in the gather; rank 0 logs
-                log(rank, f"step {batch.step:5d}  loss by {args.log_by}: "
-                    f"{tally.line(tally.flush())}")  # fmt: skip
-            win_tokens, t_win = 0, now
+                groups = tally.flush()
+                log(rank, f"step {batch.step:5d}  loss by {args.log_by}: {tally.line(groups)}")
+                record["loss_by"] = {str(k): s / max(n, 1) for k, (s, n) in sorted(groups.items())}
+            metrics.write(record)
+            win_tokens, win_steps, t_win = 0, 0, now
         step_loss.zero_()
         rank_tokens = 0
         if args.ckpt_every and step_done % args.ckpt_every == 0:
             checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done, run_options(args))
-        if args.max_steps is not None and step_done >= args.max_steps:
+            saved_at = step_done
+        signum = stop.agreed(group)  # every rank stops after the same step
+        if signum or (stop_at is not None and step_done >= stop_at):
             break
-    checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done, run_options(args))
+    fresh = step_done > saved_at  # a step since the last checkpoint (or none yet)
+    if fresh:
+        checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done, run_options(args))
+    metrics.close()
     if args.compile == "static":
         log(rank, f"recompiles after warm-up: {compiled_graphs() - graphs_warm}")
     elif args.compile == "dynamic":
@@ -359,92 +383,34 @@ def main(argv: list[str] | None = None) -> None:
     elapsed = time.perf_counter() - t_start
     log(rank, done_line(step_done, tokens_total, rank_total, world, elapsed, device))
     if args.record:
-        record = {
-            "rank": rank,
-            "steps_done": step_done,
-            "sample_ids": seen,
-            "cursor": loader.state_dict(),
-        }
+        record = {"rank": rank, "steps_done": step_done, "sample_ids": seen,
+                  "cursor": loader.state_dict()}  # fmt: skip
         (out / f"record-rank-{rank}.json").write_text(json.dumps(record))
+    if signum:
+        log(rank, interrupted_line(signum, loader, ckpt, fresh, fresh or saved_at >= 0))
+    code = 128 + signum if signum else 0
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-        _leave(0)
+        leave(code, True)  # now: freeing the DDP model at this frame's end can deadlock
+    return code
 
 
-def _leave(code: int) -> None:
-    """End a distributed run now: freeing a DDP model or a gloo group at interpreter teardown can
-    deadlock (gloo's worker thread waits for the GIL that the destructor joining it holds), and
-    everything the run writes is written and flushed by now."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+def interrupted_line(signum: int, loader: PlanLoader, ckpt: Path, fresh: bool, held: bool) -> str:
+    """What an interrupted run did with its state, and how to go on (rank 0 says it once)."""
+    name = signal.Signals(signum).name
+    if not held:
+        return f"interrupted ({name}) before the first step: nothing to save; start it again"
+    cursor = loader.state_dict()
+    where = f"step {cursor['step']} of {loader.num_steps} (epoch {cursor['epoch']})"
+    kept = f"saved {ckpt}" if fresh else f"{ckpt} already holds it"
+    return f"interrupted ({name}) at {where}: {kept}; resume with --resume"
 
 
-def run_options(args: argparse.Namespace) -> dict[str, Any]:
+def run_options(args: Any) -> dict[str, Any]:
     """The options a checkpoint must be resumed with (they shape the model or its updates)."""
     return {k: getattr(args, k) for k in ("preset", "vocab_size", "dtype")}
 
 
-def checkpoint(rank: int, path: Path, model: torch.nn.Module, opt: Any, lr: Any,
-               loader: PlanLoader, steps: int, run: dict[str, Any]) -> None:  # fmt: skip
-    if rank == 0:  # the loader cursor is rank-independent, so one copy serves every rank
-        state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "lr": lr.state_dict(),
-                 "loader": loader.state_dict(), "steps_done": steps, "run": run}  # fmt: skip
-        save_checkpoint(path, state)
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def all_or_none(check: Any, device: torch.device) -> None:
-    """Run ``check`` on every rank; if it raised a :class:`VarpackError` on any rank, raise on all
-    (the rank's own error, or one naming the rank that failed), so that none waits forever in
-    a collective the others never reach."""
-    error: VarpackError | None = None
-    try:
-        check()
-    except VarpackError as exc:
-        error = exc
-    if not dist.is_initialized():
-        if error is not None:
-            raise error
-        return
-    failed = torch.tensor(
-        [dist.get_world_size() if error is None else dist.get_rank()], device=device
-    )
-    dist.all_reduce(failed, op=dist.ReduceOp.MIN)  # the lowest failing rank, or world size
-    if error is not None:
-        raise error
-    if int(failed) < dist.get_world_size():
-        raise InputError(f"rank {int(failed)} stopped before training (its error line says why)")
-
-
-def done_line(
-    steps: int, tokens: int, rank_tokens: int, world: int, elapsed: float, device: torch.device
-) -> str:
-    """The final line: global tokens (all ranks, from the plan's step totals) and the per-rank
-    range (each rank's real tokens, gathered), so neither reads as the other."""
-    per = torch.tensor([rank_tokens, -rank_tokens], dtype=torch.int64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(per, op=dist.ReduceOp.MAX)  # [max, -min] over ranks
-    hi, lo = int(per[0]), -int(per[1])
-    spread = f"{lo:,}" if lo == hi else f"{lo:,} .. {hi:,}"
-    return (
-        f"done: {steps} steps in {elapsed:.1f}s; {tokens:,} tokens in all (global: every rank, "
-        f"{tokens / max(elapsed, 1e-9):,.0f} tok/s), {spread} per rank ({world} ranks)"
-    )
-
-
-def log(rank: int, msg: str) -> None:
-    if rank == 0:
-        print(f"[train] {msg}", flush=True)
-
-
 if __name__ == "__main__":
-    try:
-        main()
-    except VarpackError as exc:  # a user mistake: one line, exit 2 (as the varpack CLI does)
-        sys.stderr.write(f"varpack: error: {exc}\n")  # one write: ranks share the stream
-        if dist.is_initialized():
-            _leave(2)
-        sys.exit(2)
+    run_job(main)

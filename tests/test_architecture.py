@@ -29,6 +29,7 @@ ALLOWED = {
     "manifest": GROUND | {"metadata", "sort", "plan"},
     "torch": GROUND | {"metadata", "manifest"},
     "cli": GROUND | {"metadata", "sort", "plan", "manifest"},
+    "integrations": GROUND | {"metadata", "manifest", "torch"},
 }
 #: third-party packages a varpack package must not import (the plan is pure arrays)
 FORBIDDEN = {"plan": {"pyarrow", "polars", "torch", "mpi4py"}}
@@ -159,10 +160,10 @@ def test_layering(package: str) -> None:
 
 
 def test_every_declared_dependency_is_used() -> None:
-    """Each runtime dependency (and the torch / plot extras) is imported somewhere."""
+    """Each runtime dependency (and the torch / plot / mpi / hf extras) is imported somewhere."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = list(project["dependencies"])
-    for extra in ("torch", "plot", "mpi"):
+    for extra in ("torch", "plot", "mpi", "hf"):
         declared += project["optional-dependencies"].get(extra, [])
     used: set[str] = set()
     for path in [*modules(), *(ROOT / "jobs").glob("*.py")]:
@@ -184,7 +185,7 @@ def test_every_imported_package_is_declared() -> None:
     """
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = list(project["dependencies"])
-    for extra in ("torch", "plot", "mpi"):
+    for extra in ("torch", "plot", "mpi", "hf"):
         declared += project["optional-dependencies"].get(extra, [])
     names = {re.split(r"[<>=\[ ]", spec)[0].replace("-", "_") for spec in declared}
     undeclared = sorted(

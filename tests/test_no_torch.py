@@ -22,12 +22,13 @@ SCRIPT = textwrap.dedent(
     from varpack.cli import COMMANDS, main
 
     out = sys.argv[1]
-    # every module on disk outside varpack/torch imports (__main__ would run the CLI)
+    # every module on disk outside varpack/torch and varpack/integrations (torch's rooms) imports
+    # (__main__ would run the CLI)
     root = pathlib.Path(varpack.__file__).parent
     imported = []
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
-        if parts[0] in ("torch", "__main__"):
+        if parts[0] in ("torch", "integrations", "__main__"):
             continue
         name = ".".join(("varpack", *parts)).removesuffix(".__init__")
         importlib.import_module(name)

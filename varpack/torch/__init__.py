@@ -15,6 +15,10 @@ The only part of varpack that imports torch. The pieces:
   samples apart (varlen kernels, FlexAttention, SDPA), inputs built once per batch.
 - ``masks``: block-diagonal masks and FlexAttention block masks; ``model``: a small reference GPT;
   ``hf``: :func:`~varpack.torch.hf.hf_inputs` for Hugging Face ``transformers`` models.
+- ``launch``: rank, world size and local rank from torchrun or Slurm (``srun``), and the
+  rendezvous address under Slurm; ``job``: what ``jobs/train.py`` shares with any trainer (errors
+  agreed by all ranks, interruption at a step boundary, ``metrics.jsonl``, the exit);
+  ``torchrun``: ``python -m varpack.torch.torchrun``, torchrun that reports a failure in one line.
 """
 
 from varpack.torch.attention import AttentionMeta, attention_meta, packed_attention, resolve_backend

@@ -29,13 +29,14 @@ import pyarrow as pa
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from varpack.errors import ConfigError, InputError, VarpackError, env_int
+from varpack.errors import ConfigError, InputError, VarpackError
 from varpack.manifest.format import CARRY_PREFIX, Plan, load_plan
 from varpack.manifest.schema import FINGERPRINT_KEY
 from varpack.torch import cp as cp_mod
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
 from varpack.torch.dataset import fetch_flat
+from varpack.torch.launch import launch_env
 from varpack.torch.state import make_state, read_parent_state, read_state
 
 
@@ -64,7 +65,9 @@ def plan_layout(plan: Plan) -> str | None:
 
 
 def resolve_rank(rank: int | None, world_size: int | None, dp: int) -> tuple[int, int]:
-    """(rank, world size): explicit values, else ``torch.distributed``, else ``RANK``/``WORLD_SIZE``.
+    """(rank, world size): explicit values, else ``torch.distributed``, else the launcher's
+    environment (torchrun's ``RANK``/``WORLD_SIZE``, else Slurm's ``SLURM_PROCID``/``SLURM_NTASKS``:
+    :func:`varpack.torch.launch.launch_env`).
 
     An explicit ``rank`` without ``world_size`` means "read this rank of the plan" (one process
     may read any rank). Otherwise the world size must equal the plan's dp.
@@ -73,7 +76,7 @@ def resolve_rank(rank: int | None, world_size: int | None, dp: int) -> tuple[int
         if dist.is_available() and dist.is_initialized():
             rank, env_world = dist.get_rank(), dist.get_world_size()
         else:
-            rank, env_world = env_int("RANK", 0), env_int("WORLD_SIZE", 1, low=1)
+            rank, env_world = launch_env()[:2]
         world_size = env_world if world_size is None else world_size
     elif world_size is None:
         world_size = dp
