@@ -70,8 +70,7 @@ class LazyGroup(click.Group):
         except click.UsageError as exc:
             usage_error(exc)
         except OSError as exc:
-            what = f"{exc.filename}: " if exc.filename else ""
-            fail(f"{what}{exc.strerror or exc}; check the path and its permissions", 1)
+            fail(os_error_text(exc), 1)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.pop("standalone_mode", None)
@@ -107,9 +106,20 @@ def usage_error(exc: click.UsageError) -> None:
 
 def fail(message: str, code: int = 2) -> None:
     """Print one error line and exit (the single place that formats user errors)."""
-    one_line = " ".join(str(message).split("\n")).replace("\r", " ")
-    click.echo(f"varpack: error: {one_line}", err=True)
+    click.echo(error_line(message), err=True)
     sys.exit(code)
+
+
+def error_line(message: str) -> str:
+    """``varpack: error: <message>`` on one line."""
+    one_line = " ".join(str(message).split("\n")).replace("\r", " ")
+    return f"varpack: error: {one_line}"
+
+
+def os_error_text(exc: OSError) -> str:
+    """What an ``OSError`` naming a path says to the user."""
+    what = f"{exc.filename}: " if exc.filename else ""
+    return f"{what}{exc.strerror or exc}; check the path and its permissions"
 
 
 @click.group(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -23,7 +24,18 @@ import click
 @click.option("--overwrite", is_flag=True, help="Replace an existing --plot file.")
 def inspect(plan: str, as_json: bool, plot_file: str | None, overwrite: bool) -> None:
     """Show PLAN's samples and pieces, tokens, padding, balance, time vs ideal, mixing, LR factors
-    and shapes (checksums verified)."""
+    and shapes (checksums verified).
+
+    Under `mpiexec -n P python -m mpi4py -m varpack inspect PLAN` each rank verifies a
+    contiguous share of the rank files; rank 0 prints (and plots) the same as one process."""
+    from varpack.sort.agree import world
+
+    comm = world()
+    if comm is not None:
+        from varpack.cli.agreed import run_agreed
+
+        run_agreed(comm, lambda: _on_ranks(comm, plan, as_json, plot_file, overwrite))
+        return
     from varpack.manifest.inspect import describe, render
 
     if plot_file:  # an unsafe figure path fails before anything is printed
@@ -38,3 +50,32 @@ def inspect(plan: str, as_json: bool, plot_file: str | None, overwrite: bool) ->
         plot(plan, plot_file, overwrite)
         if not as_json:
             click.echo(f"plot written to {plot_file}")
+
+
+def _on_ranks(comm: Any, plan: str, as_json: bool, plot_file: str | None, overwrite: bool) -> int:
+    """``inspect`` on every rank of ``comm``: the files verified in shares; rank 0 prints and
+    plots. Every rank returns 0 (a failure is agreed and raised)."""
+    from varpack.manifest.inspect import describe, render
+    from varpack.manifest.opened import load_plan_ranks
+    from varpack.sort.agree import agree
+
+    def first() -> None:
+        if plot_file:  # an unsafe figure path fails before anything is printed
+            from varpack.manifest.plot import check_plot_output
+
+            check_plot_output(plan, plot_file, overwrite)
+
+    opened = load_plan_ranks(comm, plan, full=True, first=first)
+
+    def show() -> None:
+        info = describe(plan, opened)
+        click.echo(json.dumps(info, indent=2) if as_json else render(info))
+        if plot_file:
+            from varpack.manifest.plot import plot
+
+            plot(plan, plot_file, overwrite)
+            if not as_json:
+                click.echo(f"plot written to {plot_file}")
+
+    agree(comm, lambda: show() if opened is not None else None)
+    return 0

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import click
 
 from varpack.errors import VarpackError
@@ -57,6 +54,7 @@ def sort(
     `mpiexec -n P python -m mpi4py -m varpack sort ...` (or srun). OUTPUT is a directory of
     Parquet parts with _index.json, or with --single-file one binary file.
     """
+    from varpack.sort.agree import agreed_exit
     from varpack.sort.driver import SortFailed, sort_metadata
 
     try:
@@ -73,34 +71,9 @@ def sort(
     except SortFailed as exc:
         if str(exc):
             click.echo(f"varpack: error: {exc}", err=True)
-        _agreed_exit(exc.code)
+        agreed_exit(exc.code)
     except VarpackError as exc:
         if not getattr(exc, "agreed", False):
             raise  # not agreed by all ranks: the group's handler exits (mpi4py aborts the rest)
         click.echo(f"varpack: error: {exc}", err=True)
-        _agreed_exit(exc.exit_code)
-
-
-def _agreed_exit(code: int) -> None:
-    """Exit every rank with ``code`` after a failure all ranks agreed on.
-
-    Launchers do not carry a code through reliably when ranks exit one by one: mpiexec kills the
-    ranks still running when one exits non-zero, and the run may end with their SIGKILL status.
-    So every rank first prints its line and meets the others; then rank 0 ends the job with
-    ``Abort(code)``, whose status the launcher does pass on (MPI's own "Abort" banner is silenced:
-    the lines above say it all). In-process (tests, size 1) it is ``sys.exit``.
-    """
-    mpi = sys.modules.get("mpi4py.MPI")
-    launched = "mpi4py.run" in sys.modules or (mpi is not None and mpi.COMM_WORLD.Get_size() > 1)
-    if mpi is None or not launched or mpi.Is_finalized():
-        sys.exit(code)
-    comm = mpi.COMM_WORLD
-    sys.stdout.flush()
-    sys.stderr.flush()
-    comm.Barrier()  # every rank has printed its line
-    if comm.Get_rank() == 0:
-        from varpack.sort.job import abort_quietly
-
-        abort_quietly(comm, code)
-    comm.Barrier()  # never returns: rank 0's Abort ends this rank too
-    os._exit(code)
+        agreed_exit(exc.exit_code)

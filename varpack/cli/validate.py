@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
@@ -57,35 +56,100 @@ def validate(
     factor, and the stats in plan.json; with the metadata, every carried column's values
     (carry.COL) per sample id. A replanned plan (varpack replan) is checked with its parents:
     their steps before it and its own hold every sample exactly once per epoch.
-    """
-    from varpack.manifest.inspect import token_line
-    from varpack.manifest.validate import validate_plan
 
+    Under `mpiexec -n P python -m mpi4py -m varpack validate ...` each rank checks a contiguous
+    share of the rank files and the ranks combine the whole-plan checks; rank 0 prints the same
+    report as one process (--replay is refused there: it re-plans in one process).
+    """
     if replay and metadata is None:
         raise click.UsageError("--replay needs --metadata INPUT, the input the plan was made from")
-    reference = None
-    if metadata is not None:
-        from varpack.manifest.make import read_input
+    from varpack.sort.agree import world
 
-        reference = _selected(plan, read_input(metadata), metadata, carry_from)
-    carry_source = carry_from
-    if carry_source is None and metadata is not None:
-        from varpack.sort.output import is_sorted_output
+    comm = world()
+    if comm is not None:  # under mpiexec: each rank reads its share of the plan
+        from varpack.cli.agreed import run_agreed
 
-        carry_source = None if is_sorted_output(metadata) else metadata
+        run_agreed(comm, lambda: _on_ranks(comm, plan, metadata, replay, carry_from, parent))
+        return
+    from varpack.manifest.validate import validate_plan
+
+    reference = None if metadata is None else _reference(plan, metadata, carry_from)
     report = validate_plan(
         plan,
         reference,
         replay=replay,
-        carry_source=carry_source,
+        carry_source=_carry_source(metadata, carry_from),
         carry_required=carry_from is not None,
         parent=parent,
     )
+    code = _verdict(plan, report, replay)
+    if code:
+        from varpack.sort.agree import agreed_exit
+
+        agreed_exit(code)  # sys.exit, unless MPI was started for this one process
+
+
+def _on_ranks(
+    comm: Any,
+    plan: str,
+    metadata: str | None,
+    replay: bool,
+    carry_from: str | None,
+    parent: str | None,
+) -> int:
+    """``validate`` on every rank of ``comm``: rank 0 reads ``--metadata`` and prints the report;
+    every rank returns the exit code. ``--replay`` is refused: it plans the whole input again in
+    one process, as ``varpack plan`` does, which no share of ranks can split."""
+    from varpack.errors import ConfigError
+    from varpack.manifest.validate import Inputs
+    from varpack.manifest.validate.parallel import validate_ranks
+    from varpack.sort.agree import agree
+
+    def refuse() -> None:
+        raise ConfigError(
+            "--replay plans the whole input again in one process, as varpack plan does: run "
+            "varpack validate --replay without mpiexec (every other check runs under it)"
+        )
+
+    if replay:
+        agree(comm, refuse)
+
+    def inputs() -> Inputs:
+        reference = None if metadata is None else _reference(plan, metadata, carry_from)
+        source = _carry_source(metadata, carry_from)
+        return Inputs(reference, source, carry_from is not None, parent)
+
+    report = validate_ranks(comm, plan, inputs)
+    code = 0 if report is None else _verdict(plan, report, replay)
+    return int(comm.bcast(code, root=0))
+
+
+def _reference(plan: str, metadata: str, carry_from: str | None) -> tuple[Any, Any]:
+    """The input's (ids, lens), narrowed to the samples a ``--where`` plan selected."""
+    from varpack.manifest.make import read_input
+
+    return _selected(plan, read_input(metadata), metadata, carry_from)
+
+
+def _carry_source(metadata: str | None, carry_from: str | None) -> str | None:
+    """Where the carried values are checked against: ``--carry-from``, else ``--metadata``
+    when it is raw metadata (a sort output holds no carried columns)."""
+    if carry_from is not None or metadata is None:
+        return carry_from
+    from varpack.sort.output import is_sorted_output
+
+    return None if is_sorted_output(metadata) else metadata
+
+
+def _verdict(plan: str, report: Any, replay: bool) -> int:
+    """Print the violations (exit code 1) or the OK line (0)."""
+    from varpack.manifest.inspect import token_line
+
     if report.problems:
         for line in report.problems:
             click.echo(f"violation: {' '.join(line.split())}")
         click.echo(f"{plan}: {len(report.problems)} violation(s)", err=True)
-        sys.exit(1)
+        return 1
     from varpack.cli.plan import bound_text
 
     f = report.facts
@@ -107,6 +171,7 @@ def validate(
     from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 
     click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
+    return 0
 
 
 def _selected(

@@ -357,6 +357,15 @@ def load_plan(path: str | os.PathLike[str], verify: bool = False, full: bool = F
     """Open a plan directory; check format, version, plan.json's keys and types (``full``: also
     those inspect shows), and its fingerprint; with ``verify``, every rank file and its checksum
     too. Any problem is an :class:`InputError` of one line."""
+    plan = open_meta(path, full)
+    if verify:
+        for rank in range(plan.dp):
+            verify_rank_file(plan, rank)
+    return finish_plan(plan, verify)
+
+
+def open_meta(path: str | os.PathLike[str], full: bool = False) -> Plan:
+    """:func:`load_plan`'s first part: plan.json read, its keys and the rank file names checked."""
     meta = read_meta(path)
     where = Path(path)
     problems = meta_problems(meta, full=full)
@@ -371,18 +380,26 @@ def load_plan(path: str | os.PathLike[str], verify: bool = False, full: bool = F
         bad = name_problem(rank, entry["file"])
         if bad is not None:
             raise InputError(f"{where}: {bad}")
-    plan = Plan(Path(path), meta)
+    return Plan(Path(path), meta)
+
+
+def verify_rank_file(plan: Plan, rank: int) -> None:
+    """:func:`load_plan`'s check of one rank file (its first problem, an :class:`InputError`)."""
+    problems = plan.verify_rank(rank)
+    if problems:
+        raise InputError(problems[0] + "; re-run varpack plan")
+
+
+def finish_plan(plan: Plan, verify: bool) -> Plan:
+    """:func:`load_plan`'s last part, after the rank files (``verify``: they were checked, and
+    no undeclared one may lie beside them): plan.json's fingerprint and checksum."""
     if verify:
-        for rank in range(plan.dp):
-            problems = plan.verify_rank(rank)
-            if problems:
-                raise InputError(problems[0] + "; re-run varpack plan")
         extra = plan.undeclared_files()
         if extra:
             raise InputError(extra[0])
     # from plan.json alone, so cheap enough for every reader; after the files, so that a changed
     # manifest is named as such, and with verified files the config is the culprit
-    mismatch = fingerprint_problem(meta, manifests_ok=verify) or checksum_problem(meta)
+    mismatch = fingerprint_problem(plan.meta, manifests_ok=verify) or checksum_problem(plan.meta)
     if mismatch is not None:
-        raise InputError(f"{where}: {mismatch}")
+        raise InputError(f"{plan.path}: {mismatch}")
     return plan

@@ -27,9 +27,11 @@ from varpack.plan.figures.words import (
 )
 
 
-def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The plan's layout, config, input, stats and per-rank shape counts (JSON-ready)."""
-    plan = load_plan(path, verify=True, full=True)  # every key shown below checked first
+def describe(path: str | os.PathLike[str], plan: Plan | None = None) -> dict[str, Any]:
+    """The plan's layout, config, input, stats and per-rank shape counts (JSON-ready); ``plan``:
+    the plan at ``path``, opened and verified already (:mod:`.opened`, under MPI)."""
+    if plan is None:
+        plan = load_plan(path, verify=True, full=True)  # every key shown below checked first
     meta = plan.meta
     return {
         "plan": str(path),
@@ -204,7 +206,8 @@ def _largest_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(
             (
                 "largest shapes" if i == 0 else "",
-                f"{shape_text(sh['shape'])}: {sh['micro_batches']:,} micro-batches, "
+                f"{shape_text(sh['shape'])}: {sh['micro_batches']:,} micro-batch"
+                f"{'es' if sh['micro_batches'] != 1 else ''}, "
                 f"{sh['real_tokens']:,} real tokens, {pad}",
             )
         )

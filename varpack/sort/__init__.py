@@ -9,8 +9,9 @@ through :mod:`.exchange`. Also owns the output format (:mod:`.output`: Parquet p
 ``_index.json``, or one memory-mappable file) and the single-process sort (:mod:`.table`).
 
 May import: the ground floor (errors, atomic publication, fingerprints) and
-:mod:`varpack.metadata` (the input contract); mpi4py only in :mod:`.driver` and :mod:`.exchange`,
-and only when a sort runs. Nothing of :mod:`varpack.plan`, :mod:`varpack.manifest`,
+:mod:`varpack.metadata` (the input contract); mpi4py only in :mod:`.driver`, :mod:`.job`,
+:mod:`.exchange` and :mod:`.agree` (the agreement of ranks, shared with ``validate`` and
+``inspect`` under MPI), and only when a command runs on several ranks. Nothing of :mod:`varpack.plan`, :mod:`varpack.manifest`,
 :mod:`varpack.cli` or torch.
 
 Public API:

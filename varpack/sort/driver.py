@@ -22,8 +22,9 @@ a module of its own apart from the first:
 
 The phase modules take the :class:`Job` and call collectives on its communicator; the pure NumPy
 steps they use live in :mod:`.keys`, :mod:`.splitters`, :mod:`.bucket`, :mod:`.inputs` and
-:mod:`.output`, and bulk data moves only through :mod:`.exchange`. Only :mod:`.job` (the per-rank state and the agreement protocol), :func:`sort_metadata` (for
-``COMM_WORLD``) and :mod:`.exchange` import mpi4py.
+:mod:`.output`, and bulk data moves only through :mod:`.exchange`. Only :mod:`.job` (the per-rank state and the agreement protocol), :mod:`.agree` (its parts shared with
+``validate`` and ``inspect``), :func:`sort_metadata` (for ``COMM_WORLD``) and :mod:`.exchange`
+import mpi4py.
 
 A user error on any rank (:class:`~varpack.errors.VarpackError`) is printed by that rank as
 ``rank R: message``; all ranks then exit 2 and rank 0 deletes the temporary output. A bug inside

@@ -3,23 +3,24 @@
 :class:`Job` holds the communicator, the temporary output to clean and the phase timer;
 :meth:`Job.phase` runs a rank's local work and then agrees with every rank on whether any failed,
 so all ranks reach every collective or none does. The phase modules (:mod:`.load`, :mod:`.ids`,
-:mod:`.distribute`, :mod:`.write`) take a :class:`Job`; only the driver creates one.
+:mod:`.distribute`, :mod:`.write`) take a :class:`Job`; only the driver creates one. How a
+rank's work is caught, how ranks leave together and MPI's shared memory are
+:mod:`varpack.sort.agree`'s, shared with ``validate`` and ``inspect``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from varpack.atomic import drop_temp, remove_parents, write_error
 from varpack.errors import VarpackError
+from varpack.sort.agree import Bug, abort_quietly, caught, exit_code, unlink_shared_memory
+
+__all__ = ["Job", "SortFailed", "abort_quietly", "unlink_shared_memory"]
 
 T = TypeVar("T")
 
@@ -53,20 +54,16 @@ class Job:
 
     def phase(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on this rank, then agree with all ranks on whether any failed."""
-        code, message, result, user = 0, "", None, False
-        try:
-            result = fn()
-        except VarpackError as exc:
-            code, message, user = exc.exit_code, str(exc), True
-        except OSError as exc:  # the environment (disk full, read-only, permission): one line
-            err = write_error(self.out or exc.filename or "the output", exc)
-            code, message, user = err.exit_code, str(err), True
-        except Exception:
-            code, message = 1, traceback.format_exc().rstrip()
+        result, error = caught(fn, self._os_error)
+        code, message = (0, "") if error is None else (exit_code(error), str(error))
         codes = self.comm.allgather(code)
         if max(codes):
-            self.fail(code, message, codes, user)
+            self.fail(code, message, codes, user=not isinstance(error, Bug))
         return result  # type: ignore[return-value]
+
+    def _os_error(self, exc: OSError) -> VarpackError:
+        """The environment (disk full, read-only, permission): one line naming the output."""
+        return write_error(self.out or exc.filename or "the output", exc)
 
     def fail(self, code: int, message: str, codes: list[int], user: bool = False) -> None:
         """Every rank leaves the same way: the failing rank with its message, the others quietly
@@ -105,39 +102,3 @@ class Job:
         if not self.quiet:  # plain stderr: one unwrapped line per phase
             line = f"sort: {name:<9} {rows:>13,} rows {dt:6.2f} s {rate:7.1f} M rows/s {detail}"
             print(line, file=sys.stderr, flush=True)
-
-
-#: MPICH's intra-node segments, as this process maps them (``/proc/self/maps``)
-_SHM = re.compile(r"(/dev/shm/mpich_shm_\S+)$", re.MULTILINE)
-
-
-def unlink_shared_memory() -> list[str]:
-    """Unlink the names of the shared-memory segments MPI mapped at start-up; returns them.
-
-    The mappings stay valid, so MPI works on, but the segments now vanish with the last process
-    that maps them: a rank killed outright (SIGKILL, ``Abort``) can no longer leave them behind
-    in ``/dev/shm``, where MPICH itself only removes them at a clean ``Finalize``.
-    """
-    try:
-        with open("/proc/self/maps") as fh:
-            names = sorted(set(_SHM.findall(fh.read())))
-    except OSError:  # not Linux: nothing to do
-        return []
-    for name in names:
-        with contextlib.suppress(OSError):  # another local rank was first
-            os.unlink(name)
-    return names
-
-
-def abort_quietly(comm: Any, code: int) -> None:
-    """End every rank of ``comm`` with exit status ``code`` (the launcher passes it on).
-
-    The lines already printed are what the user should read: wait a moment so the launcher
-    forwards them, then silence MPI's own "Abort" banner.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    time.sleep(0.2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), sys.stderr.fileno())
-    comm.Abort(code)

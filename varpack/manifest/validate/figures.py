@@ -46,6 +46,33 @@ class AllRanks:
     offsets: np.ndarray | None = None  # per planned sample (--oversize split)
 
 
+@dataclass
+class Steps:
+    """Each step's global samples and tokens, and its LR factor, recomputed."""
+
+    samples: np.ndarray
+    tokens: np.ndarray
+    lr: np.ndarray
+
+
+def step_figures(step: np.ndarray, micro: Micro, num_steps: int, cfg: PlanConfig) -> Steps:
+    """Each step's samples and tokens summed over the micro-batches given (all of them, or one
+    rank's part: the parts' sums add up), and the LR factor of the totals."""
+    samples = step_sums(step, micro.samples, num_steps)
+    tokens = step_sums(step, micro.tokens, num_steps)
+    return Steps(samples, tokens, step_lr(samples, tokens, cfg))
+
+
+def step_sums(step: np.ndarray, values: np.ndarray, num_steps: int) -> np.ndarray:
+    """``values`` summed per step (integers)."""
+    return np.bincount(step, weights=values, minlength=num_steps).astype(np.int64)
+
+
+def step_lr(samples: np.ndarray, tokens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
+    """The LR factor of each step, from its global samples and tokens."""
+    return lr_factors(samples, tokens, cfg.lr_scaling, cfg.base_batch_size, cfg.base_unit)
+
+
 def combine(
     ranks: list[RankRows], micros: list[Micro], num_steps: int, cfg: PlanConfig
 ) -> AllRanks:
@@ -53,8 +80,7 @@ def combine(
     step = np.concatenate([rk.step for rk in ranks])
     rank_of = np.repeat(np.arange(cfg.dp), [len(rk.step) for rk in ranks])
     allm = Micro(*(np.concatenate([getattr(m, f) for m in micros]) for f in Micro._fields))
-    step_samples = np.bincount(step, weights=allm.samples, minlength=num_steps).astype(np.int64)
-    step_tokens = np.bincount(step, weights=allm.tokens, minlength=num_steps).astype(np.int64)
+    steps = step_figures(step, allm, num_steps, cfg)
     return AllRanks(
         step=step,
         rank_of=rank_of,
@@ -62,11 +88,9 @@ def combine(
         ids=np.concatenate([rk.ids for rk in ranks]),
         lens=np.concatenate([rk.lens for rk in ranks]),
         sample_step=np.concatenate([np.repeat(rk.step, np.diff(rk.offsets)) for rk in ranks]),
-        step_samples=step_samples,
-        step_tokens=step_tokens,
-        lr=lr_factors(
-            step_samples, step_tokens, cfg.lr_scaling, cfg.base_batch_size, cfg.base_unit
-        ),
+        step_samples=steps.samples,
+        step_tokens=steps.tokens,
+        lr=steps.lr,
         shapes=rank_shapes(rank_of, allm.rows, allm.pad_to, cfg.dp),
         num_steps=num_steps,
         offsets=None
@@ -75,13 +99,18 @@ def combine(
     )
 
 
-def check_step_columns(ranks: list[RankRows], whole: AllRanks, report: Report) -> None:
-    """Every row carries its step's global tokens, samples and LR factor."""
-    for r, rk in enumerate(ranks):
+def check_step_columns(
+    ranks: list[RankRows], steps: Steps | AllRanks, report: Report, first: int = 0
+) -> None:
+    """Every row carries its step's global tokens, samples and LR factor (``ranks``: the plan's
+    ranks from ``first`` on)."""
+    if isinstance(steps, AllRanks):
+        steps = Steps(steps.step_samples, steps.step_tokens, steps.lr)
+    for r, rk in enumerate(ranks, start=first):
         for col, want in (
-            ("step_tokens", whole.step_tokens),
-            ("step_samples", whole.step_samples),
-            ("lr_factor", whole.lr),
+            ("step_tokens", steps.tokens),
+            ("step_samples", steps.samples),
+            ("lr_factor", steps.lr),
         ):
             have = rk.table.column(col).to_numpy()
             bad = np.flatnonzero(have != want[rk.step])
