@@ -159,3 +159,18 @@ def test_errors_are_one_line_and_one_code_on_every_rank(root):
         "varpack: error: --replay plans the whole input again in one process, as varpack plan "
         "does: run varpack validate --replay without mpiexec (every other check runs under it)"
     ]
+
+
+def test_a_second_epoch_holding_extra_samples_is_reported_not_a_crash(root, tmp_path):
+    """Samples planned again in the second epoch's last rows: the moved figures (drawn over one
+    epoch's samples) are not recomputed, and coverage names the samples planned again."""
+    plan = tmp_path / "extra"
+    shutil.copytree(root / "shuffle2", plan)
+    r0, r3 = _rows(plan, 0), _rows(plan, 3)
+    for k in range(1, 8):
+        r3[-k]["sample_ids"].append(r0[k]["sample_ids"][0])
+        r3[-k]["seq_lens"].append(r0[k]["seq_lens"][0])
+    _rewrite(plan, 3, r3)
+    out = cli("validate", plan, expect=1)
+    assert "Traceback" not in out.stderr + out.stdout
+    assert "7 sample ids planned more than once" in out.stdout

@@ -146,6 +146,8 @@ def recompute_stats(
     """plan.json's stats, recomputed from the manifests with the planner's own function
     (``moved``: how far samples moved from their drawn permutation, for a shuffled plan that
     draws one)."""
+    eps = epochs or []
+    shuffled = cfg.order == "shuffle" and bool(eps)
     pad_rows = np.concatenate([rk.pad_rows for rk in ranks]) if cfg.uses_pad_rows else None
     warm = np.concatenate([rk.warmup for rk in ranks])
     return plan_figures(
@@ -164,10 +166,20 @@ def recompute_stats(
         lengths=lengths,
         shapes=whole.shapes,
         cfg=cfg,
-        rows=_input_rows(whole, epochs) if cfg.order == "shuffle" and epochs and moved else None,
+        rows=_input_rows(whole, eps) if shuffled and moved and _alike(whole, eps) else None,
         epochs=epochs,
-        row_lens=_row_lens(whole, epochs) if cfg.order == "shuffle" and epochs else None,
+        row_lens=_row_lens(whole, eps) if shuffled else None,
     )
+
+
+def _alike(whole: AllRanks, epochs: list[dict[str, int]]) -> bool:
+    """Whether every epoch plans as many samples as the first: the permutation a sample moved
+    from is drawn over one epoch's samples. A plan where they differ breaks coverage, which
+    reports it; its moved figures are not recomputed."""
+    starts = np.array([e["first_step"] for e in epochs], dtype=np.int64)
+    counts = np.bincount(np.searchsorted(starts, whole.sample_step, side="right") - 1,
+                         minlength=len(epochs))  # fmt: skip
+    return bool((counts == counts[0]).all())
 
 
 def _row_lens(whole: AllRanks, epochs: list[dict[str, int]]) -> np.ndarray:
