@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -187,6 +188,11 @@ def prepare(args: Any, world: int, device: torch.device) -> SimpleNamespace:
     """Everything before the first collective: options, plan, data, vocabulary, model, optimizer
     and the resumed state. Run on every rank under ``all_or_none``: one failing rank stops all."""
     out = Path(args.out)
+    for item in (args.plan, args.data):  # the run's files never go into an input
+        ri, ro = Path(os.path.realpath(item)), Path(os.path.realpath(out))
+        if ro == ri or ri in ro.parents:
+            raise ConfigError(f"--out {out} is or lies inside the input {item}; write the run "
+                              "elsewhere")  # fmt: skip
     if not args.resume and (out / "checkpoint.pt").exists():  # never train over a run's state
         raise ConfigError(f"{out} holds a run's checkpoint.pt: pass --resume to continue that "
                           "run, or give another --out")  # fmt: skip

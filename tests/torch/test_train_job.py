@@ -129,6 +129,17 @@ def test_a_user_error_is_one_line_per_job(data: Path) -> None:
     assert not (data / "bad" / "checkpoint.pt").exists()
 
 
+def test_the_run_never_writes_into_its_inputs(data: Path) -> None:
+    before = sorted(p.name for p in (data / "plan").iterdir())
+    for out in (data / "plan", data / "plan" / "run"):
+        run = subprocess.run([sys.executable, TRAIN, "--plan", data / "plan", "--data",
+                              data / "tok.parquet", "--out", out, "--max-steps", "1"],
+                             capture_output=True, text=True, env=_env(), timeout=300)  # fmt: skip
+        assert run.returncode == 2 and "lies inside the input" in run.stderr, run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert sorted(p.name for p in (data / "plan").iterdir()) == before
+
+
 def _interrupt(proc: subprocess.Popen[str]) -> str:
     """Ctrl-C to the launcher's process group once the first step is logged; all it printed."""
     assert proc.stdout is not None
