@@ -181,12 +181,69 @@ def plan(
     Metadata columns: --carry source adds a carry.source list column (one value per sample) that
     the torch reader hands to the trainer as batch.carry["source"].
     """
+    from varpack.sort.agree import world
+
+    comm = world()
+    given = (config_file, carry, carry_from, where, mix, source_column, sources, mix_unit,
+             mix_tolerance, total_tokens, total_samples, options)  # fmt: skip
+    if comm is not None:  # under mpiexec: each rank plans a share of the samples
+        from varpack.cli.agreed import run_agreed
+
+        run_agreed(comm, lambda: _on_ranks(comm, input, out, overwrite, quiet, given))
+        return
     from varpack.atomic import check_output
-    from varpack.errors import ConfigError
-    from varpack.manifest.make import CARRY_KEYS, input_paths, load_toml
+    from varpack.manifest.make import input_paths
     from varpack.manifest.make import plan as run_plan
 
     check_output(out, overwrite, input_paths(input))
+    names, source, where, source_column, blend, cfg = _settings(*given)
+    arrays, meta = run_plan(
+        input, out, cfg, overwrite=overwrite, carry=names, carry_from=source, where=where,
+        mix=blend, source_column=source_column, source_paths=_paths(sources),
+    )  # fmt: skip
+    _report(out, cfg, arrays, meta, quiet)
+
+
+def _report(out: str, cfg: PlanConfig, arrays: Any, meta: dict[str, Any], quiet: bool) -> None:
+    """What ``plan`` prints about a new plan: the mix, notes and the summary line."""
+    if "mix" in meta and not quiet:
+        click.echo(mix_line(meta["mix"]))
+    if "mix" in meta:
+        outside_line(meta["mix"])
+    shapes_note(out, cfg)
+    lr_note_line(arrays, cfg)
+    for note in arrays.notes:
+        click.echo(note, err=True)
+    if "selection" in meta and not quiet:
+        from varpack.metadata.where import Where
+
+        click.echo(Where(**_where_fields(meta["selection"])).line())
+    if not quiet:
+        from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
+
+        click.echo(summary_line(out, meta, cfg, arrays))
+        click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
+
+
+def _settings(
+    config_file: str | None,
+    carry: tuple[str, ...],
+    carry_from: str | None,
+    where: str | None,
+    mix: str | None,
+    source_column: str | None,
+    sources: tuple[str, ...],
+    mix_unit: str | None,
+    mix_tolerance: float | None,
+    total_tokens: int | None,
+    total_samples: int | None,
+    options: dict[str, Any],
+) -> tuple[list[str], str | None, str | None, str | None, Any, PlanConfig]:
+    """The flags merged over ``--config``: ``(carry names, carry source, where, source column,
+    blend, config)``."""
+    from varpack.errors import ConfigError
+    from varpack.manifest.make import CARRY_KEYS, load_toml
+
     values: dict[str, Any] = load_toml(config_file) if config_file else {}
     names = list(carry) or values.pop("carry", [])  # flags override the config file
     source = carry_from or values.pop("carry_from", None)
@@ -216,27 +273,33 @@ def plan(
         blend = Mix(parse_mix(mix), mix_unit, total, mix_tolerance)
     elif total_tokens is not None or total_samples is not None or mix_tolerance is not None:
         raise click.UsageError("--total-tokens, --total-samples and --mix-tolerance need --mix")
-    arrays, meta = run_plan(
-        input, out, cfg, overwrite=overwrite, carry=names, carry_from=source, where=where,
-        mix=blend, source_column=source_column, source_paths=_paths(sources),
-    )  # fmt: skip
-    if "mix" in meta and not quiet:
-        click.echo(mix_line(meta["mix"]))
-    if "mix" in meta:
-        outside_line(meta["mix"])
-    shapes_note(out, cfg)
-    lr_note_line(arrays, cfg)
-    for note in arrays.notes:
-        click.echo(note, err=True)
-    if "selection" in meta and not quiet:
-        from varpack.metadata.where import Where
+    return names, source, where, source_column, blend, cfg
 
-        click.echo(Where(**_where_fields(meta["selection"])).line())
-    if not quiet:
-        from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 
-        click.echo(summary_line(out, meta, cfg, arrays))
-        click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
+def _on_ranks(
+    comm: Any, input: str, out: str, overwrite: bool, quiet: bool, given: tuple[Any, ...]
+) -> int:
+    """``plan`` on every rank of ``comm`` (:mod:`varpack.manifest.mpi`); rank 0 prints the
+    summary. Returns the exit code (0)."""
+    from varpack.errors import ConfigError
+    from varpack.manifest.mpi import plan_ranks
+    from varpack.sort.agree import agree
+
+    def settings() -> tuple[list[str], str | None, PlanConfig]:
+        names, source, sql, column, blend, cfg = _settings(*given)
+        for value, flag in ((sql, "--where"), (blend, "--mix"), (column, "--source-column")):
+            if value:
+                raise ConfigError(
+                    f"{flag} is not planned across MPI ranks yet: run the same varpack plan "
+                    "without mpiexec (one process writes the same plan), or leave the option out"
+                )
+        return names, source, cfg
+
+    names, source, cfg = agree(comm, settings)
+    got = plan_ranks(comm, input, out, cfg, overwrite, names, source)
+    if got is not None:
+        _report(out, cfg, *got, quiet)
+    return 0
 
 
 #: more shapes per rank than this, unbounded, earn a note (a static compile builds a graph each)

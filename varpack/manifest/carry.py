@@ -230,6 +230,8 @@ def rows_of(keys: np.ndarray, queries: np.ndarray, order: np.ndarray | None = No
     >>> rows_of(np.array([10**12, 5]), np.array([5, 10**12, 3])).tolist()  # sparse: by sorting
     [1, 0, -1]
     """
+    if len(queries) == 0:
+        return np.zeros(0, dtype=np.int64)
     if 0 < len(keys) < 2**31 and keys.min() >= 0 and queries.min() >= 0:
         top = int(keys.max()) + 1
     else:

@@ -174,27 +174,44 @@ def write_plan(
         pool = ThreadPoolExecutor(max_workers=_WRITERS)
         try:
             for rank, table in enumerate(tables):
-                schema = manifest_schema(table.column_names, table_carry(table.schema))
-                if table.schema != schema:
-                    table = table.select(schema.names).cast(schema)
                 if len(pending) >= _WRITERS:
                     entries.append(pending.pop(0).result())
-                pending.append(pool.submit(_write_table, table, tmp / rank_file(rank)))
+                pending.append(pool.submit(write_rank_file, table, tmp / rank_file(rank)))
                 del table
             entries.extend(f.result() for f in pending)
         finally:
             _join(pool)
-        ranks = [
-            {"rank": rank, **entry, **(rank_extra[rank] if rank_extra is not None else {})}
-            for rank, entry in enumerate(entries)
-        ]
-        doc = {"format": FORMAT, "version": version_of(meta), **meta, "ranks": ranks}
-        doc.pop(CHECKSUM_KEY, None)  # a meta taken from another plan: its checksum goes last
-        doc[FINGERPRINT_KEY] = plan_fingerprint(doc)
-        text = _dump(doc)  # strict JSON first: the checksum is over what plan.json holds
-        doc[CHECKSUM_KEY] = plan_checksum(json.loads(text))
-        (tmp / PLAN_JSON).write_text(_dump(doc))
+        write_plan_json(tmp, meta, entries, rank_extra)
     return Path(out)
+
+
+def write_rank_file(table: pa.Table, path: Path) -> dict[str, Any]:
+    """Write one rank's manifest (its columns in the manifest's order and types); its entry in
+    plan.json (without rank and extras)."""
+    schema = manifest_schema(table.column_names, table_carry(table.schema))
+    if table.schema != schema:
+        table = table.select(schema.names).cast(schema)
+    return _write_table(table, path)
+
+
+def write_plan_json(
+    tmp: Path,
+    meta: dict[str, Any],
+    entries: Sequence[dict[str, Any]],
+    rank_extra: Sequence[dict[str, Any]] | None = None,
+) -> None:
+    """plan.json into the directory ``tmp``: ``meta``, the rank files' ``entries`` (with
+    ``rank_extra``), the fingerprint and the checksum."""
+    ranks = [
+        {"rank": rank, **entry, **(rank_extra[rank] if rank_extra is not None else {})}
+        for rank, entry in enumerate(entries)
+    ]
+    doc = {"format": FORMAT, "version": version_of(meta), **meta, "ranks": ranks}
+    doc.pop(CHECKSUM_KEY, None)  # a meta taken from another plan: its checksum goes last
+    doc[FINGERPRINT_KEY] = plan_fingerprint(doc)
+    text = _dump(doc)  # strict JSON first: the checksum is over what plan.json holds
+    doc[CHECKSUM_KEY] = plan_checksum(json.loads(text))
+    (tmp / PLAN_JSON).write_text(_dump(doc))
 
 
 def version_of(meta: dict[str, Any]) -> int:

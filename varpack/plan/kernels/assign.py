@@ -125,7 +125,8 @@ def balance_ranks(
     m = len(step)
     width = dp * k
     assert m % width == 0
-    if np.array_equal(step, steps_in_order(m, width)):  # the planner's case: steps in order
+    first = int(step[0]) if m else 0
+    if np.array_equal(step, steps_in_order(m, width) + first):  # the planner's: steps in order
         return _balance_in_order(np.ascontiguousarray(cost, dtype=np.float64), dp, k, 4 * dp)
     return balance_any_order(step, cost, dp, k)
 

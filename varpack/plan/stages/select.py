@@ -22,7 +22,7 @@ from varpack.plan.kernels.pack import oversize_mask
 from varpack.plan.kernels.split import split_units
 from varpack.plan.oversize import check_alone
 
-_SHOW_IDS = 5
+SHOW_IDS = 5  # samples an error names
 
 
 def select(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> Selection:
@@ -31,7 +31,7 @@ def select(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> Selection:
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     check_input(ids, lens)
     cfg = cfg.with_block_len(int(lens.max()))
-    over = lens > (cfg.split_len or 0) if cfg.oversize == "split" else _oversize(lens, cfg)
+    over = lens > (cfg.split_len or 0) if cfg.oversize == "split" else oversize(lens, cfg)
     if not over.any():
         chosen = Selection(cfg, ids, lens, np.zeros(len(ids), dtype=bool))
     else:
@@ -83,7 +83,7 @@ def _limit(cfg: PlanConfig) -> str:
     return "--block-len" if cfg.batching == "blocks" else "--max-tokens"
 
 
-def _oversize(lens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
+def oversize(lens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
     """Samples that fit no micro-batch even alone."""
     if cfg.batching == "blocks":
         return lens > (cfg.block_len or 0)
@@ -93,13 +93,18 @@ def _oversize(lens: np.ndarray, cfg: PlanConfig) -> np.ndarray:
 
 
 def _error(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig) -> Selection:
-    where = np.flatnonzero(over)
-    shown = ", ".join(f"{int(ids[i])} ({int(lens[i])} tokens)" for i in where[:_SHOW_IDS])
-    more = f" and {len(where) - _SHOW_IDS} more" if len(where) > _SHOW_IDS else ""
+    where = np.flatnonzero(over)[:SHOW_IDS]
+    raise oversize_error(int(over.sum()), ids[where], lens[where], cfg)
+
+
+def oversize_error(count: int, ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> ConfigError:
+    """The error of ``count`` samples that fit nowhere, naming the first ones (``ids``/``lens``)."""
+    shown = ", ".join(f"{int(i)} ({int(n)} tokens)" for i, n in zip(ids, lens, strict=True))
+    more = f" and {count - SHOW_IDS} more" if count > SHOW_IDS else ""
     limit = _limit(cfg)
     value = cfg.block_len if cfg.batching == "blocks" else cfg.max_tokens
-    raise ConfigError(
-        f"{len(where)} samples do not fit {limit} {value} even alone: sample_id {shown}{more}; "
+    return ConfigError(
+        f"{count} samples do not fit {limit} {value} even alone: sample_id {shown}{more}; "
         + ("pass --oversize split (pieces of the budget), " if cfg.batching != "blocks" else "")
         + f"raise {limit}, or pass --oversize drop (skip them)"
         + (" or --oversize alone (own micro-batch)" if cfg.batching != "blocks" else "")

@@ -1,0 +1,139 @@
+"""``varpack plan`` under ``mpiexec -n 1..4``: the one-process plan, byte for byte.
+
+Random inputs (sizes and length shapes the planner was not tuned on) and random option sets are
+planned in one process (in-process, as the CLI runs it) and under mpiexec; the plan directories
+must hold the same files with the same bytes, and rank 0 must print the same summary. A failure
+must be the one-process line, once, with its exit code and nothing left behind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from testkit import cli, mpiexec, write_shards
+
+pytestmark = pytest.mark.mpi
+
+
+def _lengths(rng: np.random.Generator, n: int, shape: str, budget: int) -> np.ndarray:
+    """Lengths of one of several shapes: long-SFT tail, bimodal, uniform, many ties."""
+    if shape == "tail":  # log-normal body, 0.1 % near the budget (some above it)
+        body = np.exp(rng.normal(5.5, 1.0, n)).astype(np.int64) + 1
+        near = rng.random(n) < 0.001
+        return np.where(near, rng.integers(budget // 2, budget + budget // 8, n), body)
+    if shape == "bimodal":
+        short = rng.integers(16, budget // 8, n)
+        long = rng.integers(budget // 2, budget + budget // 16, n)
+        return np.where(rng.random(n) < 0.6, short, long)
+    if shape == "ties":  # few distinct lengths: ties broken by id everywhere
+        return rng.choice(np.array([7, 64, 65, 300, budget - 1]), n)
+    return rng.integers(1, budget, n)
+
+
+def _options(rng: np.random.Generator, budget: int) -> list[object]:
+    """A random option set of those plan shares over ranks."""
+    args: list[object] = ["--dp", int(rng.integers(1, 9)), "--grad-accum", int(rng.integers(1, 5))]
+    if rng.random() < 0.2:
+        args += ["--batching", "fixed", "--batch-size", int(rng.integers(1, 24))]
+    else:
+        args += ["--max-tokens", budget, "--oversize", str(rng.choice(["drop", "alone"]))]
+        args += ["--max-alone-tokens", 4 * budget]
+    if rng.random() < 0.4:
+        args += ["--layout", "padded", "--pad-multiple", int(rng.choice([1, 8, 64]))]
+    cost = str(rng.choice(["tokens", "padded", "flops"]))
+    args += ["--cost", cost] + (["--model-preset", "qwen2.5-0.5b"] if cost == "flops" else [])
+    args += ["--shuffle-window", int(rng.integers(1, 5)), "--epochs", int(rng.integers(1, 4))]
+    args += ["--warmup", str(rng.choice(["list", "none"]))]
+    if rng.random() < 0.5:
+        args += ["--lr-scaling", "sqrt", "--base-batch-size", float(rng.integers(4, 64))]
+    if rng.random() < 0.5:
+        args += ["--carry", "source"]
+    return args
+
+
+def _files(plan: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(plan.iterdir())}
+
+
+def _case(tmp: Path, seed: int) -> tuple[Path, list[object]]:
+    """Metadata of a random size and shape, its sort output and a random option set."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.choice([40, 700, 3000, 9000]))
+    budget = int(rng.choice([2048, 8192]))
+    shape = str(rng.choice(["tail", "bimodal", "uniform", "ties"]))
+    ids = rng.permutation(5 * n)[:n]
+    lens = _lengths(rng, n, shape, budget)
+    source = rng.choice(np.array(["web", "code", "books"]), n)
+    meta = tmp / "meta"
+    write_shards(meta, ids, lens, [n // 3, 0, n - n // 3], source=source)
+    cli("sort", meta, tmp / "sorted", "-q")
+    args = _options(rng, budget)
+    if "--carry" in args:
+        args += ["--carry-from", meta]
+    return tmp / "sorted", args
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_plans_are_the_one_process_plan(tmp_path: Path, seed: int) -> None:
+    sorted_out, args = _case(tmp_path, seed)
+    one = cli("plan", sorted_out, tmp_path / "one", *args, expect=None)
+    for ranks in sorted({1 + seed % 4, 4 - seed % 3}):
+        out = tmp_path / f"ranks{ranks}"
+        got = mpiexec(ranks, "plan", sorted_out, out, *args, check=False)
+        assert got.returncode == one.exit_code, (args, got.stderr, one.output)
+        if one.exit_code:  # the same refusal: one line, nothing written
+            assert got.stderr.strip() == one.output.strip()
+            assert not out.exists()
+            continue
+        assert _files(out) == _files(tmp_path / "one"), (ranks, args)
+        assert got.stdout.replace(str(out), "OUT") == one.stdout.replace(
+            str(tmp_path / "one"), "OUT"
+        )
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_more_ranks_than_steps(tmp_path: Path) -> None:
+    """Ranks that end up holding no step write their share of nothing: still the same plan."""
+    rng = np.random.default_rng(3)
+    ids = np.arange(30)
+    write_shards(tmp_path / "meta", ids, rng.integers(1, 500, 30), [30])
+    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
+    args = ["--max-tokens", 1024, "--dp", 2, "--epochs", 2, "-q"]
+    cli("plan", tmp_path / "sorted", tmp_path / "one", *args)
+    mpiexec(4, "plan", tmp_path / "sorted", tmp_path / "four", *args)
+    assert _files(tmp_path / "four") == _files(tmp_path / "one")
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--max-tokens", 512], "samples do not fit --max-tokens 512 even alone"),
+        (["--max-tokens", 4096, "--dp", 5000], "cannot fill one step"),
+        (["--max-tokens", 4096, "--order", "shuffle"], "--order shuffle is not planned across"),
+    ],
+)
+def test_failures_are_agreed(tmp_path: Path, args: list[object], line: str) -> None:
+    """Every rank stops; one line (the one process's, where it fails too), one exit code;
+    nothing is left."""
+    rng = np.random.default_rng(5)
+    write_shards(tmp_path / "meta", np.arange(2000), rng.integers(1, 3000, 2000), [2000])
+    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
+    one = cli("plan", tmp_path / "sorted", tmp_path / "one", *args, expect=None)
+    got = mpiexec(3, "plan", tmp_path / "sorted", tmp_path / "out", *args, check=False)
+    assert got.returncode == 2 and got.stdout == ""
+    assert got.stderr.count("\n") == 1 and line in got.stderr
+    if one.exit_code:
+        assert got.stderr.strip() == one.output.strip()
+    leftovers = {"meta", "sorted"} | ({"one"} if one.exit_code == 0 else set())
+    assert {p.name for p in tmp_path.iterdir()} == leftovers
+
+
+def test_raw_metadata_is_refused_under_mpi(tmp_path: Path) -> None:
+    write_shards(tmp_path / "meta", np.arange(100), np.full(100, 10), [100])
+    got = mpiexec(2, "plan", tmp_path / "meta", tmp_path / "out", "--max-tokens", 64,
+                  check=False)  # fmt: skip
+    assert got.returncode == 2 and got.stderr.count("\n") == 1
+    assert "run varpack sort first" in got.stderr and not (tmp_path / "out").exists()

@@ -1,0 +1,156 @@
+"""``varpack plan`` under MPI: P ranks, each holding about 1/P of the samples, write the plan one
+process writes, byte for byte.
+
+``mpiexec -n P python -m mpi4py -m varpack plan SORTED OUT ...`` runs :func:`plan_ranks` on every
+rank:
+
+1. **read** (:mod:`.read`): rank ``k`` reads rows ``N*k/P .. N*(k+1)/P`` of the sort output;
+2. **select** (:mod:`.select`): its rows checked and selected, the decisions that need the whole
+   input taken from gathered summaries;
+3. **order and pack** (:mod:`.curriculum`): the packing relayed from rank to rank, the count
+   completed by the last rank, whole steps moved to the rank holding their first micro-batch
+   (:mod:`.moves`);
+4. **stages 3-6** (:mod:`.local`): shapes, ranks, warm-up list and LR factors of its own steps;
+5. **write** (:mod:`.write`): every rank file written by one rank from the parts all ranks send;
+   rank 0 scores the plan from compact columns (:mod:`.figures`), writes plan.json and publishes
+   the directory.
+
+Every local step runs inside an agreement (:func:`varpack.sort.agree.agree`): a failure on any
+rank is one line (the one process's) and one exit code on all, and the temporary output is
+removed. Options whose stage needs the whole input are refused first (:mod:`.support`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from varpack.atomic import (
+    check_output,
+    drop_temp,
+    make_parents,
+    new_temp,
+    publish,
+    remove_parents,
+    temp_sibling,
+)
+from varpack.errors import Interrupted
+from varpack.manifest.format import write_plan_json
+from varpack.manifest.mpi.curriculum import curriculum_epoch
+from varpack.manifest.mpi.figures import input_share, plan_json_meta, whole_plan
+from varpack.manifest.mpi.local import local_plan
+from varpack.manifest.mpi.read import num_rows, read_run, share
+from varpack.manifest.mpi.select import select_share
+from varpack.manifest.mpi.support import check_supported
+from varpack.manifest.mpi.write import write_rank_files
+from varpack.plan import PlanArrays, PlanConfig
+from varpack.sort.agree import Agreed, abort_quietly, agree
+
+
+def plan_ranks(
+    comm: Any,
+    input: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    cfg: PlanConfig,
+    overwrite: bool = False,
+    carry: Sequence[str] = (),
+    carry_from: str | os.PathLike[str] | None = None,
+) -> tuple[PlanArrays, dict[str, Any]] | None:
+    """Plan ``input`` (a sort output) into ``out`` on every rank of ``comm``; rank 0 gets
+    ``(arrays, meta)`` as :func:`varpack.manifest.make.plan` returns them (its arrays hold the
+    per-step columns and the figures, not the sample ids), the other ranks ``None``."""
+    state: dict[str, Any] = {"tmp": None, "made": []}
+    try:
+        return _run(comm, state, input, out, cfg, overwrite, carry, carry_from)
+    except Agreed:
+        _clean(comm, state)
+        raise
+    except Interrupted as exc:
+        _clean(comm, state, any_rank=True)
+        if comm.Get_rank() != 0:
+            time.sleep(0.5)  # rank 0, if the launcher signalled it too, speaks for all
+        print(f"varpack: error: {exc} (rank {comm.Get_rank()}); the partial output was removed",
+              file=sys.stderr, flush=True)  # fmt: skip
+        abort_quietly(comm, exc.exit_code)
+        raise
+
+
+def _clean(comm: Any, state: dict[str, Any], any_rank: bool = False) -> None:
+    if (comm.Get_rank() == 0 or any_rank) and state["tmp"] is not None:
+        drop_temp(state["tmp"])
+        remove_parents(state["made"])
+    state["tmp"] = None
+
+
+def _run(
+    comm: Any,
+    state: dict[str, Any],
+    input: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    cfg: PlanConfig,
+    overwrite: bool,
+    carry: Sequence[str],
+    carry_from: str | os.PathLike[str] | None,
+) -> tuple[PlanArrays, dict[str, Any]] | None:
+    from varpack.manifest.carry import check_names, join, read_carry_source
+    from varpack.manifest.make import carry_source, input_paths
+
+    rank = comm.Get_rank()
+    cfg = cfg.resolved()
+
+    def prepare() -> tuple[str, str | None]:
+        check_supported(cfg, input, where=False, mix=False)
+        names = check_names(carry)
+        source = carry_source(input, names, None if carry_from is None else str(carry_from))
+        if rank != 0:
+            return "", source
+        inputs = input_paths(input) + (input_paths(carry_from) if carry_from else [])
+        check_output(out, overwrite, inputs)
+        token = uuid.uuid4().hex[:12]
+        state["made"] = make_parents(Path(out))
+        state["tmp"] = new_temp(out, token, directory=True)
+        return token, source
+
+    token, source = agree(comm, prepare)
+    token = comm.bcast(token, root=0)
+    tmp = state["tmp"] = temp_sibling(out, token) if rank else state["tmp"]
+    names = tuple(carry)
+    carried_from = agree(comm, lambda: None if source is None else read_carry_source(source, names))
+    total = agree(comm, lambda: num_rows(input))
+    a, b = share(total, rank, comm.Get_size())
+    ids, lens = agree(comm, lambda: read_run(input, a, b, verify=True))
+    info = input_share(comm, ids, lens, str(input))
+    rows, cfg, dropped, notes = select_share(comm, ids, lens, cfg)
+    del ids, lens
+    rows, off, first, count = curriculum_epoch(comm, rows, cfg)
+    local = agree(comm, lambda: local_plan(rows, off, first, count, cfg, notes))
+    carried = None
+    if carried_from is not None:
+        assert source is not None
+        carried = agree(comm, lambda: join(local.ids, *carried_from, source))
+    entries = write_rank_files(comm, local, carried, tmp)
+    whole = whole_plan(comm, local, dropped)
+
+    def finish() -> dict[str, Any] | None:
+        if whole is None:
+            return None
+        meta, extra = plan_json_meta(whole, info)
+        if carried is not None:
+            assert source is not None
+            meta["carry"] = carried.entry(source)
+        assert entries is not None
+        write_plan_json(tmp, meta, entries, extra)
+        publish(tmp, out, overwrite)
+        state["tmp"] = None
+        return meta
+
+    meta = agree(comm, finish)
+    state["tmp"] = None
+    if whole is None or meta is None:
+        return None
+    return whole, meta

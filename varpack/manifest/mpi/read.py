@@ -1,0 +1,85 @@
+"""Each rank's share of a ``varpack sort`` output: a contiguous run of its rows, read alone.
+
+Ranks take equal runs of the global order (rank ``k``: rows ``N*k/P`` to ``N*(k+1)/P``). A parts
+output is read part by part, only the parts a run overlaps (each checked against its sha256 by
+the ranks that read it); a single-file output is memory-mapped and its records' sha256 checked
+by rank 0 alone (one pass over the file, no memory).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from varpack.errors import InputError
+from varpack.fingerprint import sha256_file
+from varpack.sort import output
+
+
+def num_rows(path: str | os.PathLike[str]) -> int:
+    """Rows of a sort output (from its index or header)."""
+    p = Path(path)
+    if p.is_file():
+        return int(output.read_header(p)["num_rows"])
+    return sum(int(part["rows"]) for part in output.load_index(p)["parts"])
+
+
+def share(total: int, rank: int, size: int) -> tuple[int, int]:
+    """Rank ``rank``'s run of ``total`` rows.
+
+    >>> [share(10, r, 3) for r in range(3)]
+    [(0, 3), (3, 6), (6, 10)]
+    """
+    return total * rank // size, total * (rank + 1) // size
+
+
+def read_run(
+    path: str | os.PathLike[str], start: int, stop: int, verify: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(sample_ids, seq_lens)`` int64 of rows ``start:stop`` of a sort output."""
+    p = Path(path)
+    if p.is_file():
+        records = output.read_single_file(p, verify=False)
+        if verify:
+            doc = output.read_header(p)
+            if sha256_file(p, skip=output.HEADER_BYTES) != doc["sha256"]:
+                raise InputError(
+                    f"{p}: the records' sha256 does not match the header; the file was "
+                    "modified or damaged after the sort: sort the metadata again"
+                )
+        run = records[start:stop]
+        return _int64(run["sample_id"]), _int64(run["seq_len"])
+    return _read_parts(p, start, stop)
+
+
+def _int64(a: np.ndarray) -> np.ndarray:
+    return np.array(a, dtype=np.int64)
+
+
+def _read_parts(p: Path, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    import pyarrow.parquet as pq
+
+    index = output.load_index(p)
+    ids, lens = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    at = 0
+    for part in index["parts"]:
+        a, b = at, at + int(part["rows"])
+        at = b
+        if b <= start or a >= stop or a == b:
+            continue
+        f = p / part["file"]
+        if sha256_file(f) != part["sha256"]:
+            raise InputError(
+                f"{f}: sha256 does not match {output.INDEX}; the output was modified, sort the "
+                "metadata again"
+            )
+        table = pq.read_table(f, columns=["sample_id", "seq_len"])
+        if table.num_rows != b - a:
+            raise InputError(f"{f}: {table.num_rows} rows, {output.INDEX} says {b - a}")
+        lo, hi = max(start, a) - a, min(stop, b) - a
+        piece = table.slice(lo, hi - lo)
+        ids.append(_int64(piece.column("sample_id").to_numpy()))
+        lens.append(_int64(piece.column("seq_len").to_numpy()))
+    return np.concatenate(ids), np.concatenate(lens)

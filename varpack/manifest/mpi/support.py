@@ -1,0 +1,51 @@
+"""What ``plan`` under MPI plans, and the one line that refuses the rest.
+
+The ranks plan curriculum orders with greedy batching (budget or fixed, packed or padded, any
+``--dp``/``--grad-accum``/``--epochs``, ``--oversize error/drop/alone``, ``--cost`` levelling,
+``--warmup list``, ``--lr-scaling``, ``--carry``) and write the one-process plan byte for byte.
+An option whose stage needs the whole input at once is refused under P > 1 before any work: the
+same command without ``mpiexec`` plans it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from varpack.errors import ConfigError
+from varpack.plan import PlanConfig
+from varpack.sort.output import is_sorted_output
+
+
+def refusal(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bool) -> str | None:
+    """The option ``plan`` cannot yet share over ranks (``None``: every one can)."""
+    if not is_sorted_output(input):
+        return (
+            f"{input} is raw metadata: under mpiexec each rank reads a share of a sorted input; "
+            "run varpack sort first (it runs under mpiexec too) and plan its output"
+        )
+    options = [
+        (cfg.order == "shuffle", "--order shuffle"),
+        (cfg.batching == "blocks", "--batching blocks"),
+        (cfg.pp > 1, "--pp"),
+        (cfg.cp > 1, "--cp"),
+        (cfg.max_shapes is not None, "--max-shapes"),
+        (cfg.pack_to is not None, "--pack-to"),
+        (cfg.oversize == "split", "--oversize split"),
+        (cfg.warmup == "reorder", "--warmup reorder"),
+        (where, "--where"),
+        (mix, "--mix"),
+    ]
+    for hit, name in options:
+        if hit:
+            return (
+                f"{name} is not planned across MPI ranks yet: run the same varpack plan without "
+                "mpiexec (one process writes the same plan), or leave the option out"
+            )
+    return None
+
+
+def check_supported(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bool) -> None:
+    """Raise :class:`ConfigError` with :func:`refusal`'s line, if any."""
+    line = refusal(cfg, input, where, mix)
+    if line is not None:
+        raise ConfigError(line)

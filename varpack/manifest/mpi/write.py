@@ -1,0 +1,78 @@
+"""The rank files under MPI: each written by one rank, from the parts every rank planned.
+
+Rank file ``r`` (data-parallel rank ``r``) belongs to MPI rank ``r % P``. Every rank builds its
+part of each rank file (its steps' rows, :func:`varpack.manifest.tables.plan_tables`), one file
+at a time, and sends it to the file's owner as Arrow IPC; the owner lays the parts out in the
+global step order (epoch by epoch, ranks in order) and writes the file with the one-process
+writer, in parallel with the other owners. No rank holds more than its own files; rank 0
+gathers their checksums for plan.json.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from varpack.manifest.format import rank_file, write_rank_file
+from varpack.manifest.tables import plan_tables
+from varpack.plan import PlanArrays
+from varpack.sort.agree import agree
+
+if TYPE_CHECKING:
+    from varpack.manifest.carry import Carried
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _read_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def _by_epoch(table: pa.Table, epochs: list[dict[str, int]]) -> list[bytes]:
+    """A rank's part of a rank file cut at the epochs' first steps (rows are in step order)."""
+    step = table.column("step").to_numpy()
+    cuts = np.searchsorted(step, [e["first_step"] for e in epochs[1:]], side="left")
+    bounds = [0, *cuts.tolist(), len(step)]
+    return [_ipc(table.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def write_rank_files(
+    comm: Any, p: PlanArrays, carried: Carried | None, tmp: Path
+) -> list[dict[str, Any]] | None:
+    """Write every rank file into ``tmp``; returns their plan.json entries on rank 0 (None
+    elsewhere)."""
+    size = comm.Get_size()
+    held: dict[int, list[list[bytes]]] = {}
+    for r, table in enumerate(plan_tables(p, carried)):
+        parts = agree(comm, partial(_by_epoch, table, p.epochs))
+        del table
+        got = comm.gather(parts, root=r % size)
+        if got is not None:
+            held[r] = got
+
+    def write() -> dict[int, dict[str, Any]]:
+        entries = {}
+        for r in sorted(held):
+            got = held.pop(r)
+            tables = [_read_ipc(part[e]) for e in range(len(p.epochs)) for part in got]
+            del got
+            table = pa.concat_tables(tables).combine_chunks()
+            del tables
+            entries[r] = write_rank_file(table, tmp / rank_file(r))
+        return entries
+
+    mine = agree(comm, write)
+    every = comm.gather(mine, root=0)
+    if every is None:
+        return None
+    merged = {r: e for part in every for r, e in part.items()}
+    return [merged[r] for r in range(p.cfg.dp)]
