@@ -38,8 +38,10 @@ def _options(rng: np.random.Generator, budget: int) -> list[object]:
     if rng.random() < 0.2:
         args += ["--batching", "fixed", "--batch-size", int(rng.integers(1, 24))]
     else:
-        args += ["--max-tokens", budget, "--oversize", str(rng.choice(["drop", "alone"]))]
-        args += ["--max-alone-tokens", 4 * budget]
+        oversize = str(rng.choice(["drop", "alone", "split"]))
+        args += ["--max-tokens", budget, "--oversize", oversize, "--max-alone-tokens", 4 * budget]
+        if oversize == "split" and rng.random() < 0.5:  # pieces shorter than the budget
+            args += ["--split-len", int(rng.integers(budget // 16, budget))]
     if rng.random() < 0.4:
         args += ["--layout", "padded", "--pad-multiple", int(rng.choice([1, 8, 64]))]
     cost = str(rng.choice(["tokens", "padded", "flops"]))
@@ -75,7 +77,7 @@ def _case(tmp: Path, seed: int) -> tuple[Path, list[object]]:
     return tmp / "sorted", args
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(16))
 def test_plans_are_the_one_process_plan(tmp_path: Path, seed: int) -> None:
     sorted_out, args = _case(tmp_path, seed)
     one = cli("plan", sorted_out, tmp_path / "one", *args, expect=None)

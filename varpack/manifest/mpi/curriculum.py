@@ -40,7 +40,7 @@ def curriculum_epoch(comm: Any, rows: Rows, cfg: PlanConfig) -> tuple[Rows, np.n
     rule = cfg.pack_rule()
 
     def pack_rows(r: Rows) -> np.ndarray:
-        return pack(r["lens"], np.array([0, count(r)]), r["alone"], rule)[1]
+        return pack(r["lens"], np.array([0, count(r)]), r["alone"], rule, 0, r.get("group"))[1]
 
     rows, off = relay_pack(comm, rows, pack_rows)
     rows, off = _complete(comm, rows, off, cfg)

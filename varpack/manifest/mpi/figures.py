@@ -54,16 +54,17 @@ def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanA
         }
         for s in epoch_slices(p)
     ]
-    got = comm.gather((mine, p.lens, p.oversize_alone), root=0)
+    got = comm.gather((mine, p.lens, p.oversize_alone, p.group), root=0)
     sums = [comm.reduce(a, root=0) for a in (p.step_tokens, p.step_samples)]
     if got is None:
         return None
-    order = [part[e] for e in range(len(p.epochs)) for part, _, _ in got]
+    order = [part[0][e] for e in range(len(p.epochs)) for part in got]
 
     def column(name: str) -> np.ndarray:
         return np.concatenate([o[name] for o in order])
 
-    lens = np.concatenate([lens for _, lens, _ in got])
+    lens = np.concatenate([part[1] for part in got])
+    group = None if p.group is None else np.concatenate([part[3] for part in got])
     cfg = p.cfg
     step = column("step")
     return PlanArrays(
@@ -81,7 +82,8 @@ def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanA
         lr=lr_factors(sums[1], sums[0], cfg.lr_scaling, cfg.base_batch_size, cfg.base_unit),
         epochs=p.epochs,
         dropped=dropped,
-        oversize_alone=[i for _, _, alone in got for i in alone],
+        oversize_alone=[i for part in got for i in part[2]],
+        group=group,
         stream_lens=np.tile(lens, len(p.epochs)),
         notes=p.notes,
     )

@@ -62,6 +62,8 @@ def local_plan(
         epochs=epochs,
         oversize_alone=[int(i) for i in rows["ids"][rows["alone"]]],
         stream_lens=np.tile(lens, cfg.epochs),
+        sample_offsets=rows.get("offsets"),
+        group=rows.get("group"),
         notes=notes,
     )
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from varpack.manifest.mpi.moves import Rows
+from varpack.manifest.mpi.split import split_share
 from varpack.plan import PlanConfig
 from varpack.plan.oversize import check_alone
 from varpack.plan.stages.select import (
@@ -55,6 +56,12 @@ def select_share(
         dropped = [d for part in comm.gather(mine, root=0) or [] for d in part]
         ids, lens = ids[~over], lens[~over]
         alone = alone[~over]
+    elif count and cfg.oversize == "split":
+        assert cfg.split_len is not None
+        rows = split_share(comm, {"ids": ids, "lens": lens, "alone": alone}, cfg.split_len)
+        kept = comm.allreduce(len(rows["ids"]))
+        agree(comm, lambda: check_fills_step(kept, cfg))
+        return rows, cfg, dropped, notes
     elif count and cfg.oversize == "alone":
         both = comm.allgather((ids[over], lens[over]))
         lone_ids = np.concatenate([i for i, _ in both])

@@ -1,7 +1,7 @@
 """What ``plan`` under MPI plans, and the one line that refuses the rest.
 
 The ranks plan curriculum orders with greedy batching (budget or fixed, packed or padded, any
-``--dp``/``--grad-accum``/``--epochs``, ``--oversize error/drop/alone``, ``--cost`` levelling,
+``--dp``/``--grad-accum``/``--epochs``, ``--oversize``, ``--cost`` levelling,
 ``--warmup list``, ``--lr-scaling``, ``--carry``) and write the one-process plan byte for byte.
 An option whose stage needs the whole input at once is refused under P > 1 before any work: the
 same command without ``mpiexec`` plans it.
@@ -30,7 +30,6 @@ def refusal(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bo
         (cfg.cp > 1, "--cp"),
         (cfg.max_shapes is not None, "--max-shapes"),
         (cfg.pack_to is not None, "--pack-to"),
-        (cfg.oversize == "split", "--oversize split"),
         (cfg.warmup == "reorder", "--warmup reorder"),
         (where, "--where"),
         (mix, "--mix"),
