@@ -1,6 +1,6 @@
 """Benchmark of `varpack plan`: throughput (1M/10M/100M samples) and plan quality vs peers.
 
-    python tests/benchmarks/bench_plan.py [--quick] [--only throughput|quality|balance|shapes|mix|where]
+    python tests/benchmarks/bench_plan.py [--quick] [--only throughput|quality|balance|shapes|mix|where|scale]
 
 (a) Throughput: synthetic long-tail lengths (pre-sorted, as `varpack sort` delivers them), planned
     and written (dp 8, grad-accum 4, 16K budget, flops cost of Qwen2.5-0.5B). Each size runs in its
@@ -526,8 +526,9 @@ def blocks_video(n_speed: int) -> None:
 
 def _blend_bench(which: str, quick: bool) -> None:
     """``--only mix``: a 3-source blend of 30 M samples against the same plan without a mix
-    (bench_mix.py); ``--only where``: ``--where`` over 64 shards of 30 M rows (bench_where.py)."""
-    script = Path(__file__).with_name(f"bench_{which}.py")
+    (bench_mix.py); ``--only where``: ``--where`` over 64 shards of 30 M rows (bench_where.py);
+    ``--only scale``: time and peak memory per rank under MPI (bench_plan_scale.py)."""
+    script = Path(__file__).with_name(f"bench_{'plan_scale' if which == 'scale' else which}.py")
     subprocess.run([sys.executable, str(script), *(["--quick"] if quick else [])], check=True)
 
 
@@ -536,13 +537,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--child", nargs=2)
     ap.add_argument(
-        "--only", choices=["throughput", "quality", "balance", "shapes", "mix", "where"]
+        "--only", choices=["throughput", "quality", "balance", "shapes", "mix", "where", "scale"]
     )
     args = ap.parse_args()
     if args.child:
         _throughput_child(int(args.child[0]), args.child[1])
         return
-    if args.only in ("mix", "where"):  # bench_mix.py / bench_where.py (also run on their own)
+    if args.only in ("mix", "where", "scale"):  # bench_{mix,where,plan_scale}.py, also on their own
         _blend_bench(args.only, args.quick)
         return
     run = {args.only} if args.only else {"throughput", "quality", "balance", "shapes"}

@@ -47,7 +47,7 @@ def _options(rng: np.random.Generator, budget: int) -> list[object]:
     cost = str(rng.choice(["tokens", "padded", "flops"]))
     args += ["--cost", cost] + (["--model-preset", "qwen2.5-0.5b"] if cost == "flops" else [])
     args += ["--shuffle-window", int(rng.integers(1, 5)), "--epochs", int(rng.integers(1, 4))]
-    args += ["--warmup", str(rng.choice(["list", "none"]))]
+    args += ["--warmup", str(rng.choice(["list", "none", "reorder"]))]
     if rng.random() < 0.5:
         args += ["--lr-scaling", "sqrt", "--base-batch-size", float(rng.integers(4, 64))]
     if rng.random() < 0.5:
@@ -115,6 +115,7 @@ def test_more_ranks_than_steps(tmp_path: Path) -> None:
         (["--max-tokens", 512], "samples do not fit --max-tokens 512 even alone"),
         (["--max-tokens", 4096, "--dp", 5000], "cannot fill one step"),
         (["--max-tokens", 4096, "--order", "shuffle"], "--order shuffle is not planned across"),
+        (["--max-tokens", 4096, "--cp", 2, "--bucket-size", 4096], "--cp is not planned across"),
     ],
 )
 def test_failures_are_agreed(tmp_path: Path, args: list[object], line: str) -> None:

@@ -47,6 +47,7 @@ from varpack.manifest.mpi.local import local_plan
 from varpack.manifest.mpi.read import num_rows, read_run, share
 from varpack.manifest.mpi.select import select_share
 from varpack.manifest.mpi.support import check_supported
+from varpack.manifest.mpi.warmup import global_totals, reorder_ranks
 from varpack.manifest.mpi.write import write_rank_files
 from varpack.plan import PlanArrays, PlanConfig
 from varpack.sort.agree import Agreed, abort_quietly, agree
@@ -129,6 +130,9 @@ def _run(
     del ids, lens
     rows, off, first, count = curriculum_epoch(comm, rows, cfg)
     local = agree(comm, lambda: local_plan(rows, off, first, count, cfg, notes))
+    if cfg.warmup == "reorder":
+        reorder_ranks(comm, local)
+    global_totals(comm, local)
     carried = None
     if carried_from is not None:
         assert source is not None

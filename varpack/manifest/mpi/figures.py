@@ -4,8 +4,9 @@ The stats are :func:`varpack.plan.figures.plan_json.plan_meta`'s, computed by th
 on the same values in the same order as one process, so they match to the last bit: each rank
 sends its micro-batches' figures (step, rank, shape, cost) epoch by epoch, rank 0 lays them out
 epoch-major in rank order (the one process's order), takes the kept samples' lengths (the
-curriculum stream is the input order) and sums the per-step columns (each step lives on one
-rank; the LR factors follow from them). The input's count, tokens and fingerprint are summed over the ranks' shares.
+curriculum stream is the input order); the per-step columns every rank holds whole
+(:func:`.warmup.global_totals`). The input's count, tokens and fingerprint are summed over the
+ranks' shares.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from varpack.manifest.mpi.local import epoch_slices
 from varpack.plan import PlanArrays
 from varpack.plan.figures.plan_json import plan_meta
 from varpack.plan.kernels.micro import Micro
-from varpack.plan.lr import lr_factors
 
 _PIECE = 1 << 20  # samples per piece of the input fingerprint (as one process)
 
@@ -46,7 +46,7 @@ def input_share(comm: Any, ids: np.ndarray, lens: np.ndarray, source: str) -> di
 def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanArrays | None:
     """On rank 0, the plan's arrays that plan.json's stats read (no sample ids); ``None``
     elsewhere."""
-    per_micro = ("step", "rank", "micro_index")
+    per_micro = ("step", "rank", "micro_index") + (() if p.warmup is None else ("warmup",))
     mine = [
         {
             **{k: getattr(p, k)[s] for k in per_micro},
@@ -55,7 +55,6 @@ def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanA
         for s in epoch_slices(p)
     ]
     got = comm.gather((mine, p.lens, p.oversize_alone, p.group), root=0)
-    sums = [comm.reduce(a, root=0) for a in (p.step_tokens, p.step_samples)]
     if got is None:
         return None
     order = [part[0][e] for e in range(len(p.epochs)) for part in got]
@@ -65,7 +64,6 @@ def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanA
 
     lens = np.concatenate([part[1] for part in got])
     group = None if p.group is None else np.concatenate([part[3] for part in got])
-    cfg = p.cfg
     step = column("step")
     return PlanArrays(
         cfg=p.cfg,
@@ -77,9 +75,10 @@ def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanA
         step=step,
         rank=column("rank"),
         micro_index=column("micro_index"),
-        step_tokens=sums[0],
-        step_samples=sums[1],
-        lr=lr_factors(sums[1], sums[0], cfg.lr_scaling, cfg.base_batch_size, cfg.base_unit),
+        step_tokens=p.step_tokens,
+        step_samples=p.step_samples,
+        lr=p.lr,
+        warmup=None if p.warmup is None else column("warmup"),
         epochs=p.epochs,
         dropped=dropped,
         oversize_alone=[i for part in got for i in part[2]],

@@ -1,4 +1,4 @@
-"""Stages 3 to 6 on one rank's whole steps: shapes, ranks, warm-up list and LR factors.
+"""Stages 3, 4 and 6 on one rank's whole steps: shapes, ranks and LR factors.
 
 Once a rank holds whole steps of every epoch, the later stages need nothing else: a micro-batch's
 shape is its own, a step's ranks are balanced within the step and rotated by an offset drawn from
@@ -19,7 +19,6 @@ from varpack.plan.kernels.micro import Micro
 from varpack.plan.lr import lr_factors, step_totals
 from varpack.plan.stages.placement import assign
 from varpack.plan.stages.shaping import shape
-from varpack.plan.stages.warmup import warm_up
 
 
 def local_plan(
@@ -36,7 +35,7 @@ def local_plan(
         step = (first + np.arange(nm, dtype=np.int64)) // per + e * spe
         batches = Batches(np.arange(n, dtype=np.int64), off, step, epochs, stream_lens=lens)
         shaped = shape(batches, lens, cfg, None)
-        placed = warm_up(assign(batches, shaped, cfg), cfg)
+        placed = assign(batches, shaped, cfg)  # the warm-up reorder spans ranks: .warmup
         micros.append(placed.micro)
         ranks.append(placed.rank)
         steps.append(placed.step)

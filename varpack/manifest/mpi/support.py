@@ -30,7 +30,6 @@ def refusal(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bo
         (cfg.cp > 1, "--cp"),
         (cfg.max_shapes is not None, "--max-shapes"),
         (cfg.pack_to is not None, "--pack-to"),
-        (cfg.warmup == "reorder", "--warmup reorder"),
         (where, "--where"),
         (mix, "--mix"),
     ]

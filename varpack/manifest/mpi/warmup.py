@@ -1,0 +1,77 @@
+"""``--warmup reorder`` under MPI: every rank's first micro-batch of each shape moved to its front.
+
+One process permutes each data-parallel rank's micro-batches (:func:`varpack.plan.stages.warmup.
+warmup_order`): the first micro-batch of every distinct shape goes to the front, largest shape
+first, the others follow in plan order. Here each MPI rank finds the first micro-batch of each
+(data-parallel rank, shape) among its own steps; the ranks gather those few candidates and keep
+the earliest, so all know which micro-batches lead; each then renumbers its own micro-batches: a
+leader takes its slot, any other moves back by the leaders that came from behind it. Micro-
+batches change steps but not MPI ranks: the rank files' owners sort their rows by step
+(:mod:`.write`), and each step's totals are summed over the ranks (:func:`global_totals`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from varpack.plan import PlanArrays
+from varpack.plan.lr import lr_factors, step_totals
+
+
+def reorder_ranks(comm: Any, p: PlanArrays) -> None:
+    """Renumber ``p``'s micro-batches (step, micro index) and flag the warm-up prefix, in place."""
+    k, dp = p.cfg.grad_accum, p.cfg.dp
+    pos = p.step * k + p.micro_index  # position in its data-parallel rank's order
+    rows, pad_to = p.micro.rows.astype(np.int64), p.micro.pad_to.astype(np.int64)
+    first = np.lexsort((pos, pad_to, rows, p.rank))
+    head = np.ones(len(first), dtype=bool)
+    key = np.stack((p.rank[first], rows[first], pad_to[first]))
+    head[1:] = (key[:, 1:] != key[:, :-1]).any(axis=0)
+    mine = np.stack((p.rank[first][head], rows[first][head], pad_to[first][head], pos[first][head]))
+    every = np.concatenate(comm.allgather(mine), axis=1)
+    # earliest per (rank, shape): sorted by position, the first of each key wins
+    o = np.lexsort((every[3], every[2], every[1], every[0]))
+    every = every[:, o]
+    lead = np.ones(every.shape[1], dtype=bool)
+    lead[1:] = (every[:3, 1:] != every[:3, :-1]).any(axis=0)
+    r, srows, spad, spos = every[:, lead]
+    # slots: each rank's leaders, largest shape first (tokens, then padded length)
+    o = np.lexsort((-spad, -(srows * spad), r))
+    r, spos = r[o], spos[o]
+    start = np.searchsorted(r, np.arange(dp + 1))
+    slot = np.arange(len(r)) - start[r]
+    count = np.diff(start)
+    # leaders by (rank, position) to find each micro-batch's own and those before it
+    span = int(pos.max()) + 1 if len(pos) else 1
+    span = max(span, int(spos.max()) + 1 if len(spos) else 1)
+    span = int(comm.allreduce(span, op=_max(comm)))
+    lkey = r * span + spos
+    order = np.argsort(lkey)
+    lkey, lslot = lkey[order], slot[order]
+    q = p.rank * span + pos
+    at = np.searchsorted(lkey, q)
+    is_lead = (at < len(lkey)) & (lkey[np.minimum(at, len(lkey) - 1)] == q)
+    before = at - start[p.rank]  # leaders of this rank at earlier positions
+    new = np.where(is_lead, lslot[np.minimum(at, len(lkey) - 1)], pos + count[p.rank] - before)
+    p.step, p.micro_index = new // k, new % k
+    p.warmup = new < count[p.rank]
+
+
+def _max(comm: Any) -> Any:
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def global_totals(comm: Any, p: PlanArrays) -> None:
+    """Each step's samples and tokens summed over every rank's micro-batches, and the LR
+    factors from them, in place (every rank gets the whole plan's per-step columns)."""
+    cfg = p.cfg
+    samples, tokens = step_totals(p.step, p.micro.samples, p.micro.tokens, p.num_steps)
+    p.step_samples = comm.allreduce(samples)
+    p.step_tokens = comm.allreduce(tokens)
+    p.lr = lr_factors(
+        p.step_samples, p.step_tokens, cfg.lr_scaling, cfg.base_batch_size, cfg.base_unit
+    )
