@@ -6,12 +6,12 @@ long-SFT-like lengths (a lognormal body, median 300 tokens, sigma 1, clipped to 
 permutation of [0, 2N), its first N values), records in (seq_len, sample_id) order, generated
 in chunks of whole length groups so the generator holds a few million rows at a time.
 
-Each input is planned with the same options (budget 16384, dp 8, grad-accum 4, curriculum): in
-one process (``python -m varpack plan``) and under ``mpiexec -n P python -m mpi4py -m varpack
-plan`` for each P. Every process runs through a small wrapper whose ``atexit`` handler writes
-its own peak RSS (``ru_maxrss``) to a file named after its MPI rank. Every MPI plan must be byte
-for byte the one-process plan (each file's sha256 compared). A first round at 100 K samples
-fills the numba cache and measures the fixed cost (interpreter, imports, MPI) of each run.
+Each input is planned with the same options (budget 16384, dp 8, grad-accum 4, curriculum) in
+one process (``python -m varpack plan``) and by ``mpiexec -n P python -m mpi4py -m varpack plan``
+for each P, every process through a wrapper whose ``atexit`` handler writes its peak RSS
+(``ru_maxrss``) to a file named after its MPI rank. Each MPI plan must be the one-process plan
+byte for byte (every file's sha256). A first round at 100 K samples warms the numba cache and
+measures each run's fixed cost (interpreter, imports, MPI).
 
 Prints per size: wall time, its ratio to one process and to P=1, peak RSS of rank 0 and the
 largest of the other ranks, the largest rank's peak over the one-process peak, whether the plan
@@ -149,11 +149,6 @@ class Run:
         return max(self.peaks.values())
 
 
-def _mpiexec() -> str:
-    local = Path(sys.executable).with_name("mpiexec")
-    return str(local) if local.exists() else (shutil.which("mpiexec") or "mpiexec")
-
-
 def run_plan(src: Path, out: Path, ranks: int | None, work: Path) -> Run:
     """``varpack plan`` in one process (``ranks`` None) or under ``mpiexec -n ranks``."""
     res = work / "rss"
@@ -161,7 +156,9 @@ def run_plan(src: Path, out: Path, ranks: int | None, work: Path) -> Run:
     res.mkdir()
     args = ["varpack", "plan", str(src), str(out), *PLAN_ARGS]
     wrap = [sys.executable, "-c", WRAPPER, str(res)]
-    mpi = [] if ranks is None else [_mpiexec(), "-n", str(ranks)]
+    mpiexec = Path(sys.executable).with_name("mpiexec")  # the venv's, else the one on PATH
+    mpiexec = mpiexec if mpiexec.exists() else Path(shutil.which("mpiexec") or "mpiexec")
+    mpi = [] if ranks is None else [str(mpiexec), "-n", str(ranks)]
     cmd = [*wrap, *args] if ranks is None else [*mpi, *wrap, "mpi4py", "-m", *args]
     root = str(Path(__file__).resolve().parents[2])  # the checkout's varpack, from any cwd
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))

@@ -27,8 +27,11 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from varpack.atomic import (
     check_output,
@@ -81,6 +84,13 @@ def plan_ranks(
         raise
 
 
+def _drop_streams(p: PlanArrays) -> None:
+    """Free a rank's per-sample stream columns once its rank files are written."""
+    empty = np.zeros(0, np.int64)
+    p.stream = p.offsets = p.ids = empty
+    p.stream_lens = p.sample_offsets = None
+
+
 def _clean(comm: Any, state: dict[str, Any], any_rank: bool = False) -> None:
     if (comm.Get_rank() == 0 or any_rank) and state["tmp"] is not None:
         drop_temp(state["tmp"])
@@ -129,24 +139,28 @@ def _run(
     rows, cfg, dropped, notes = select_share(comm, ids, lens, cfg)
     del ids, lens
     rows, off, first, count = curriculum_epoch(comm, rows, cfg)
-    local = agree(comm, lambda: local_plan(rows, off, first, count, cfg, notes))
+    local = agree(comm, partial(local_plan, rows, off, first, count, cfg, notes))
+    del rows, off
     if cfg.warmup == "reorder":
         reorder_ranks(comm, local)
     global_totals(comm, local)
     carried = None
     if carried_from is not None:
         assert source is not None
-        carried = agree(comm, lambda: join(local.ids, *carried_from, source))
+        carried = agree(comm, partial(join, local.ids, *carried_from, source))
+    entry = None if carried is None or source is None else carried.entry(source)
     entries = write_rank_files(comm, local, carried, tmp)
+    del carried_from
+    _drop_streams(local)  # rank 0's stats need the micro-batches' figures and lengths only
     whole = whole_plan(comm, local, dropped)
+    del local
 
     def finish() -> dict[str, Any] | None:
         if whole is None:
             return None
         meta, extra = plan_json_meta(whole, info)
-        if carried is not None:
-            assert source is not None
-            meta["carry"] = carried.entry(source)
+        if entry is not None:
+            meta["carry"] = entry
         assert entries is not None
         write_plan_json(tmp, meta, entries, extra)
         publish(tmp, out, overwrite)
