@@ -45,7 +45,7 @@ from varpack.atomic import (
 from varpack.errors import Interrupted
 from varpack.manifest.format import write_plan_json
 from varpack.manifest.mpi.curriculum import curriculum_epoch
-from varpack.manifest.mpi.figures import input_share, plan_json_meta, whole_plan
+from varpack.manifest.mpi.figures import input_share, shared_figures, whole_plan
 from varpack.manifest.mpi.local import local_plan
 from varpack.manifest.mpi.read import num_rows, read_run, share
 from varpack.manifest.mpi.select import select_share
@@ -53,6 +53,7 @@ from varpack.manifest.mpi.support import check_supported
 from varpack.manifest.mpi.warmup import global_totals, reorder_ranks
 from varpack.manifest.mpi.write import write_rank_files
 from varpack.plan import PlanArrays, PlanConfig
+from varpack.plan.figures.plan_json import plan_meta
 from varpack.sort.agree import Agreed, abort_quietly, agree
 
 
@@ -88,7 +89,8 @@ def _drop_streams(p: PlanArrays) -> None:
     """Free a rank's per-sample stream columns once its rank files are written."""
     empty = np.zeros(0, np.int64)
     p.stream = p.offsets = p.ids = empty
-    p.stream_lens = p.sample_offsets = None
+    p.lens = empty
+    p.stream_lens = p.sample_offsets = p.group = None
 
 
 def _clean(comm: Any, state: dict[str, Any], any_rank: bool = False) -> None:
@@ -150,15 +152,16 @@ def _run(
         carried = agree(comm, partial(join, local.ids, *carried_from, source))
     entry = None if carried is None or source is None else carried.entry(source)
     entries = write_rank_files(comm, local, carried, tmp)
-    del carried_from
-    _drop_streams(local)  # rank 0's stats need the micro-batches' figures and lengths only
+    del carried_from, carried
+    shared = shared_figures(comm, local, int(info["total_tokens"]), dropped)
+    _drop_streams(local)  # rank 0 gathers the micro-batches' figures only
     whole = whole_plan(comm, local, dropped)
     del local
 
     def finish() -> dict[str, Any] | None:
         if whole is None:
             return None
-        meta, extra = plan_json_meta(whole, info)
+        meta, extra = plan_meta(whole, info, moved=False, shared=shared)
         if entry is not None:
             meta["carry"] = entry
         assert entries is not None

@@ -40,7 +40,8 @@ def curriculum_epoch(comm: Any, rows: Rows, cfg: PlanConfig) -> tuple[Rows, np.n
     rule = cfg.pack_rule()
 
     def pack_rows(r: Rows) -> np.ndarray:
-        return pack(r["lens"], np.array([0, count(r)]), r["alone"], rule, 0, r.get("group"))[1]
+        starts = pack(r["lens"], np.array([0, count(r)]), r["alone"], rule, 0, r.get("group"))[1]
+        return starts.copy()  # a view of one entry per sample: keep only the micro-batches
 
     rows, off = relay_pack(comm, rows, pack_rows)
     rows, off = _complete(comm, rows, off, cfg)

@@ -1,16 +1,21 @@
-"""plan.json's content under MPI: rank 0 scores the plan from compact columns of every rank.
+"""plan.json's content under MPI: the same figures as one process, from parts of every rank.
 
-The stats are :func:`varpack.plan.figures.plan_json.plan_meta`'s, computed by the same function
-on the same values in the same order as one process, so they match to the last bit: each rank
-sends its micro-batches' figures (step, rank, shape, cost) epoch by epoch, rank 0 lays them out
-epoch-major in rank order (the one process's order), takes the kept samples' lengths (the
-curriculum stream is the input order); the per-step columns every rank holds whole
-(:func:`.warmup.global_totals`). The input's count, tokens and fingerprint are summed over the
-ranks' shares.
+The stats are :func:`varpack.plan.figures.plan_json.plan_meta`'s, computed with the same
+functions on the same values, so they match to the last bit, and no rank holds every sample:
+
+* the figures that read every sample (mixing, the time bound, the ideal cost) run on every rank
+  over its own samples, combined by :class:`Ranks` from parts that add up exactly (a length
+  histogram, per-step and per-window sums of integers, the few long samples, the lengths in
+  chunks of their global order for the ideal's float sum);
+* the figures of micro-batches (balance, padding, shapes, warm-up) read compact columns that
+  rank 0 gathers, laid out epoch-major in rank order (the one process's order);
+* the per-step columns every rank holds whole (:func:`.warmup.global_totals`); the input's
+  count, tokens and fingerprint are summed over the ranks' shares.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,10 +23,42 @@ import numpy as np
 from varpack.fingerprint import Fingerprint, fingerprint
 from varpack.manifest.mpi.local import epoch_slices
 from varpack.plan import PlanArrays
-from varpack.plan.figures.plan_json import plan_meta
+from varpack.plan.figures.plan_json import ideal_cost, sample_figures, sample_steps
 from varpack.plan.kernels.micro import Micro
+from varpack.plan.kernels.split import token_figures
 
 _PIECE = 1 << 20  # samples per piece of the input fingerprint (as one process)
+
+
+class Ranks:
+    """:class:`varpack.plan.figures.merge.Merge` over the ranks of ``comm`` (rank 0 the root)."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.root = comm.Get_rank() == 0
+
+    def histogram(self, values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        parts = self.comm.allgather((values, counts))
+        every = np.concatenate([v for v, _ in parts])
+        merged, at = np.unique(every, return_inverse=True)
+        total = np.zeros(len(merged), dtype=np.int64)
+        np.add.at(total, at, np.concatenate([c for _, c in parts]).astype(np.int64))
+        return merged, total
+
+    def total(self, a: np.ndarray) -> np.ndarray | None:
+        return self.comm.reduce(a, root=0)  # type: ignore[no-any-return]
+
+    def join(self, a: np.ndarray) -> np.ndarray | None:
+        parts = self.comm.gather(a, root=0)
+        return None if parts is None else np.concatenate(parts)
+
+    def chunks(self, a: np.ndarray, size: int) -> Iterator[np.ndarray]:
+        start = sum(self.comm.allgather(len(a))[: self.comm.Get_rank()])
+        total = self.comm.allreduce(len(a))
+        for lo in range(0, total, size):
+            a0, a1 = max(lo - start, 0), min(lo + size - start, len(a))
+            parts = self.comm.gather(a[a0:a1] if a1 > a0 else a[:0], root=0)
+            yield a[:0] if parts is None else np.concatenate(parts)
 
 
 def input_share(comm: Any, ids: np.ndarray, lens: np.ndarray, source: str) -> dict[str, Any]:
@@ -43,9 +80,40 @@ def input_share(comm: Any, ids: np.ndarray, lens: np.ndarray, source: str) -> di
     }
 
 
+def shared_figures(
+    comm: Any, p: PlanArrays, total_tokens: int, dropped: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The per-sample figures of the whole plan from every rank's samples (valid on rank 0):
+    what :func:`~varpack.plan.figures.plan_json.plan_meta` takes as ``shared``."""
+    cfg, ranks = p.cfg, Ranks(comm)
+    assert p.stream_lens is not None
+    ideal = comm.bcast(ideal_cost(p.lens, cfg.cost_model(), cfg.epochs, ranks), root=0)
+    samples = sample_figures(
+        sample_step=sample_steps(p.step, p.micro.samples, p.num_steps),
+        sample_len=p.stream_lens,
+        step_tokens=p.step_tokens,
+        epochs=p.epochs,
+        ideal_cost=ideal,
+        cfg=cfg,
+        merge=ranks,
+    )
+    piece = np.zeros(len(p.lens), bool) if p.group is None else p.group >= 0
+    docs = comm.allreduce(int(p.group.max()) + 1 if piece.any() else 0, op=_max())  # type: ignore[union-attr]
+    split = comm.allreduce(int(p.lens[piece].sum()))
+    pieces = comm.allreduce(int(piece.sum()))
+    gone = sum(int(d["seq_len"]) for d in dropped)
+    tokens = token_figures(total_tokens, gone, split, docs, pieces)
+    return {"ideal_cost": ideal, "samples": samples, "tokens": tokens}
+
+
+def _max() -> Any:
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
 def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanArrays | None:
-    """On rank 0, the plan's arrays that plan.json's stats read (no sample ids); ``None``
-    elsewhere."""
+    """On rank 0, the plan's micro-batch and step columns (no samples); ``None`` elsewhere."""
     per_micro = ("step", "rank", "micro_index") + (() if p.warmup is None else ("warmup",))
     mine = [
         {
@@ -54,7 +122,7 @@ def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanA
         }
         for s in epoch_slices(p)
     ]
-    got = comm.gather((mine, p.lens, p.oversize_alone, p.group), root=0)
+    got = comm.gather((mine, p.oversize_alone), root=0)
     if got is None:
         return None
     order = [part[0][e] for e in range(len(p.epochs)) for part in got]
@@ -62,17 +130,15 @@ def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanA
     def column(name: str) -> np.ndarray:
         return np.concatenate([o[name] for o in order])
 
-    lens = np.concatenate([part[1] for part in got])
-    group = None if p.group is None else np.concatenate([part[3] for part in got])
-    step = column("step")
+    none = np.zeros(0, np.int64)
     return PlanArrays(
         cfg=p.cfg,
-        ids=np.zeros(0, np.int64),
-        lens=lens,
-        stream=np.zeros(0, np.int64),
-        offsets=np.concatenate(([0], np.cumsum(column("samples")))),
+        ids=none,
+        lens=none,
+        stream=none,
+        offsets=none,
         micro=Micro(*(column(f) for f in Micro._fields)),
-        step=step,
+        step=column("step"),
         rank=column("rank"),
         micro_index=column("micro_index"),
         step_tokens=p.step_tokens,
@@ -81,15 +147,6 @@ def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanA
         warmup=None if p.warmup is None else column("warmup"),
         epochs=p.epochs,
         dropped=dropped,
-        oversize_alone=[i for part in got for i in part[2]],
-        group=group,
-        stream_lens=np.tile(lens, len(p.epochs)),
+        oversize_alone=[i for part in got for i in part[1]],
         notes=p.notes,
     )
-
-
-def plan_json_meta(
-    whole: PlanArrays, info: dict[str, Any]
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """plan.json's content and each rank's extra entry, from rank 0's :func:`whole_plan`."""
-    return plan_meta(whole, info, moved=False)

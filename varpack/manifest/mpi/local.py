@@ -31,9 +31,10 @@ def local_plan(
     n, nm, lens = count(rows), len(off) - 1, rows["lens"]
     epochs = [{"epoch": e, "first_step": e * spe, "num_steps": spe} for e in range(cfg.epochs)]
     micros, ranks, steps, index = [], [], [], []
+    stream = np.arange(n, dtype=np.int64)  # every epoch streams the rows in their order
     for e in range(cfg.epochs):
         step = (first + np.arange(nm, dtype=np.int64)) // per + e * spe
-        batches = Batches(np.arange(n, dtype=np.int64), off, step, epochs, stream_lens=lens)
+        batches = Batches(stream, off, step, epochs, stream_lens=lens)
         shaped = shape(batches, lens, cfg, None)
         placed = assign(batches, shaped, cfg)  # the warm-up reorder spans ranks: .warmup
         micros.append(placed.micro)
@@ -49,7 +50,7 @@ def local_plan(
         cfg=cfg,
         ids=rows["ids"],
         lens=lens,
-        stream=np.tile(np.arange(n, dtype=np.int64), cfg.epochs),
+        stream=_repeat(stream, cfg.epochs),
         offsets=np.concatenate([off[:-1] + e * n for e in range(cfg.epochs)] + [[n * cfg.epochs]]),
         micro=micro,
         step=step,
@@ -60,7 +61,7 @@ def local_plan(
         lr=lr,
         epochs=epochs,
         oversize_alone=[int(i) for i in rows["ids"][rows["alone"]]],
-        stream_lens=np.tile(lens, cfg.epochs),
+        stream_lens=_repeat(lens, cfg.epochs),
         sample_offsets=rows.get("offsets"),
         group=rows.get("group"),
         notes=notes,
@@ -71,3 +72,8 @@ def epoch_slices(p: PlanArrays) -> list[slice]:
     """The micro-batches of each epoch in this rank's arrays (each epoch holds as many)."""
     nm = len(p.step) // len(p.epochs)
     return [slice(e * nm, (e + 1) * nm) for e in range(len(p.epochs))]
+
+
+def _repeat(a: np.ndarray, times: int) -> np.ndarray:
+    """``a`` once per epoch (no copy for one epoch)."""
+    return a if times == 1 else np.tile(a, times)

@@ -97,7 +97,7 @@ def relay_pack(
 def move_micro(comm: Any, rows: Rows, off: np.ndarray, dest: np.ndarray) -> tuple[Rows, np.ndarray]:
     """Send micro-batch ``i`` (rows ``off[i]:off[i+1]``) to rank ``dest[i]`` (nondecreasing);
     returns this rank's micro-batches after the move, in the global order."""
-    size = comm.Get_size()
+    size, rank = comm.Get_size(), comm.Get_rank()
     bounds = np.searchsorted(dest, np.arange(size + 1), side="left")
     sends: list[Any] = []
     for r in range(size):
@@ -105,7 +105,9 @@ def move_micro(comm: Any, rows: Rows, off: np.ndarray, dest: np.ndarray) -> tupl
         sends.append(
             None if a == b else (take(rows, int(off[a]), int(off[b])), off[a : b + 1] - off[a])
         )
+    kept, sends[rank] = sends[rank], None  # this rank's own part stays as it is (no copy)
     got = comm.alltoall(sends)
+    got[rank] = kept
     parts = [g for g in got if g is not None]
     if not parts:
         return take(rows, 0, 0), np.zeros(1, np.int64)

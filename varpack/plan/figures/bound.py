@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from varpack.plan.figures.merge import WHOLE, Merge, length_histogram
 from varpack.plan.kernels.runs import capacities, runs
 
 _BINS_PER_OCTAVE = 16
@@ -103,12 +104,15 @@ def time_bound(
     cap: int,
     coeffs: tuple[float, float],
     ideal_cost: float,
+    merge: Merge = WHOLE,
 ) -> float:
     """The bound over the ideal (1.0: no composition of these windows need leave a rank idle).
 
     ``epochs``: ``(first_step, num_steps)`` of each epoch; ``cap``: the most real tokens a
     micro-batch holds; ``coeffs``: a sample of ``x`` tokens costs ``lin * x + quad * x^2``;
-    ``ideal_cost``: the plan's samples' cost (``dp`` times the ideal).
+    ``ideal_cost``: the plan's samples' cost (``dp`` times the ideal). With a ``merge``, of the
+    samples of every share (the root's figure; 1.0 elsewhere): shares add up their light tokens
+    per window and length bin, and send their long samples.
 
     One long sample (cost 100^2) among short ones (10^2 each), two ranks: the other rank of its
     step carries at most 100 short tokens, so the step waits; no plan reaches 1.0:
@@ -122,67 +126,75 @@ def time_bound(
     """
     lin, quad = float(coeffs[0]), float(coeffs[1])
     num_steps = len(step_tokens)
-    if num_steps == 0 or ideal_cost <= 0 or len(sample_len) == 0:
+    values, counts = merge.histogram(*length_histogram(np.asarray(sample_len)))
+    if num_steps == 0 or ideal_cost <= 0 or len(values) == 0:
         return 1.0
     win = window_of_steps(epochs, num_steps, max(window, 1))
     nwin = int(win.max()) + 1
-    low = _light_floor(sample_len, cap, window)
+    low = _light_floor(values, counts, cap, window)
     pick = np.flatnonzero(sample_len > low)  # samples priced at their own length
     x = np.asarray(sample_len[pick], dtype=np.float64)
     w = win[sample_step[pick]]
     del pick
     is_long = 2 * x > cap
-    xl, wl = x[is_long], w[is_long]
+    xl, wl = merge.join(x[is_long]), merge.join(w[is_long])
+    xs, ws = x[~is_long], w[~is_long]
+    light = values[(values > low) & (2 * values <= cap)]  # every share's, so bins agree
+    b0 = int(length_bins(light).min()) if len(light) else 0
+    nb = int(length_bins(light).max()) - b0 + 1 if len(light) else 1
+    bins = length_bins(xs) if len(xs) else np.zeros(0, np.int64)
+    tok = merge.total(
+        np.bincount(ws * nb + (bins - b0), weights=xs, minlength=nwin * nb).astype(np.float64)
+    )
+    if tok is None or xl is None or wl is None:
+        return 1.0
+    tok = tok.reshape(nwin, nb)
     order = np.lexsort((-xl, wl))
     xl, wl = xl[order], wl[order]
     lo = np.searchsorted(wl, np.arange(nwin + 1))
-    xs, ws = x[~is_long], w[~is_long]
-    bins = length_bins(xs) if len(xs) else np.zeros(0, np.int64)
-    b0 = int(bins.min()) if len(bins) else 0
-    nb = int(bins.max()) - b0 + 1 if len(bins) else 1
-    tok = np.bincount(ws * nb + (bins - b0), weights=xs, minlength=nwin * nb).reshape(nwin, nb)
     win_tok = np.bincount(win, weights=step_tokens, minlength=nwin)
     low_tok = win_tok - tok.sum(axis=1) - np.bincount(wl, weights=xl, minlength=nwin)
     tok = tok[:, ::-1]  # longest bin first
     top = np.minimum(bin_top(np.arange(b0 + nb - 1, b0 - 1, -1)), cap / 2)
     wi, bi = np.nonzero(tok > 0)
     lo_bin = np.searchsorted(wi, np.arange(nwin + 1))
-    shortest = float(sample_len.min())
+    shortest = float(values[0])
     idle = _all_windows(lo, lin * xl + quad * xl * xl, xl, lo_bin, tok[wi, bi], top[bi],
                         np.maximum(low_tok, 0.0), float(low), lin * shortest + quad * shortest**2,
                         dp, k, float(cap), lin, quad)  # fmt: skip
     return 1.0 + float(idle) / ideal_cost
 
 
-def _light_floor(lens: np.ndarray, cap: int, window: int) -> int:
+def _light_floor(values: np.ndarray, counts: np.ndarray, cap: int, window: int) -> int:
     """A length at which the shorter samples are priced (an upper bound on their cost per token):
     the lower edge of the octave of lengths where about three windows' worth of the longest
     tokens end. Any floor keeps the bound valid (it only loosens it); this one depends on the
-    lengths alone, not their order, so the planner and ``validate`` agree.
+    lengths alone (``values`` and their ``counts``), not their order, so the planner and
+    ``validate`` agree.
 
-    >>> _light_floor(np.array([3, 100, 100, 1000]), 4096, 8)  # 3/8 of the tokens: the 1000
+    >>> _light_floor(np.array([3, 100, 1000]), np.array([1, 2, 1]), 4096, 8)  # 3/8: the 1000
     512
     """
-    tokens = _octave_tokens(np.ascontiguousarray(lens))
+    tokens = _octave_tokens(values, counts)
     from_top = np.cumsum(tokens[::-1])[::-1]  # tokens at this octave and above
     need = min(1.0, 3.0 / max(window, 1)) * from_top[0]
     e = int(np.flatnonzero(from_top >= need)[-1])
     return int(max(1, min(2 ** max(e - 1, 0), cap // 2)))
 
 
-@njit(cache=True)
-def _octave_tokens(lens):  # type: ignore[no-untyped-def]
-    """Tokens of the lengths in each octave ``e`` (``x`` in ``[2^(e-1), 2^e)``), one pass.
+def _octave_tokens(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Tokens of the lengths in each octave ``e`` (``x`` in ``[2^(e-1), 2^e)``); sums of
+    integers, exact as floats below 2^53.
 
-    >>> _octave_tokens(np.array([1, 2, 3, 4])).tolist()[:4]
+    >>> _octave_tokens(np.array([1, 2, 3, 4]), np.ones(4, np.int64)).tolist()[:4]
     [0.0, 1.0, 5.0, 4.0]
     """
+    v = np.asarray(values, dtype=np.int64)
+    octave = np.zeros(len(v), dtype=np.int64)
+    rest = v.copy()
+    while (rest > 0).any():
+        octave += rest > 0
+        rest >>= 1
     out = np.zeros(65)
-    for x in lens:
-        e = 0
-        v = np.int64(x)
-        while v > 0:
-            v >>= 1
-            e += 1
-        out[e] += x
+    np.add.at(out, octave, (v * np.asarray(counts, dtype=np.int64)).astype(np.float64))
     return out

@@ -19,10 +19,12 @@ from varpack.plan.cost import cost_coefficients, sample_cost
 from varpack.plan.cp.cost import cp_load, cp_model
 from varpack.plan.cp.stage import cp_figures
 from varpack.plan.figures.bound import time_bound
+from varpack.plan.figures.merge import WHOLE, Merge
 from varpack.plan.figures.stats import (
     budget_fill,
     chunked_sum,
     fill_given_up,
+    mixing,
     plan_stats,
     rank_shapes,
     shape_stats,
@@ -36,25 +38,29 @@ _PIECE = 1 << 20  # samples per piece of the input fingerprint
 
 
 def plan_meta(
-    p: PlanArrays, input_info: dict[str, Any], moved: bool = True
+    p: PlanArrays,
+    input_info: dict[str, Any],
+    moved: bool = True,
+    shared: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """plan.json's content (without format/version/ranks) and each rank's extra entry (shapes);
-    ``moved``: a shuffled plan's moved_* figures (against its drawn permutation)."""
+    ``moved``: a shuffled plan's moved_* figures (against its drawn permutation). ``shared``:
+    the per-sample figures (``ideal_cost``, ``samples`` of :func:`sample_figures`, ``tokens``)
+    where the ranks of ``plan`` under MPI computed them; ``p`` then holds no samples."""
     cfg = p.cfg
     m = p.micro
     model = cfg.cost_model()
     shapes_of = rank_shapes(p.rank, m.rows, m.pad_to, cfg.dp)
+    none = np.zeros(0, np.int64)
     stats = plan_figures(
         step=p.step,
         rank=p.rank,
         micro=m,
         pad_rows=p.pad_rows,
         warm=p.warmup,
-        sample_step=np.repeat(
-            p.step.astype(np.int32 if p.num_steps < 2**31 else np.int64), m.samples
-        ),
-        sample_len=p.lens[p.stream] if p.stream_lens is None else p.stream_lens,
-        ideal_cost=chunked_sum(p.lens, lambda x: sample_cost(x, model)) * cfg.epochs,
+        sample_step=none if shared else sample_steps(p.step, m.samples, p.num_steps),
+        sample_len=none if shared else p.lens[p.stream] if p.stream_lens is None else p.stream_lens,
+        ideal_cost=shared["ideal_cost"] if shared else ideal_cost(p.lens, model, cfg.epochs),
         lr=p.lr,
         step_samples=p.step_samples,
         step_tokens=p.step_tokens,
@@ -66,11 +72,14 @@ def plan_meta(
         epochs=p.epochs,
         row_lens=p.lens,
         moved_stats=p.moved,
+        samples=shared["samples"] if shared else None,
     )
     stats["cost"] = cfg.cost
     stats["dropped"] = len(p.dropped)
     stats["oversize_alone"] = p.oversize_alone
-    stats["tokens"] = plan_token_figures(p, int(input_info["total_tokens"]))
+    stats["tokens"] = (
+        shared["tokens"] if shared else plan_token_figures(p, int(input_info["total_tokens"]))
+    )
     meta = {
         "config": cfg.to_dict(),
         "input": input_info,
@@ -84,6 +93,48 @@ def plan_meta(
     if p.cp_placement is not None:
         meta["cp"] = _cp_block(p)
     return meta, [{"shapes": s} for s in shapes_of]
+
+
+def sample_steps(step: np.ndarray, samples: np.ndarray, num_steps: int) -> np.ndarray:
+    """Each sample's step (int32 while steps fit), from its micro-batch's."""
+    return np.repeat(step.astype(np.int32 if num_steps < 2**31 else np.int64), samples)
+
+
+def ideal_cost(lens: np.ndarray, model: Any, epochs: int, merge: Merge = WHOLE) -> float:
+    """The samples' cost over every epoch (``dp`` times the ideal time); with a ``merge``, of
+    every share's samples (each epoch plans every sample once)."""
+    return chunked_sum(lens, lambda x: sample_cost(x, model), merge) * epochs
+
+
+def sample_figures(
+    *,
+    sample_step: np.ndarray,
+    sample_len: np.ndarray,
+    step_tokens: np.ndarray,
+    epochs: list[dict[str, int]] | None,
+    ideal_cost: float,
+    cfg: PlanConfig,
+    merge: Merge = WHOLE,
+) -> dict[str, float]:
+    """The figures that read every sample: ``mixing``, and ``bound`` (the time bound) where it
+    applies; with a ``merge``, over every share's samples (the root's figures)."""
+    out = {"mixing": mixing(sample_step, sample_len, len(step_tokens), merge)}
+    if cfg.batching == "budget" and cfg.max_tokens is not None and cfg.cp == 1:
+        spans = [(e["first_step"], e["num_steps"]) for e in epochs] if epochs else None
+        out["bound"] = time_bound(
+            sample_step=sample_step,
+            sample_len=sample_len,
+            step_tokens=step_tokens,
+            epochs=spans or [(0, len(step_tokens))],
+            window=cfg.shuffle_window,
+            dp=cfg.dp,
+            k=cfg.grad_accum,
+            cap=capacity(cfg.pad_multiple, cfg.max_tokens),
+            coeffs=cost_coefficients(cfg.cost_model()),
+            ideal_cost=ideal_cost,
+            merge=merge,
+        )
+    return out
 
 
 def plan_token_figures(p: PlanArrays, total: int) -> dict[str, int | float]:
@@ -127,14 +178,20 @@ def plan_figures(
     epochs: list[dict[str, int]] | None = None,
     row_lens: np.ndarray | None = None,
     moved_stats: dict[str, float] | None = None,
+    samples: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """plan.json's stats from a plan's arrays: the planner writes them, validate recomputes them
     from the manifests with this same function, so every stat written is a stat checked.
+    ``samples``: :func:`sample_figures`, where the caller computed them (``plan`` under MPI).
 
     A shuffled plan also says how far samples moved from their random positions
     (:func:`varpack.plan.kernels.order.moved`; ``rows``: each sample's input row, in
     ``sample_step``'s order; ``row_lens``: the rows' lengths), or ``moved_stats`` where the batching
     stage tallied them already (the same figures, without drawing the permutation again)."""
+    if samples is None:
+        samples = sample_figures(sample_step=sample_step, sample_len=sample_len,
+                                 step_tokens=step_tokens, epochs=epochs, ideal_cost=ideal_cost,
+                                 cfg=cfg)  # fmt: skip
     stats = plan_stats(
         step=step,
         rank=rank,
@@ -142,8 +199,7 @@ def plan_figures(
         tokens=micro.tokens,
         padded_len=micro.pad_to,
         cost=micro.cost,
-        sample_step=sample_step,
-        sample_len=sample_len,
+        mixing=samples["mixing"],
         ideal_cost=ideal_cost,
         lr=lr,
         step_samples=step_samples,
@@ -154,8 +210,7 @@ def plan_figures(
         shapes=shapes,
     )
     stats["budget_fill"] = budget_fill(stats["real_tokens"], len(step), budget_tokens(cfg))
-    stats.update(balance_figures(step, micro, sample_step, sample_len, step_tokens, epochs,
-                                 ideal_cost, cfg))  # fmt: skip
+    stats.update(balance_figures(step_tokens, epochs, samples.get("bound"), cfg))
     stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
     stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
     # The warm-up reorder may move a micro-batch into an earlier epoch's steps: then a step no
@@ -170,34 +225,18 @@ def plan_figures(
 
 
 def balance_figures(
-    step: np.ndarray,
-    micro: Micro,
-    sample_step: np.ndarray,
-    sample_len: np.ndarray,
     step_tokens: np.ndarray,
     epochs: list[dict[str, int]] | None,
-    ideal_cost: float,
+    bound: float | None,
     cfg: PlanConfig,
 ) -> dict[str, Any]:
-    """``time_vs_ideal_bound`` (:mod:`.bound`) and ``fill_given_up`` of a plan with a token budget
-    (budget batching, no ``--cp``: context parallelism has a cost model of its own)."""
+    """``time_vs_ideal_bound`` (``bound``, :mod:`.bound`) and ``fill_given_up`` of a plan with a
+    token budget (budget batching, no ``--cp``: context parallelism has a cost model of its own)."""
     if cfg.batching != "budget" or cfg.max_tokens is None or cfg.cp > 1:
         return {}
     num_steps = len(step_tokens)
     spans = [(e["first_step"], e["num_steps"]) for e in epochs] if epochs else [(0, num_steps)]
     cap = capacity(cfg.pad_multiple, cfg.max_tokens)
-    bound = time_bound(
-        sample_step=sample_step,
-        sample_len=sample_len,
-        step_tokens=step_tokens,
-        epochs=spans,
-        window=cfg.shuffle_window,
-        dp=cfg.dp,
-        k=cfg.grad_accum,
-        cap=cap,
-        coeffs=cost_coefficients(cfg.cost_model()),
-        ideal_cost=ideal_cost,
-    )
     last = np.array([a + n - 1 for a, n in spans if n > 0], dtype=np.int64)
     fill = fill_given_up(step_tokens, cfg.micro_per_step, cap, last)
     return {"time_vs_ideal_bound": bound, "fill_given_up": fill}

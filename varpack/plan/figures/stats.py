@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from varpack.plan.figures.merge import WHOLE, Merge, length_histogram
 from varpack.plan.rules import LAYOUT_CODE, volume
 
 #: the one-line meaning of "time vs ideal", printed wherever the figure is
@@ -35,19 +36,11 @@ _CHUNK = 1 << 22  # samples per chunk
 _PIECE = 1 << 18  # samples per piece of a chunk (temporaries the allocator reuses)
 
 
-def _length_histogram(lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct lengths and their counts (bincount when lengths are small ints)."""
-    top = int(lens.max())
-    if top <= (1 << 24):
-        counts = np.bincount(lens, minlength=top + 1)
-        values = np.flatnonzero(counts)
-        return values, counts[values]
-    values, counts = np.unique(lens, return_counts=True)
-    return values, counts
-
-
-def mixing(sample_step: np.ndarray, sample_len: np.ndarray, num_steps: int) -> float:
-    """Mean KS distance between each step's lengths and all lengths (see module doc).
+def mixing(
+    sample_step: np.ndarray, sample_len: np.ndarray, num_steps: int, merge: Merge = WHOLE
+) -> float:
+    """Mean KS distance between each step's lengths and all lengths (see module doc); with a
+    ``merge``, of the samples of every share (the root's figure; 0.0 elsewhere).
 
     >>> lens = np.array([1, 2, 3, 4] * 2)
     >>> mixing(np.array([0, 0, 0, 0, 1, 1, 1, 1]), lens, 2)  # each step = the dataset
@@ -55,11 +48,11 @@ def mixing(sample_step: np.ndarray, sample_len: np.ndarray, num_steps: int) -> f
     >>> mixing(np.array([0, 0, 1, 1, 0, 0, 1, 1]), lens, 2)  # sorted halves
     0.5
     """
-    n = len(sample_len)
+    lens = np.asarray(sample_len)
+    values, counts = merge.histogram(*length_histogram(lens))
+    n = int(counts.sum())
     if n == 0 or num_steps == 0:
         return 0.0
-    lens = np.asarray(sample_len)
-    values, counts = _length_histogram(lens)
     cum = np.cumsum(counts)
     picks = np.searchsorted(cum, np.arange(1, _BINS) * n / _BINS)  # quantile positions
     edges = np.unique(values[np.minimum(picks, len(values) - 1)])
@@ -80,7 +73,10 @@ def mixing(sample_step: np.ndarray, sample_len: np.ndarray, num_steps: int) -> f
         hi = min(num_steps, lo + per_pass)
         hist = np.zeros((hi - lo) * nb, dtype=np.int64)
         _step_histogram(sample_step, lens, edges, table, lo, hi, nb, hist)
-        hist2 = hist.reshape(hi - lo, nb)
+        merged = merge.total(hist)
+        if merged is None:
+            continue
+        hist2 = merged.reshape(hi - lo, nb)
         size = hist2.sum(axis=1)
         ecdf = np.cumsum(hist2[:, :-1], axis=1) / np.maximum(size, 1)[:, None]
         ks = np.abs(ecdf - cdf[None, :]).max(axis=1)
@@ -135,8 +131,9 @@ def fill_given_up(
     return {"mean": float(short.mean()), "max": float(short.max())}
 
 
-def chunked_sum(values: np.ndarray, fn: Any) -> float:
-    """``sum(fn(values))`` computed over chunks (no full-size temporary).
+def chunked_sum(values: np.ndarray, fn: Any, merge: Merge = WHOLE) -> float:
+    """``sum(fn(values))`` computed over chunks (no full-size temporary); with a ``merge``, of
+    the values of every share in their global order (the root's figure; 0.0 elsewhere).
 
     ``fn`` is elementwise. Each chunk's values are computed in small pieces into one reused
     buffer (fresh large temporaries cost page faults), then summed as a whole chunk.
@@ -144,14 +141,16 @@ def chunked_sum(values: np.ndarray, fn: Any) -> float:
     >>> chunked_sum(np.arange(5), lambda x: x * 2.0)
     20.0
     """
-    buf = np.empty(min(_CHUNK, len(values)), dtype=np.float64)
+    buf = np.empty(0, dtype=np.float64)
     total = 0.0
-    for a in range(0, len(values), _CHUNK):
-        b = min(a + _CHUNK, len(values))
-        for c in range(a, b, _PIECE):
-            d = min(c + _PIECE, b)
-            buf[c - a : d - a] = fn(values[c:d])
-        total += float(buf[: b - a].sum())
+    for chunk in merge.chunks(values, _CHUNK):
+        n = len(chunk)
+        if n > len(buf):
+            buf = np.empty(n, dtype=np.float64)
+        for c in range(0, n, _PIECE):
+            d = min(c + _PIECE, n)
+            buf[c:d] = fn(chunk[c:d])
+        total += float(buf[:n].sum()) if n else 0.0
     return total
 
 
@@ -267,8 +266,7 @@ def plan_stats(
     tokens: np.ndarray,
     padded_len: np.ndarray,
     cost: np.ndarray,
-    sample_step: np.ndarray,
-    sample_len: np.ndarray,
+    mixing: float,
     ideal_cost: float,
     lr: np.ndarray,
     step_samples: np.ndarray,
@@ -303,6 +301,6 @@ def plan_stats(
         "step_samples_max": int(step_samples.max()) if num_steps else 0,
         "step_tokens_min": int(step_tokens.min()) if num_steps else 0,
         "step_tokens_max": int(step_tokens.max()) if num_steps else 0,
-        "mixing": mixing(sample_step, sample_len, num_steps),
+        "mixing": mixing,
         "shapes_per_rank": [len(s) for s in shapes],
     }
