@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def rank_tables(
     *,
-    stream: np.ndarray,
+    stream: np.ndarray | None,
     ids: np.ndarray,
     lens: np.ndarray,
     offsets: np.ndarray,
@@ -46,7 +46,8 @@ def rank_tables(
 ) -> Iterator[pa.Table]:
     """Yield rank 0..dp-1's manifest: one row per micro-batch, in (step, micro) order.
 
-    ``stream`` maps stream positions to rows of ``ids``/``lens``; micro-batch ``i`` is stream
+    ``stream`` maps stream positions to rows of ``ids``/``lens`` (``None``: position ``q`` is
+    row ``q`` modulo the rows, every epoch streaming them in order); micro-batch ``i`` is stream
     positions ``offsets[i]:offsets[i+1]``. Optional: ``warmup`` flags and ``pad_rows`` per
     micro-batch, ``block_index`` and ``cp_placement`` per stream position (the manifest's
     optional columns); ``stream_lens`` = ``lens[stream]`` if already at hand (saves a random
@@ -60,7 +61,7 @@ def rank_tables(
         mb = order[r * per_rank : (r + 1) * per_rank]
         counts = offsets[mb + 1] - offsets[mb]
         pos, list_off = gather_positions(offsets[mb], counts)
-        rows = stream[pos]
+        rows = pos % len(ids) if stream is None else stream[pos]
         seq_lens = (lens[rows] if stream_lens is None else stream_lens[pos]).astype(np.int32)
         off32 = pa.array(list_off.astype(np.int32))
         s = step[mb]
@@ -99,10 +100,13 @@ def rank_tables(
         yield pa.Table.from_arrays(columns, schema=manifest_schema(names, pairs))
 
 
-def plan_tables(p: PlanArrays, carry: Carried | None = None) -> Iterator[pa.Table]:
-    """Yield each rank's manifest table of a plan (rank 0 first), with the ``carry`` columns."""
+def plan_tables(
+    p: PlanArrays, carry: Carried | None = None, in_order: bool = False
+) -> Iterator[pa.Table]:
+    """Yield each rank's manifest table of a plan (rank 0 first), with the ``carry`` columns;
+    ``in_order``: every epoch streams the plan's rows in their order (``p.stream`` unused)."""
     return rank_tables(
-        stream=p.stream,
+        stream=None if in_order else p.stream,
         ids=p.ids,
         lens=p.lens,
         offsets=p.offsets,
@@ -117,7 +121,7 @@ def plan_tables(p: PlanArrays, carry: Carried | None = None) -> Iterator[pa.Tabl
         warmup=p.warmup,
         pad_rows=p.pad_rows,
         block_index=p.block_index,
-        stream_lens=p.stream_lens,
+        stream_lens=None if in_order else p.stream_lens,
         cp_placement=p.cp_placement,
         sample_offsets=p.sample_offsets,
         split=p.cfg.oversize == "split",

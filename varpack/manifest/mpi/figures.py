@@ -90,7 +90,7 @@ def shared_figures(
     ideal = comm.bcast(ideal_cost(p.lens, cfg.cost_model(), cfg.epochs, ranks), root=0)
     samples = sample_figures(
         sample_step=sample_steps(p.step, p.micro.samples, p.num_steps),
-        sample_len=p.stream_lens,
+        sample_len=p.stream_lens if len(p.epochs) == 1 else np.tile(p.stream_lens, len(p.epochs)),
         step_tokens=p.step_tokens,
         epochs=p.epochs,
         ideal_cost=ideal,

@@ -25,7 +25,8 @@ def local_plan(
     rows: Rows, off: np.ndarray, first: int, total: int, cfg: PlanConfig, notes: list[str]
 ) -> PlanArrays:
     """This rank's micro-batches ``off`` of ``rows`` (global numbers from ``first``, of ``total``
-    in an epoch) planned over every epoch."""
+    in an epoch) planned over every epoch. Every epoch streams the rows in order: the plan's
+    ``stream`` is left empty and ``stream_lens`` holds one epoch's lengths."""
     per = cfg.micro_per_step
     spe = total // per
     n, nm, lens = count(rows), len(off) - 1, rows["lens"]
@@ -50,7 +51,7 @@ def local_plan(
         cfg=cfg,
         ids=rows["ids"],
         lens=lens,
-        stream=_repeat(stream, cfg.epochs),
+        stream=np.zeros(0, np.int64),  # every epoch streams the rows in order (in_order)
         offsets=np.concatenate([off[:-1] + e * n for e in range(cfg.epochs)] + [[n * cfg.epochs]]),
         micro=micro,
         step=step,
@@ -61,7 +62,7 @@ def local_plan(
         lr=lr,
         epochs=epochs,
         oversize_alone=[int(i) for i in rows["ids"][rows["alone"]]],
-        stream_lens=_repeat(lens, cfg.epochs),
+        stream_lens=lens,  # one epoch's: the epochs repeat it
         sample_offsets=rows.get("offsets"),
         group=rows.get("group"),
         notes=notes,
@@ -72,8 +73,3 @@ def epoch_slices(p: PlanArrays) -> list[slice]:
     """The micro-batches of each epoch in this rank's arrays (each epoch holds as many)."""
     nm = len(p.step) // len(p.epochs)
     return [slice(e * nm, (e + 1) * nm) for e in range(len(p.epochs))]
-
-
-def _repeat(a: np.ndarray, times: int) -> np.ndarray:
-    """``a`` once per epoch (no copy for one epoch)."""
-    return a if times == 1 else np.tile(a, times)

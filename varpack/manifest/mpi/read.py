@@ -17,6 +17,8 @@ from varpack.errors import InputError
 from varpack.fingerprint import sha256_file
 from varpack.sort import output
 
+_CHUNK = 1 << 20  # records per read
+
 
 def num_rows(path: str | os.PathLike[str]) -> int:
     """Rows of a sort output (from its index or header)."""
@@ -41,17 +43,31 @@ def read_run(
     """``(sample_ids, seq_lens)`` int64 of rows ``start:stop`` of a sort output."""
     p = Path(path)
     if p.is_file():
-        records = output.read_single_file(p, verify=False)
-        if verify:
-            doc = output.read_header(p)
-            if sha256_file(p, skip=output.HEADER_BYTES) != doc["sha256"]:
-                raise InputError(
-                    f"{p}: the records' sha256 does not match the header; the file was "
-                    "modified or damaged after the sort: sort the metadata again"
-                )
-        run = records[start:stop]
-        return _int64(run["sample_id"]), _int64(run["seq_len"])
+        doc = output.read_header(p)
+        if verify and sha256_file(p, skip=output.HEADER_BYTES) != doc["sha256"]:
+            raise InputError(
+                f"{p}: the records' sha256 does not match the header; the file was "
+                "modified or damaged after the sort: sort the metadata again"
+            )
+        return _read_records(p, np.dtype([(n, c) for n, c in doc["dtype"]]), start, stop)
     return _read_parts(p, start, stop)
+
+
+def _read_records(p: Path, dtype: np.dtype, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``start:stop`` of a single-file output, read in chunks (no mapping of the file, no
+    copy of the records beyond one chunk)."""
+    ids = np.empty(stop - start, np.int64)
+    lens = np.empty(stop - start, np.int64)
+    with open(p, "rb") as fh:
+        for a in range(start, stop, _CHUNK):
+            b = min(a + _CHUNK, stop)
+            fh.seek(output.HEADER_BYTES + a * dtype.itemsize)
+            records = np.fromfile(fh, dtype=dtype, count=b - a)
+            if len(records) != b - a:
+                raise InputError(f"{p}: the file ends before row {a + len(records)}; sort again")
+            ids[a - start : b - start] = records["sample_id"]
+            lens[a - start : b - start] = records["seq_len"]
+    return ids, lens
 
 
 def _int64(a: np.ndarray) -> np.ndarray:

@@ -10,6 +10,7 @@ gathers their checksums for plan.json.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,9 @@ from varpack.manifest.format import rank_file, write_rank_file
 from varpack.manifest.tables import plan_tables
 from varpack.plan import PlanArrays
 from varpack.sort.agree import agree
+
+#: rank files an owner writes at once
+WRITERS = 2
 
 if TYPE_CHECKING:
     from varpack.manifest.carry import Carried
@@ -56,32 +60,55 @@ def _in_step_order(table: pa.Table) -> pa.Table:
     return table.take(pa.array(np.argsort(key, kind="stable")))
 
 
+def _write_parts(parts: list[list[bytes]], epochs: int, path: Path) -> dict[str, Any]:
+    """One rank file from every rank's parts, laid out epoch by epoch, ranks in order."""
+    tables = [_read_ipc(part[e]) for e in range(epochs) for part in parts]
+    table = _in_step_order(pa.concat_tables(tables).combine_chunks())
+    del tables, parts
+    return write_rank_file(table, path)
+
+
 def write_rank_files(
     comm: Any, p: PlanArrays, carried: Carried | None, tmp: Path
 ) -> list[dict[str, Any]] | None:
     """Write every rank file into ``tmp``; returns their plan.json entries on rank 0 (None
-    elsewhere)."""
+    elsewhere). An owner writes its files in worker threads, at most :data:`WRITERS` at once
+    (Parquet encoding releases the GIL), while the next parts arrive."""
     size = comm.Get_size()
-    held: dict[int, list[list[bytes]]] = {}
-    for r, table in enumerate(plan_tables(p, carried)):
-        parts = agree(comm, partial(_by_epoch, table, p.epochs))
-        del table
-        got = comm.gather(parts, root=r % size)
-        if got is not None:
-            held[r] = got
+    entries: dict[int, dict[str, Any]] = {}
+    errors: list[BaseException] = []
+    pending: list[tuple[int, Future[dict[str, Any]]]] = []
 
-    def write() -> dict[int, dict[str, Any]]:
-        entries = {}
-        for r in sorted(held):
-            got = held.pop(r)
-            tables = [_read_ipc(part[e]) for e in range(len(p.epochs)) for part in got]
-            del got
-            table = _in_step_order(pa.concat_tables(tables).combine_chunks())
-            del tables
-            entries[r] = write_rank_file(table, tmp / rank_file(r))
+    def settle(r: int, job: Future[dict[str, Any]]) -> None:
+        try:
+            entries[r] = job.result()
+        except Exception as exc:  # agreed below, once every rank has sent its parts
+            errors.append(exc)
+
+    pool = ThreadPoolExecutor(max_workers=WRITERS)
+    try:
+        for r, table in enumerate(plan_tables(p, carried, in_order=True)):
+            parts = agree(comm, partial(_by_epoch, table, p.epochs))
+            del table
+            got = comm.gather(parts, root=r % size)
+            del parts
+            if got is not None:
+                while len(pending) >= WRITERS:
+                    settle(*pending.pop(0))
+                job = pool.submit(_write_parts, got, len(p.epochs), tmp / rank_file(r))
+                pending.append((r, job))
+                del got
+        for r, job in pending:
+            settle(r, job)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+    def check() -> dict[int, dict[str, Any]]:
+        if errors:
+            raise errors[0]
         return entries
 
-    mine = agree(comm, write)
+    mine = agree(comm, check)
     every = comm.gather(mine, root=0)
     if every is None:
         return None
