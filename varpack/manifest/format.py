@@ -81,7 +81,7 @@ CARRY_TYPES = {
     "bool": pa.bool_(),
     "string": pa.string(),
 }
-_ROW_GROUP = 65536
+ROW_GROUP = 65536
 _WRITERS = max(1, min(2, os.cpu_count() or 1))  # rank files written at once
 
 
@@ -125,15 +125,18 @@ def _write_table(table: pa.Table, path: Path) -> dict[str, Any]:
     # Fixed writer options: identical tables give byte-identical files (same pyarrow version).
     # No dictionary for sample_ids: ids are unique in a plan, so the writer would only build
     # a dictionary to throw it away (about a third of the write time).
-    pq.write_table(
-        table,
-        path,
-        compression="zstd",
-        row_group_size=_ROW_GROUP,
-        write_statistics=True,
-        use_dictionary=[n for n in table.column_names if n != "sample_ids"],
-    )
+    pq.write_table(table, path, row_group_size=ROW_GROUP, **writer_options(table.column_names))
     return {"file": path.name, "rows": table.num_rows, "sha256": sha256_file(path)}
+
+
+def writer_options(columns: Sequence[str]) -> dict[str, Any]:
+    """The Parquet writer's options of a manifest with these columns (a rank file written in
+    row groups of :data:`ROW_GROUP` with them is byte-identical, however it is fed)."""
+    return {
+        "compression": "zstd",
+        "write_statistics": True,
+        "use_dictionary": [n for n in columns if n != "sample_ids"],
+    }
 
 
 def _join(pool: ThreadPoolExecutor) -> None:

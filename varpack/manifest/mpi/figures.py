@@ -5,8 +5,8 @@ functions on the same values, so they match to the last bit, and no rank holds e
 
 * the figures that read every sample (mixing, the time bound, the ideal cost) run on every rank
   over its own samples, combined by :class:`Ranks` from parts that add up exactly (a length
-  histogram, per-step and per-window sums of integers, the few long samples, the lengths in
-  chunks of their global order for the ideal's float sum);
+  histogram, per-step and per-window sums of integers, the few long samples, and the ideal's
+  float sum over the same chunks of lengths, each summed where it lies whole);
 * the figures of micro-batches (balance, padding, shapes, warm-up) read compact columns that
   rank 0 gathers, laid out epoch-major in rank order (the one process's order);
 * the per-step columns every rank holds whole (:func:`.warmup.global_totals`); the input's
@@ -15,7 +15,7 @@ functions on the same values, so they match to the last bit, and no rank holds e
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,13 +52,29 @@ class Ranks:
         parts = self.comm.gather(a, root=0)
         return None if parts is None else np.concatenate(parts)
 
-    def chunks(self, a: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    def chunked(
+        self, a: np.ndarray, size: int, fn: Callable[[np.ndarray], float]
+    ) -> list[float] | None:
         start = sum(self.comm.allgather(len(a))[: self.comm.Get_rank()])
         total = self.comm.allreduce(len(a))
-        for lo in range(0, total, size):
-            a0, a1 = max(lo - start, 0), min(lo + size - start, len(a))
-            parts = self.comm.gather(a[a0:a1] if a1 > a0 else a[:0], root=0)
-            yield a[:0] if parts is None else np.concatenate(parts)
+        whole, pieces = {}, {}
+        for c, lo in enumerate(range(0, total, size)):
+            hi = min(lo + size, total)
+            a0, a1 = max(lo - start, 0), min(hi - start, len(a))
+            if a1 <= a0:
+                continue
+            if a1 - a0 == hi - lo:  # this rank holds the chunk whole
+                whole[c] = fn(a[a0:a1])
+            else:
+                pieces[c] = a[a0:a1]
+        got = self.comm.gather((whole, pieces), root=0)
+        if got is None:
+            return None
+        out = []
+        for c in range(-(-total // size)):
+            held = [w[c] for w, _ in got if c in w]
+            out.append(held[0] if held else fn(np.concatenate([p[c] for _, p in got if c in p])))
+        return out
 
 
 def input_share(comm: Any, ids: np.ndarray, lens: np.ndarray, source: str) -> dict[str, Any]:

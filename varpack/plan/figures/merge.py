@@ -3,14 +3,14 @@
 The per-sample figures (mixing, the time bound, the ideal) need every sample's length and step.
 They are computed from parts that combine without rounding: a histogram of lengths, integer
 counts and sums, float sums of integers (exact below 2^53), the few long samples, and chunks of
-lengths in their global order. :class:`Whole` is one process holding every sample; ``plan``
+lengths of the chunks a float sum runs over, in their global order. :class:`Whole` is one process holding every sample; ``plan``
 under MPI passes a merge over its ranks (``varpack.manifest.mpi.figures.Ranks``), so that rank 0
 computes the same floats from the same parts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -36,9 +36,11 @@ class Merge(Protocol):
         """Every share's ``a`` one after the other, in share order (on the root)."""
         ...
 
-    def chunks(self, a: np.ndarray, size: int) -> Iterator[np.ndarray]:
-        """The global array whose part ``a`` is, in chunks of ``size`` (on the root; the other
-        shares iterate as often and get empty arrays)."""
+    def chunked(
+        self, a: np.ndarray, size: int, fn: Callable[[np.ndarray], float]
+    ) -> list[float] | None:
+        """``fn`` of each chunk of ``size`` values of the global array whose part ``a`` is, in
+        order (on the root): a share computes the chunks it holds whole, the root the others."""
         ...
 
 
@@ -56,9 +58,10 @@ class Whole:
     def join(self, a: np.ndarray) -> np.ndarray | None:
         return a
 
-    def chunks(self, a: np.ndarray, size: int) -> Iterator[np.ndarray]:
-        for start in range(0, len(a), size):
-            yield a[start : start + size]
+    def chunked(
+        self, a: np.ndarray, size: int, fn: Callable[[np.ndarray], float]
+    ) -> list[float] | None:
+        return [fn(a[start : start + size]) for start in range(0, len(a), size)]
 
 
 WHOLE = Whole()

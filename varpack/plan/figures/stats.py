@@ -142,15 +142,20 @@ def chunked_sum(values: np.ndarray, fn: Any, merge: Merge = WHOLE) -> float:
     20.0
     """
     buf = np.empty(0, dtype=np.float64)
-    total = 0.0
-    for chunk in merge.chunks(values, _CHUNK):
+
+    def chunk_sum(chunk: np.ndarray) -> float:
+        nonlocal buf
         n = len(chunk)
         if n > len(buf):
             buf = np.empty(n, dtype=np.float64)
         for c in range(0, n, _PIECE):
             d = min(c + _PIECE, n)
             buf[c:d] = fn(chunk[c:d])
-        total += float(buf[:n].sum()) if n else 0.0
+        return float(buf[:n].sum())
+
+    total = 0.0
+    for value in merge.chunked(values, _CHUNK, chunk_sum) or []:
+        total += value
     return total
 
 
