@@ -47,7 +47,7 @@ from varpack.manifest.format import write_plan_json
 from varpack.manifest.mpi.curriculum import curriculum_epoch
 from varpack.manifest.mpi.figures import input_share, shared_figures, whole_plan
 from varpack.manifest.mpi.local import local_plan
-from varpack.manifest.mpi.read import num_rows, read_run, share
+from varpack.manifest.mpi.read import num_rows, read_run, weighted_share
 from varpack.manifest.mpi.select import select_share
 from varpack.manifest.mpi.support import check_supported
 from varpack.manifest.mpi.warmup import global_totals, reorder_ranks
@@ -83,6 +83,13 @@ def plan_ranks(
               file=sys.stderr, flush=True)  # fmt: skip
         abort_quietly(comm, exc.exit_code)
         raise
+
+
+def _micro_tokens(cfg: PlanConfig) -> float:
+    """About the tokens of a micro-batch (what a row's length is weighed against)."""
+    if cfg.batching == "fixed":
+        return float("inf")  # a micro-batch per batch_size rows, whatever their length
+    return float(cfg.max_tokens or 1)
 
 
 def _drop_streams(p: PlanArrays) -> None:
@@ -135,12 +142,14 @@ def _run(
     names = tuple(carry)
     carried_from = agree(comm, lambda: None if source is None else read_carry_source(source, names))
     total = agree(comm, lambda: num_rows(input))
-    a, b = share(total, rank, comm.Get_size())
+    a, b = weighted_share(comm, input, total, _micro_tokens(cfg))
     ids, lens = agree(comm, lambda: read_run(input, a, b, verify=True))
     info = input_share(comm, ids, lens, str(input))
     rows, cfg, dropped, notes = select_share(comm, ids, lens, cfg)
     del ids, lens
-    rows, off, first, count = curriculum_epoch(comm, rows, cfg)
+    held = {"rows": rows}
+    del rows
+    rows, off, first, count = curriculum_epoch(comm, held, cfg)
     local = agree(comm, partial(local_plan, rows, off, first, count, cfg, notes))
     del rows, off
     if cfg.warmup == "reorder":

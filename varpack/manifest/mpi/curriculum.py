@@ -34,10 +34,14 @@ from varpack.sort.agree import agree
 TAIL_STEPS = 4
 
 
-def curriculum_epoch(comm: Any, rows: Rows, cfg: PlanConfig) -> tuple[Rows, np.ndarray, int, int]:
-    """``(rows, off, first, total)``: this rank's rows cut into micro-batches ``off``, the global
-    number of its first micro-batch and the epoch's count of micro-batches."""
+def curriculum_epoch(
+    comm: Any, held: dict[str, Rows], cfg: PlanConfig
+) -> tuple[Rows, np.ndarray, int, int]:
+    """``(rows, off, first, total)``: this rank's rows (taken out of ``held``, so that each
+    move frees the rows before it) cut into micro-batches ``off``, the global number of its
+    first micro-batch and the epoch's count of micro-batches."""
     rule = cfg.pack_rule()
+    rows = held.pop("rows")
 
     def pack_rows(r: Rows) -> np.ndarray:
         starts = pack(r["lens"], np.array([0, count(r)]), r["alone"], rule, 0, r.get("group"))[1]

@@ -1,6 +1,7 @@
 """Each rank's share of a ``varpack sort`` output: a contiguous run of its rows, read alone.
 
-Ranks take equal runs of the global order (rank ``k``: rows ``N*k/P`` to ``N*(k+1)/P``). A parts
+Ranks take runs of the global order that weigh the same (:func:`weighted_share`: rows and
+the micro-batches they will make), cut at block boundaries. A parts
 output is read part by part, only the parts a run overlaps (each checked against its sha256 by
 the ranks that read it); a single-file output is memory-mapped and its records' sha256 checked
 by rank 0 alone (one pass over the file, no memory).
@@ -9,7 +10,9 @@ by rank 0 alone (one pass over the file, no memory).
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,3 +102,36 @@ def _read_parts(p: Path, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]
         ids.append(_int64(piece.column("sample_id").to_numpy()))
         lens.append(_int64(piece.column("seq_len").to_numpy()))
     return np.concatenate(ids), np.concatenate(lens)
+
+
+#: rows per block of the weighted shares, at most (a share starts at a block boundary)
+BLOCK = 1 << 16
+#: bytes a rank holds per row (its columns, twice while rows move) and per micro-batch (the
+#: planner's per-micro-batch columns): the weights that even out the ranks' peaks
+ROW_BYTES, MICRO_BYTES = 34.0, 90.0
+
+
+def weighted_share(
+    comm: Any, path: str | os.PathLike[str], total: int, per_micro: float
+) -> tuple[int, int]:
+    """This rank's run of rows such that every rank holds about the same memory: a row weighs
+    :data:`ROW_BYTES` plus :data:`MICRO_BYTES` times its share of a micro-batch (its length
+    over ``per_micro``, the tokens of a micro-batch; in curriculum order the long samples sit
+    at the end, one or two to a micro-batch). Each rank weighs an equal run of rows in blocks of
+    :data:`BLOCK`; the ranks add up the blocks' weights and cut at the block boundaries where
+    the running weight passes each rank's share (the same cut on every rank)."""
+    from varpack.sort.agree import agree
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    block = max(1, min(BLOCK, total // (16 * size)))  # small inputs: finer blocks
+    a, b = share(total, rank, size)
+    _, lens = agree(comm, partial(read_run, path, a, b, False))
+    blocks = np.zeros(-(-total // block) if total else 0, dtype=np.float64)
+    np.add.at(blocks, (a + np.arange(len(lens))) // block,
+              ROW_BYTES + MICRO_BYTES * lens / max(per_micro, 1.0))  # fmt: skip
+    del lens
+    blocks = comm.allreduce(blocks)
+    cum = np.concatenate(([0.0], np.cumsum(blocks)))
+    cuts = np.searchsorted(cum, cum[-1] * np.arange(size + 1) / size, side="left")
+    cuts[0], cuts[-1] = 0, len(blocks)
+    return min(int(cuts[rank]) * block, total), min(int(cuts[rank + 1]) * block, total)

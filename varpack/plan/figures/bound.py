@@ -132,20 +132,11 @@ def time_bound(
     win = window_of_steps(epochs, num_steps, max(window, 1))
     nwin = int(win.max()) + 1
     low = _light_floor(values, counts, cap, window)
-    pick = np.flatnonzero(sample_len > low)  # samples priced at their own length
-    x = np.asarray(sample_len[pick], dtype=np.float64)
-    w = win[sample_step[pick]]
-    del pick
-    is_long = 2 * x > cap
-    xl, wl = merge.join(x[is_long]), merge.join(w[is_long])
-    xs, ws = x[~is_long], w[~is_long]
     light = values[(values > low) & (2 * values <= cap)]  # every share's, so bins agree
     b0 = int(length_bins(light).min()) if len(light) else 0
     nb = int(length_bins(light).max()) - b0 + 1 if len(light) else 1
-    bins = length_bins(xs) if len(xs) else np.zeros(0, np.int64)
-    tok = merge.total(
-        np.bincount(ws * nb + (bins - b0), weights=xs, minlength=nwin * nb).astype(np.float64)
-    )
+    longs, mine = _priced(sample_step, sample_len, win, nwin, low, cap, b0, nb)
+    xl, wl, tok = merge.join(longs[0]), merge.join(longs[1]), merge.total(mine)
     if tok is None or xl is None or wl is None:
         return 1.0
     tok = tok.reshape(nwin, nb)
@@ -163,6 +154,38 @@ def time_bound(
                         np.maximum(low_tok, 0.0), float(low), lin * shortest + quad * shortest**2,
                         dp, k, float(cap), lin, quad)  # fmt: skip
     return 1.0 + float(idle) / ideal_cost
+
+
+_PIECE = 1 << 22  # samples per piece of the sums below (bounded temporaries)
+
+
+def _priced(
+    sample_step: np.ndarray,
+    sample_len: np.ndarray,
+    win: np.ndarray,
+    nwin: int,
+    low: int,
+    cap: int,
+    b0: int,
+    nb: int,
+) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """The samples priced at their own length (longer than ``low``): the long ones' lengths and
+    windows, and the others' tokens per (window, length bin), summed piece by piece (sums of
+    integers: exact)."""
+    tok = np.zeros(nwin * nb, dtype=np.float64)
+    xl, wl = [np.zeros(0, np.float64)], [np.zeros(0, np.int64)]
+    for a in range(0, len(sample_len), _PIECE):
+        lens = sample_len[a : a + _PIECE]
+        pick = np.flatnonzero(lens > low)
+        x = np.asarray(lens[pick], dtype=np.float64)
+        w = win[sample_step[a : a + _PIECE][pick]]
+        is_long = 2 * x > cap
+        xl.append(x[is_long])
+        wl.append(w[is_long])
+        xs, ws = x[~is_long], w[~is_long]
+        if len(xs):
+            tok += np.bincount(ws * nb + (length_bins(xs) - b0), weights=xs, minlength=nwin * nb)
+    return (np.concatenate(xl), np.concatenate(wl)), tok
 
 
 def _light_floor(values: np.ndarray, counts: np.ndarray, cap: int, window: int) -> int:
