@@ -70,7 +70,11 @@ def _case(tmp: Path, seed: int) -> tuple[Path, list[object]]:
     source = rng.choice(np.array(["web", "code", "books"]), n)
     meta = tmp / "meta"
     write_shards(meta, ids, lens, [n // 3, 0, n - n // 3], source=source)
-    cli("sort", meta, tmp / "sorted", "-q")
+    how = seed % 3  # a parts output of one sort rank, of three, or a single file
+    if how == 1:
+        mpiexec(3, "sort", meta, tmp / "sorted", "-q")
+    else:
+        cli("sort", meta, tmp / "sorted", "-q", *(["--single-file"] if how == 2 else []))
     args = _options(rng, budget)
     if "--carry" in args:
         args += ["--carry-from", meta]

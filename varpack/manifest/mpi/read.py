@@ -77,6 +77,18 @@ def _int64(a: np.ndarray) -> np.ndarray:
     return np.array(a, dtype=np.int64)
 
 
+def _row_range(part: Any, lo: int, hi: int) -> Any:
+    """Rows ``lo:hi`` of a Parquet part, reading only the row groups that hold them."""
+    sizes = [part.metadata.row_group(g).num_rows for g in range(part.metadata.num_row_groups)]
+    ends = np.cumsum(sizes)
+    first = int(np.searchsorted(ends, lo, side="right"))
+    last = int(np.searchsorted(ends, hi - 1, side="right")) if hi > lo else first
+    groups = list(range(first, min(last + 1, len(sizes))))
+    table = part.read_row_groups(groups, columns=["sample_id", "seq_len"])
+    skip = lo - (int(ends[first - 1]) if first else 0)
+    return table.slice(skip, hi - lo)
+
+
 def _read_parts(p: Path, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     import pyarrow.parquet as pq
 
@@ -94,11 +106,11 @@ def _read_parts(p: Path, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]
                 f"{f}: sha256 does not match {output.INDEX}; the output was modified, sort the "
                 "metadata again"
             )
-        table = pq.read_table(f, columns=["sample_id", "seq_len"])
-        if table.num_rows != b - a:
-            raise InputError(f"{f}: {table.num_rows} rows, {output.INDEX} says {b - a}")
+        meta = pq.ParquetFile(f)
+        if meta.metadata.num_rows != b - a:
+            raise InputError(f"{f}: {meta.metadata.num_rows} rows, {output.INDEX} says {b - a}")
         lo, hi = max(start, a) - a, min(stop, b) - a
-        piece = table.slice(lo, hi - lo)
+        piece = _row_range(meta, lo, hi)
         ids.append(_int64(piece.column("sample_id").to_numpy()))
         lens.append(_int64(piece.column("seq_len").to_numpy()))
     return np.concatenate(ids), np.concatenate(lens)
@@ -125,13 +137,24 @@ def weighted_share(
     rank, size = comm.Get_rank(), comm.Get_size()
     block = max(1, min(BLOCK, total // (16 * size)))  # small inputs: finer blocks
     a, b = share(total, rank, size)
-    _, lens = agree(comm, partial(read_run, path, a, b, False))
-    blocks = np.zeros(-(-total // block) if total else 0, dtype=np.float64)
-    np.add.at(blocks, (a + np.arange(len(lens))) // block,
-              ROW_BYTES + MICRO_BYTES * lens / max(per_micro, 1.0))  # fmt: skip
-    del lens
+    nblocks = -(-total // block) if total else 0
+    blocks = agree(comm, partial(_weigh, path, a, b, block, nblocks, per_micro))
     blocks = comm.allreduce(blocks)
     cum = np.concatenate(([0.0], np.cumsum(blocks)))
     cuts = np.searchsorted(cum, cum[-1] * np.arange(size + 1) / size, side="left")
     cuts[0], cuts[-1] = 0, len(blocks)
     return min(int(cuts[rank]) * block, total), min(int(cuts[rank + 1]) * block, total)
+
+
+def _weigh(
+    path: str | os.PathLike[str], a: int, b: int, block: int, nblocks: int, per_micro: float
+) -> np.ndarray:
+    """The weight of each block's rows among rows ``a:b``, read a chunk at a time."""
+    blocks = np.zeros(nblocks, dtype=np.float64)
+    for lo in range(a, b, _CHUNK * 4):
+        hi = min(b, lo + _CHUNK * 4)
+        _, lens = read_run(path, lo, hi, verify=False)
+        at = (lo + np.arange(hi - lo, dtype=np.int64)) // block
+        weight = ROW_BYTES + MICRO_BYTES * lens / max(per_micro, 1.0)
+        blocks += np.bincount(at, weights=weight, minlength=nblocks)
+    return blocks
