@@ -55,26 +55,31 @@ class Ranks:
     def chunked(
         self, a: np.ndarray, size: int, fn: Callable[[np.ndarray], float]
     ) -> list[float] | None:
-        start = sum(self.comm.allgather(len(a))[: self.comm.Get_rank()])
-        total = self.comm.allreduce(len(a))
-        whole, pieces = {}, {}
+        rank, nranks = self.comm.Get_rank(), self.comm.Get_size()
+        starts = np.cumsum([0, *self.comm.allgather(len(a))])
+        start, total = int(starts[rank]), int(starts[-1])
+        values: dict[int, float] = {}
+        sends: list[dict[int, np.ndarray]] = [{} for _ in range(nranks)]
         for c, lo in enumerate(range(0, total, size)):
             hi = min(lo + size, total)
             a0, a1 = max(lo - start, 0), min(hi - start, len(a))
             if a1 <= a0:
                 continue
             if a1 - a0 == hi - lo:  # this rank holds the chunk whole
-                whole[c] = fn(a[a0:a1])
-            else:
-                pieces[c] = a[a0:a1]
-        got = self.comm.gather((whole, pieces), root=0)
-        if got is None:
+                values[c] = fn(a[a0:a1])
+            else:  # its pieces meet on the rank holding the chunk's first value
+                sends[int(np.searchsorted(starts, lo, side="right")) - 1][c] = a[a0:a1]
+        pieces: dict[int, list[np.ndarray]] = {}
+        for got in self.comm.alltoall(sends):
+            for c, piece in got.items():
+                pieces.setdefault(c, []).append(piece)
+        for c, parts in pieces.items():
+            values[c] = fn(np.concatenate(parts))
+        every = self.comm.gather(values, root=0)
+        if every is None:
             return None
-        out = []
-        for c in range(-(-total // size)):
-            held = [w[c] for w, _ in got if c in w]
-            out.append(held[0] if held else fn(np.concatenate([p[c] for _, p in got if c in p])))
-        return out
+        merged = {c: v for part in every for c, v in part.items()}
+        return [merged[c] for c in range(-(-total // size))]
 
 
 def input_share(comm: Any, ids: np.ndarray, lens: np.ndarray, source: str) -> dict[str, Any]:

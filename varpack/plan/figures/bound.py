@@ -156,7 +156,7 @@ def time_bound(
     return 1.0 + float(idle) / ideal_cost
 
 
-_PIECE = 1 << 22  # samples per piece of the sums below (bounded temporaries)
+_PIECE = 1 << 20  # samples per piece of the sums below (bounded temporaries)
 
 
 def _priced(
