@@ -138,6 +138,32 @@ def test_failures_are_agreed(tmp_path: Path, args: list[object], line: str) -> N
     assert {p.name for p in tmp_path.iterdir()} == leftovers
 
 
+def _unmapped_segments() -> set[str]:
+    """MPICH's segments in /dev/shm that no live process maps (leftovers)."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(
+                ln.split()[-1] for ln in maps.read_text().splitlines() if "/dev/shm/" in ln
+            )
+        except (OSError, IndexError):
+            continue
+    return {str(p) for p in Path("/dev/shm").glob("mpich_shm_*")} - mapped
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this system")
+def test_a_failed_plan_leaves_no_shared_memory(tmp_path: Path) -> None:
+    """The ranks unlink MPI's segments at start-up (as the sort does): a plan whose ranks exit
+    on an agreed error leaves none in /dev/shm."""
+    write_shards(tmp_path / "meta", np.arange(500), np.full(500, 900), [500])
+    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
+    before = _unmapped_segments()
+    got = mpiexec(3, "plan", tmp_path / "sorted", tmp_path / "out", "--max-tokens", 512,
+                  check=False)  # fmt: skip
+    assert got.returncode == 2 and "do not fit --max-tokens 512" in got.stderr
+    assert _unmapped_segments() - before == set()
+
+
 def test_raw_metadata_is_refused_under_mpi(tmp_path: Path) -> None:
     write_shards(tmp_path / "meta", np.arange(100), np.full(100, 10), [100])
     got = mpiexec(2, "plan", tmp_path / "meta", tmp_path / "out", "--max-tokens", 64,

@@ -54,7 +54,7 @@ from varpack.manifest.mpi.warmup import global_totals, reorder_ranks
 from varpack.manifest.mpi.write import write_rank_files
 from varpack.plan import PlanArrays, PlanConfig
 from varpack.plan.figures.plan_json import plan_meta
-from varpack.sort.agree import Agreed, abort_quietly, agree
+from varpack.sort.agree import Agreed, abort_quietly, agree, unlink_shared_memory
 
 
 def plan_ranks(
@@ -70,6 +70,8 @@ def plan_ranks(
     ``(arrays, meta)`` as :func:`varpack.manifest.make.plan` returns them (its arrays hold the
     per-step columns and the figures, not the sample ids), the other ranks ``None``."""
     state: dict[str, Any] = {"tmp": None, "made": []}
+    comm.Barrier()  # every local rank has attached MPI's shared memory by now
+    unlink_shared_memory()  # a rank that aborts can no longer leave it in /dev/shm
     try:
         return _run(comm, state, input, out, cfg, overwrite, carry, carry_from)
     except Agreed:
