@@ -8,11 +8,16 @@ must be the one-process line, once, with its exit code and nothing left behind.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from testkit import cli, mpiexec, write_shards
+from testkit import BIN, cli, mpiexec, write_shards
 
 pytestmark = pytest.mark.mpi
 
@@ -170,3 +175,28 @@ def test_raw_metadata_is_refused_under_mpi(tmp_path: Path) -> None:
                   check=False)  # fmt: skip
     assert got.returncode == 2 and got.stderr.count("\n") == 1
     assert "run varpack sort first" in got.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_under_mpi_leaves_nothing(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    """SIGTERM or Ctrl-C to mpiexec while the ranks plan: every rank stops, one line per rank
+    the signal reached, the partial plan removed."""
+    meta, sorted_out, out = tmp_path / "meta", tmp_path / "sorted", tmp_path / "plan"
+    cli("synth", meta, "-n", "3M", "--shards", 2, "-q")
+    cli("sort", meta, sorted_out, "--single-file", "-q")
+    mpi = [str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "varpack"]
+    cmd = [*mpi, "plan", str(sorted_out), str(out), "--max-tokens", "65536", "--dp", "8",
+           "--oversize", "split", "-q"]  # fmt: skip
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    end = time.monotonic() + 120
+    while not list(tmp_path.glob(".plan.tmp-*")) and time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.002)
+    time.sleep(0.2)
+    proc.send_signal(sig)  # mpiexec forwards it to every rank
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    lines = err.strip().splitlines()
+    assert lines and all(f"interrupted by {sig.name}" in ln for ln in lines), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta", "sorted"]
