@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from testkit import BIN, cli, mpiexec, write_shards
 
@@ -200,3 +202,53 @@ def test_a_signal_under_mpi_leaves_nothing(tmp_path: Path, sig: signal.Signals, 
     lines = err.strip().splitlines()
     assert lines and all(f"interrupted by {sig.name}" in ln for ln in lines), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["meta", "sorted"]
+
+
+@pytest.mark.parametrize("fault", ["null", "repeated", "missing"])
+def test_carry_errors_are_the_one_process_line(tmp_path: Path, fault: str) -> None:
+    """A carry source with a null, a repeated id or without some planned ids: every rank reads
+    a share of it, and the line is the one process's (the first offender of the whole source,
+    the count of all)."""
+    rng = np.random.default_rng(9)
+    n = 3000
+    ids = rng.permutation(10 * n)[:n]
+    write_shards(tmp_path / "meta", ids, rng.integers(1, 900, n), [n])
+    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
+    keep = np.ones(n, bool)
+    values = pa.array(rng.choice(["a", "b", "c"], n))
+    carry_ids = ids.copy()
+    if fault == "null":
+        values = pa.array(
+            [None if i in (700, 2900) else v for i, v in enumerate(values.to_pylist())]
+        )
+    elif fault == "repeated":
+        carry_ids[[100, 2500]] = carry_ids[[1200, 40]]
+    else:
+        keep[[5, 1700, 2999]] = False
+    table = pa.table({"sample_id": carry_ids[keep], "source": values.filter(pa.array(keep))})
+    (tmp_path / "carry").mkdir()
+    for k, part in enumerate(np.array_split(np.arange(int(keep.sum())), 3)):
+        pq.write_table(table.take(pa.array(part)), tmp_path / "carry" / f"{k}.parquet",
+                       row_group_size=250)  # fmt: skip
+    args = ["--max-tokens", 4096, "--dp", 2, "--carry", "source", "--carry-from",
+            tmp_path / "carry", "-q"]  # fmt: skip
+    one = cli("plan", tmp_path / "sorted", tmp_path / "one", *args, expect=None)
+    got = mpiexec(3, "plan", tmp_path / "sorted", tmp_path / "out", *args, check=False)
+    assert one.exit_code == 2 and got.returncode == 2, (one.output, got.stderr)
+    assert got.stderr.strip() == one.output.strip()
+
+
+def test_carried_values_from_a_source_in_many_row_groups(tmp_path: Path) -> None:
+    """The carried values reach the same samples whichever rank read them."""
+    rng = np.random.default_rng(4)
+    n = 5000
+    ids = rng.permutation(3 * n)[:n]
+    write_shards(tmp_path / "meta", ids, rng.integers(1, 2000, n), [n // 2, n - n // 2],
+                 source=rng.choice(np.array(["web", "code", "books"]), n))  # fmt: skip
+    mpiexec(2, "sort", tmp_path / "meta", tmp_path / "sorted", "-q")
+    args = ["--max-tokens", 4096, "--dp", 4, "--oversize", "split", "--split-len", 700,
+            "--carry", "source", "--carry-from", tmp_path / "meta", "-q"]  # fmt: skip
+    cli("plan", tmp_path / "sorted", tmp_path / "one", *args)
+    for ranks in (2, 4):
+        mpiexec(ranks, "plan", tmp_path / "sorted", tmp_path / f"r{ranks}", *args)
+        assert _files(tmp_path / f"r{ranks}") == _files(tmp_path / "one")

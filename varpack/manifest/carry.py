@@ -163,7 +163,7 @@ def join(ids: np.ndarray, meta_ids: np.ndarray, table: pa.Table, where: str) -> 
     """The columns of ``table`` (rows keyed by ``meta_ids``) aligned with ``ids`` (which may
     repeat an id); an id of ``ids`` missing from ``meta_ids``, or a repeated metadata id, is an
     InputError."""
-    if len(meta_ids) == 0:
+    if len(meta_ids) == 0 and len(ids):
         raise InputError(f"{where}: the metadata holds no rows; nothing to carry")
     order = np.argsort(meta_ids, kind="stable")
     sorted_ids = meta_ids[order]

@@ -10,7 +10,9 @@ rank:
 3. **order and pack** (:mod:`.curriculum`): the packing relayed from rank to rank, the count
    completed by the last rank, whole steps moved to the rank holding their first micro-batch
    (:mod:`.moves`);
-4. **stages 3-6** (:mod:`.local`): shapes, ranks, warm-up list and LR factors of its own steps;
+4. **stages 3-6** (:mod:`.local`, :mod:`.warmup`): shapes, ranks, the warm-up reorder and LR
+   factors of its own steps; ``--carry`` values joined by id over every rank's share of the
+   carry source (:mod:`.carry`);
 5. **write** (:mod:`.write`): every rank file written by one rank from the parts all ranks send;
    rank 0 scores the plan from compact columns (:mod:`.figures`), writes plan.json and publishes
    the directory.
@@ -44,6 +46,7 @@ from varpack.atomic import (
 )
 from varpack.errors import Interrupted
 from varpack.manifest.format import write_plan_json
+from varpack.manifest.mpi.carry import join_share, read_share
 from varpack.manifest.mpi.curriculum import curriculum_epoch
 from varpack.manifest.mpi.figures import input_share, shared_figures, whole_plan
 from varpack.manifest.mpi.local import local_plan
@@ -119,7 +122,7 @@ def _run(
     carry: Sequence[str],
     carry_from: str | os.PathLike[str] | None,
 ) -> tuple[PlanArrays, dict[str, Any]] | None:
-    from varpack.manifest.carry import check_names, join, read_carry_source
+    from varpack.manifest.carry import check_names
     from varpack.manifest.make import carry_source, input_paths
 
     rank = comm.Get_rank()
@@ -142,7 +145,7 @@ def _run(
     token = comm.bcast(token, root=0)
     tmp = state["tmp"] = temp_sibling(out, token) if rank else state["tmp"]
     names = tuple(carry)
-    carried_from = agree(comm, lambda: None if source is None else read_carry_source(source, names))
+    carried_from = None if source is None else read_share(comm, source, names)
     total = agree(comm, lambda: num_rows(input))
     a, b = weighted_share(comm, input, total, _micro_tokens(cfg))
     ids, lens = agree(comm, lambda: read_run(input, a, b, verify=True))
@@ -160,7 +163,7 @@ def _run(
     carried = None
     if carried_from is not None:
         assert source is not None
-        carried = agree(comm, partial(join, local.ids, *carried_from, source))
+        carried = join_share(comm, carried_from, local.ids)
     entry = None if carried is None or source is None else carried.entry(source)
     entries = write_rank_files(comm, local, carried, tmp)
     del carried_from, carried
