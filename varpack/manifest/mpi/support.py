@@ -2,8 +2,8 @@
 
 The ranks plan curriculum orders with greedy batching (budget or fixed, packed or padded, any
 ``--dp``/``--grad-accum``/``--epochs``, ``--oversize``, ``--cost`` levelling,
-``--warmup list``, ``--lr-scaling``, ``--carry``) and write the one-process plan byte for byte.
-An option whose stage needs the whole input at once is refused under P > 1 before any work: the
+every ``--warmup``, ``--lr-scaling``, ``--carry``) and write the one-process plan byte for
+byte. An option whose stage is not shared out yet is refused under P > 1 before any work: the
 same command without ``mpiexec`` plans it.
 """
 
