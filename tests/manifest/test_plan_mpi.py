@@ -252,3 +252,42 @@ def test_carried_values_from_a_source_in_many_row_groups(tmp_path: Path) -> None
     for ranks in (2, 4):
         mpiexec(ranks, "plan", tmp_path / "sorted", tmp_path / f"r{ranks}", *args)
         assert _files(tmp_path / f"r{ranks}") == _files(tmp_path / "one")
+
+
+_FAILING_WRITE = """
+import sys
+from mpi4py import MPI
+import varpack.manifest.mpi.write as W
+from varpack.manifest.mpi import plan_ranks
+from varpack.plan import PlanConfig
+from varpack.sort.agree import Agreed
+comm = MPI.COMM_WORLD
+built = W.plan_tables
+def failing(*args, **kwargs):
+    for i, table in enumerate(built(*args, **kwargs)):
+        if comm.Get_rank() == 1 and i == int(sys.argv[3]):
+            raise OSError(28, "No space left on device")
+        yield table
+W.plan_tables = failing
+try:
+    plan_ranks(comm, sys.argv[1], sys.argv[2], PlanConfig(max_tokens=4096, dp=4))
+except Agreed as exc:
+    print(f"rank {comm.Get_rank()}: {exc.error} ({exc.code})", flush=True)
+"""
+
+
+@pytest.mark.parametrize("at", [0, 3])
+def test_a_failure_while_writing_on_one_rank_is_agreed(tmp_path: Path, at: int) -> None:
+    """One rank fails building its part of a rank file (its disk fills): the owners still hear
+    from it, nobody hangs, every rank gets that rank's error, and nothing is left."""
+    rng = np.random.default_rng(2)
+    write_shards(tmp_path / "meta", np.arange(3000), rng.integers(1, 3000, 3000), [3000])
+    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
+    script = tmp_path / "failing.py"
+    script.write_text(_FAILING_WRITE)
+    cmd = [str(BIN / "mpiexec"), "-n", "3", sys.executable, str(script),
+           str(tmp_path / "sorted"), str(tmp_path / "out"), str(at)]  # fmt: skip
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    for r in range(3):  # every rank got rank 1's error (lines may interleave)
+        assert f"rank {r}: [Errno 28] No space left on device (1)" in got.stdout, got
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["failing.py", "meta", "sorted"]

@@ -15,6 +15,7 @@ rank is agreed once every part has been received; rank 0 gathers the checksums f
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,6 +142,22 @@ def _sorted_file(parts: list[pa.Table], path: Path) -> dict[str, Any]:
     return write_rank_file(table.take(pa.array(np.argsort(key, kind="stable"))), path)
 
 
+class _Missing(Exception):
+    """A part that never came: its sender failed and reports why."""
+
+
+def _guarded(
+    tables: Iterator[pa.Table], count: int, errors: list[BaseException]
+) -> Iterator[tuple[int, pa.Table | None]]:
+    """``(r, table)`` for every rank file; once building one failed (the error goes to
+    ``errors``, agreed later), ``None`` for the rest, so that every owner still hears from
+    every rank."""
+    for r in range(count):
+        table, error = (None, None) if errors else caught(partial(next, tables))
+        errors += [error] if error is not None else []
+        yield r, table
+
+
 def write_rank_files(
     comm: Any, p: PlanArrays, carried: Carried | None, tmp: Path
 ) -> list[dict[str, Any]] | None:
@@ -150,16 +167,17 @@ def write_rank_files(
     size, rank = comm.Get_size(), comm.Get_rank()
     entries: dict[int, Any] = {}
     errors: list[BaseException] = []
-    tables = enumerate(plan_tables(p, carried, in_order=True))
+    tables = _guarded(plan_tables(p, carried, in_order=True), p.cfg.dp, errors)
+    epochs = len(p.epochs)
     for _ in range(0, p.cfg.dp, size):
         sends, mine = [], None
         for r, table in itertools.islice(tables, size):
-            parts = _by_epoch(table, p.epochs)
+            parts = [None] * epochs if table is None else _by_epoch(table, p.epochs)
             if r % size == rank:
                 mine = (r, parts)
                 continue
             for part in parts:
-                data, error = caught(partial(_ipc, part))
+                data, error = (None, None) if part is None else caught(partial(_ipc, part))
                 errors += [error] if error is not None else []
                 sends += _send(comm, data, r % size)
             del parts
@@ -173,8 +191,10 @@ def write_rank_files(
         pa.default_memory_pool().release_unused()  # the parts' buffers: back to the system
 
     def check() -> dict[int, Any]:
-        if errors:
-            raise errors[0]
+        # a missing part is the echo of its sender's own error, which that rank reports
+        for error in errors:
+            if not isinstance(error, _Missing):
+                raise error
         return entries
 
     done = agree(comm, check)
@@ -186,7 +206,7 @@ def write_rank_files(
 
 
 def _write_owned(
-    comm: Any, r: int, mine: list[pa.Table], epochs: int, warmup: str, tmp: Path
+    comm: Any, r: int, mine: list[pa.Table | None], epochs: int, warmup: str, tmp: Path
 ) -> tuple[dict[str, Any] | None, BaseException | None]:
     """Receive every rank's parts of rank file ``r`` (in order) and write it; a failure is
     returned (the parts are still all received, so no sender waits)."""
@@ -201,9 +221,12 @@ def _write_owned(
             if error is not None:
                 continue
             if k != rank and data is None:  # the sender failed to build it: agreed later
-                error = RuntimeError(f"rank {k} could not send its part of {path.name}")
+                error = _Missing(f"rank {k} could not send its part of {path.name}")
                 continue
             part = mine[e] if data is None else _read_ipc(data)
+            if part is None:  # this rank failed to build its own part: agreed later
+                error = _Missing(f"no part of {path.name} from rank {rank}")
+                continue
             if warmup == "reorder":
                 whole.append(part)
             else:
