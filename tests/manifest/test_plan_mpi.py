@@ -55,6 +55,11 @@ def _options(rng: np.random.Generator, budget: int) -> list[object]:
     args += ["--cost", cost] + (["--model-preset", "qwen2.5-0.5b"] if cost == "flops" else [])
     args += ["--shuffle-window", int(rng.integers(1, 5)), "--epochs", int(rng.integers(1, 4))]
     args += ["--warmup", str(rng.choice(["list", "none", "reorder"]))]
+    shaped = rng.random()
+    if shaped < 0.3 and "--batch-size" not in args:  # bounded shapes, chosen over every rank's
+        args += ["--max-shapes", int(rng.integers(1, 17))]
+    elif shaped < 0.4 and "--batch-size" not in args and "padded" not in args:
+        args += ["--pack-to", budget]
     if rng.random() < 0.5:
         args += ["--lr-scaling", "sqrt", "--base-batch-size", float(rng.integers(4, 64))]
     if rng.random() < 0.5:
@@ -291,3 +296,10 @@ def test_a_failure_while_writing_on_one_rank_is_agreed(tmp_path: Path, at: int) 
     for r in range(3):  # every rank got rank 1's error (lines may interleave)
         assert f"rank {r}: [Errno 28] No space left on device (1)" in got.stdout, got
     assert sorted(p.name for p in tmp_path.iterdir()) == ["failing.py", "meta", "sorted"]
+
+
+def test_a_usage_error_under_mpi_is_one_line(tmp_path: Path) -> None:
+    """Every rank parses the same flags; rank 0 alone prints the usage error."""
+    got = mpiexec(3, "plan", tmp_path / "in", tmp_path / "out", "--max-tokens", 0, check=False)
+    assert got.returncode == 2 and got.stdout == ""
+    assert got.stderr.count("\n") == 1 and "--max-tokens" in got.stderr

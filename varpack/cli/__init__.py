@@ -14,6 +14,7 @@ work; SIGTERM, SIGINT and SIGHUP remove the partial output and exit
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -101,7 +102,21 @@ def usage_error(exc: click.UsageError) -> None:
         names.append(ctx.info_name or "")
         ctx = ctx.parent
     command = " ".join(["varpack", *reversed(names)])
+    if _another_rank():  # every rank parsed the same flags: rank 0 says it, once
+        sys.exit(2)
     fail(f"{exc.format_message().rstrip('.')}; see {command} --help", 2)
+
+
+def _another_rank() -> bool:
+    """Started by ``mpiexec ... python -m mpi4py`` as a rank other than 0 (read from the
+    launcher's environment: MPI need not be started for a usage error)."""
+    if "mpi4py.run" not in sys.modules:
+        return False
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value != "0"
+    return False
 
 
 def fail(message: str, code: int = 2) -> None:

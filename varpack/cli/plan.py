@@ -283,7 +283,10 @@ def _on_ranks(
     summary. Returns the exit code (0)."""
     from varpack.errors import ConfigError
     from varpack.manifest.mpi import plan_ranks
-    from varpack.sort.agree import agree
+    from varpack.sort.agree import agree, unlink_shared_memory
+
+    comm.Barrier()  # every local rank has attached MPI's shared memory by now: a rank that
+    unlink_shared_memory()  # fails from here on can no longer leave it in /dev/shm
 
     def settings() -> tuple[list[str], str | None, PlanConfig]:
         names, source, sql, column, blend, cfg = _settings(*given)

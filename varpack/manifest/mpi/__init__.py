@@ -10,7 +10,8 @@ rank:
 3. **order and pack** (:mod:`.curriculum`): the packing relayed from rank to rank, the count
    completed by the last rank, whole steps moved to the rank holding their first micro-batch
    (:mod:`.moves`);
-4. **stages 3-6** (:mod:`.local`, :mod:`.warmup`): shapes, ranks, the warm-up reorder and LR
+4. **stages 3-6** (:mod:`.local`, :mod:`.shapes`, :mod:`.warmup`): shapes (lengths chosen over
+   every rank's histogram), ranks, the warm-up reorder and LR
    factors of its own steps; ``--carry`` values joined by id over every rank's share of the
    carry source (:mod:`.carry`);
 5. **write** (:mod:`.write`): every rank file written by one rank from the parts all ranks send;
@@ -52,6 +53,7 @@ from varpack.manifest.mpi.figures import input_share, shared_figures, whole_plan
 from varpack.manifest.mpi.local import local_plan
 from varpack.manifest.mpi.read import num_rows, read_run, weighted_share
 from varpack.manifest.mpi.select import select_share
+from varpack.manifest.mpi.shapes import lengths_after, lengths_before
 from varpack.manifest.mpi.support import check_supported
 from varpack.manifest.mpi.warmup import global_totals, reorder_ranks
 from varpack.manifest.mpi.write import write_rank_files
@@ -152,10 +154,12 @@ def _run(
     info = input_share(comm, ids, lens, str(input))
     rows, cfg, dropped, notes = select_share(comm, ids, lens, cfg)
     del ids, lens
+    before = lengths_before(comm, rows["lens"], cfg)
     held = {"rows": rows}
     del rows
-    rows, off, first, count = curriculum_epoch(comm, held, cfg)
-    local = agree(comm, partial(local_plan, rows, off, first, count, cfg, notes))
+    rows, off, first, count = curriculum_epoch(comm, held, cfg, before)
+    lengths = lengths_after(comm, off, rows["lens"], cfg, before)
+    local = agree(comm, partial(local_plan, rows, off, first, count, cfg, notes, lengths))
     del rows, off
     if cfg.warmup == "reorder":
         reorder_ranks(comm, local)

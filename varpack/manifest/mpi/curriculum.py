@@ -27,6 +27,7 @@ from varpack.manifest.mpi.moves import Rows, count, move_micro, owners, relay_pa
 from varpack.plan import PlanConfig
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete, pack
+from varpack.plan.stages.batching.common import effective_lengths
 from varpack.plan.stages.levelling import by_cost_in_windows, levels
 from varpack.sort.agree import agree
 
@@ -35,16 +36,20 @@ TAIL_STEPS = 4
 
 
 def curriculum_epoch(
-    comm: Any, held: dict[str, Rows], cfg: PlanConfig
+    comm: Any, held: dict[str, Rows], cfg: PlanConfig, lengths: np.ndarray | None = None
 ) -> tuple[Rows, np.ndarray, int, int]:
     """``(rows, off, first, total)``: this rank's rows (taken out of ``held``, so that each
     move frees the rows before it) cut into micro-batches ``off``, the global number of its
-    first micro-batch and the epoch's count of micro-batches."""
+    first micro-batch and the epoch's count of micro-batches. ``lengths``: the shape lengths
+    known before batching (the padded layout packs samples at their chosen lengths)."""
     rule = cfg.pack_rule()
     rows = held.pop("rows")
 
     def pack_rows(r: Rows) -> np.ndarray:
-        starts = pack(r["lens"], np.array([0, count(r)]), r["alone"], rule, 0, r.get("group"))[1]
+        view = r["lens"]
+        if lengths is not None and cfg.layout == "padded":
+            view = effective_lengths(view, cfg, lengths)
+        starts = pack(view, np.array([0, count(r)]), r["alone"], rule, 0, r.get("group"))[1]
         return starts.copy()  # a view of one entry per sample: keep only the micro-batches
 
     rows, off = relay_pack(comm, rows, pack_rows)

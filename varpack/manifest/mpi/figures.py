@@ -136,6 +136,7 @@ def _max() -> Any:
 def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanArrays | None:
     """On rank 0, the plan's micro-batch and step columns (no samples); ``None`` elsewhere."""
     per_micro = ("step", "rank", "micro_index") + (() if p.warmup is None else ("warmup",))
+    per_micro += () if p.pad_rows is None else ("pad_rows",)
     mine = [
         {
             **{k: getattr(p, k)[s] for k in per_micro},
@@ -166,6 +167,8 @@ def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanA
         step_samples=p.step_samples,
         lr=p.lr,
         warmup=None if p.warmup is None else column("warmup"),
+        pad_rows=None if p.pad_rows is None else column("pad_rows"),
+        lengths=p.lengths,
         epochs=p.epochs,
         dropped=dropped,
         oversize_alone=[i for part in got for i in part[1]],

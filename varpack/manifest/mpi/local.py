@@ -22,7 +22,13 @@ from varpack.plan.stages.shaping import shape
 
 
 def local_plan(
-    rows: Rows, off: np.ndarray, first: int, total: int, cfg: PlanConfig, notes: list[str]
+    rows: Rows,
+    off: np.ndarray,
+    first: int,
+    total: int,
+    cfg: PlanConfig,
+    notes: list[str],
+    lengths: np.ndarray | None = None,
 ) -> PlanArrays:
     """This rank's micro-batches ``off`` of ``rows`` (global numbers from ``first``, of ``total``
     in an epoch) planned over every epoch. Every epoch streams the rows in order: the plan's
@@ -31,17 +37,18 @@ def local_plan(
     spe = total // per
     n, nm, lens = count(rows), len(off) - 1, rows["lens"]
     epochs = [{"epoch": e, "first_step": e * spe, "num_steps": spe} for e in range(cfg.epochs)]
-    micros, ranks, steps, index = [], [], [], []
+    micros, ranks, steps, index, empty = [], [], [], [], []
     stream = np.arange(n, dtype=np.int64)  # every epoch streams the rows in their order
     for e in range(cfg.epochs):
         step = (first + np.arange(nm, dtype=np.int64)) // per + e * spe
         batches = Batches(stream, off, step, epochs, stream_lens=lens)
-        shaped = shape(batches, lens, cfg, None)
+        shaped = shape(batches, lens, cfg, lengths)
         placed = assign(batches, shaped, cfg)  # the warm-up reorder spans ranks: .warmup
         micros.append(placed.micro)
         ranks.append(placed.rank)
         steps.append(placed.step)
         index.append(placed.micro_index)
+        empty.append(shaped.pad_rows)
     micro = Micro(*(np.concatenate([getattr(m, f) for m in micros]) for f in Micro._fields))
     step = np.concatenate(steps)
     num_steps = spe * cfg.epochs
@@ -63,6 +70,8 @@ def local_plan(
         epochs=epochs,
         oversize_alone=[int(i) for i in rows["ids"][rows["alone"]]],
         stream_lens=lens,  # one epoch's: the epochs repeat it
+        lengths=lengths,
+        pad_rows=None if empty[0] is None else np.concatenate([e for e in empty if e is not None]),
         sample_offsets=rows.get("offsets"),
         group=rows.get("group"),
         notes=notes,

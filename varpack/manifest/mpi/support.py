@@ -1,7 +1,8 @@
 """What ``plan`` under MPI plans, and the one line that refuses the rest.
 
 The ranks plan curriculum orders with greedy batching (budget or fixed, packed or padded, any
-``--dp``/``--grad-accum``/``--epochs``, ``--oversize``, ``--cost`` levelling,
+``--dp``/``--grad-accum``/``--epochs``, ``--oversize``, ``--cost`` levelling, ``--max-shapes``,
+``--pack-to``,
 every ``--warmup``, ``--lr-scaling``, ``--carry``) and write the one-process plan byte for
 byte. An option whose stage is not shared out yet is refused under P > 1 before any work: the
 same command without ``mpiexec`` plans it.
@@ -28,8 +29,6 @@ def refusal(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bo
         (cfg.batching == "blocks", "--batching blocks"),
         (cfg.pp > 1, "--pp"),
         (cfg.cp > 1, "--cp"),
-        (cfg.max_shapes is not None, "--max-shapes"),
-        (cfg.pack_to is not None, "--pack-to"),
         (where, "--where"),
         (mix, "--mix"),
     ]

@@ -48,7 +48,7 @@ def shape(
 ) -> Shapes:
     """Each micro-batch's figures and shape; ``lens`` are the selection's lengths."""
     slens = lens[batches.stream] if batches.stream_lens is None else batches.stream_lens
-    if cfg.max_shapes is not None and cfg.layout == "packed":  # chosen over micro-batch totals
+    if cfg.max_shapes is not None and cfg.layout == "packed" and lengths is None:  # over totals
         lengths = shapes.choose_lengths(
             segment_sums(batches.offsets, slens), cfg.max_shapes, cfg.pad_multiple
         )
