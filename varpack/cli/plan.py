@@ -283,6 +283,7 @@ def _on_ranks(
     summary. Returns the exit code (0)."""
     from varpack.errors import ConfigError
     from varpack.manifest.mpi import plan_ranks
+    from varpack.manifest.mpi.support import not_shared
     from varpack.sort.agree import agree, unlink_shared_memory
 
     comm.Barrier()  # every local rank has attached MPI's shared memory by now: a rank that
@@ -292,10 +293,7 @@ def _on_ranks(
         names, source, sql, column, blend, cfg = _settings(*given)
         for value, flag in ((sql, "--where"), (blend, "--mix"), (column, "--source-column")):
             if value:
-                raise ConfigError(
-                    f"{flag} is not planned across MPI ranks yet: run the same varpack plan "
-                    "without mpiexec (one process writes the same plan), or leave the option out"
-                )
+                raise ConfigError(not_shared(flag))
         return names, source, cfg
 
     names, source, cfg = agree(comm, settings)

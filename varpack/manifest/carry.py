@@ -152,11 +152,34 @@ def read_carry_source(
         col = table.column(name)
         if col.null_count:
             first = int(pc.index(pc.is_null(col), True).as_py())
-            raise InputError(
-                f"{where}: column '{name}' holds {col.null_count:,} null(s) (the first at "
-                f"{id_col} {int(ids[first])}); a carried column needs a value for every sample"
-            )
+            raise null_error(where, name, col.null_count, id_col, int(ids[first]))
     return ids, table.select(list(names))
+
+
+def null_error(where: str, name: str, count: int, id_col: str, first: int) -> InputError:
+    return InputError(
+        f"{where}: column '{name}' holds {count:,} null(s) (the first at {id_col} {first}); a "
+        "carried column needs a value for every sample"
+    )
+
+
+def empty_error(where: str) -> InputError:
+    return InputError(f"{where}: the metadata holds no rows; nothing to carry")
+
+
+def repeated_error(where: str, sample_id: int) -> InputError:
+    return InputError(
+        f"{where}: sample id {sample_id} appears more than once; a carried value must belong to "
+        "one sample"
+    )
+
+
+def missing_error(where: str, first: int, count: int) -> InputError:
+    return InputError(
+        f"{where}: planned sample id {first}"
+        + (f" (and {count - 1:,} more)" if count > 1 else "")
+        + " is not in the metadata; give --carry-from the metadata this plan's input came from"
+    )
 
 
 def join(ids: np.ndarray, meta_ids: np.ndarray, table: pa.Table, where: str) -> Carried:
@@ -164,24 +187,17 @@ def join(ids: np.ndarray, meta_ids: np.ndarray, table: pa.Table, where: str) -> 
     repeat an id); an id of ``ids`` missing from ``meta_ids``, or a repeated metadata id, is an
     InputError."""
     if len(meta_ids) == 0 and len(ids):
-        raise InputError(f"{where}: the metadata holds no rows; nothing to carry")
+        raise empty_error(where)
     order = np.argsort(meta_ids, kind="stable")
     sorted_ids = meta_ids[order]
     twice = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
     if len(twice):
-        raise InputError(
-            f"{where}: sample id {int(sorted_ids[twice[0]])} appears more than once; a carried "
-            "value must belong to one sample"
-        )
+        raise repeated_error(where, int(sorted_ids[twice[0]]))
     rows = rows_of(meta_ids, ids, order)
     missing = rows < 0
     if missing.any():
         lost = ids[missing]
-        raise InputError(
-            f"{where}: planned sample id {int(lost[0])}"
-            + (f" (and {len(lost) - 1:,} more)" if len(lost) > 1 else "")
-            + " is not in the metadata; give --carry-from the metadata this plan's input came from"
-        )
+        raise missing_error(where, int(lost[0]), len(lost))
     types, values, dictionaries = [], [], []
     for name in table.column_names:
         col = table.column(name).combine_chunks()

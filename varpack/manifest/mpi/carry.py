@@ -19,8 +19,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from varpack.errors import InputError
-from varpack.manifest.carry import Carried, _columns, _dataset, join, rows_of
+from varpack.manifest.carry import (
+    Carried,
+    _columns,
+    _dataset,
+    empty_error,
+    join,
+    missing_error,
+    null_error,
+    repeated_error,
+    rows_of,
+)
 from varpack.manifest.mpi.read import share
 from varpack.sort.agree import agree
 
@@ -96,11 +105,7 @@ def _check_nulls(comm: Any, where: str, id_col: str, ids: np.ndarray, table: pa.
             counts = [part[k] for part in every]
             total = sum(c for c, _ in counts)
             if total:
-                first = next(f for c, f in counts if c)
-                raise InputError(
-                    f"{where}: column '{name}' holds {total:,} null(s) (the first at {id_col} "
-                    f"{first}); a carried column needs a value for every sample"
-                )
+                raise null_error(where, name, total, id_col, next(f for c, f in counts if c))
 
     agree(comm, check)
 
@@ -157,21 +162,14 @@ def _check_join(
 
     def check() -> None:
         if sum(n for _, _, _, n in every) == 0:
-            raise InputError(f"{source.where}: the metadata holds no rows; nothing to carry")
+            raise empty_error(source.where)
         repeated = [t for t, _, _, _ in every if t is not None]
         if repeated:
-            raise InputError(
-                f"{source.where}: sample id {min(repeated)} appears more than once; a carried "
-                "value must belong to one sample"
-            )
+            raise repeated_error(source.where, min(repeated))
         missing = sum(n for _, _, n, _ in every)
         if missing:
-            head = next(f for _, f, _, _ in every if f is not None)
-            raise InputError(
-                f"{source.where}: planned sample id {head}"
-                + (f" (and {missing - 1:,} more)" if missing > 1 else "")
-                + " is not in the metadata; give --carry-from the metadata this plan's input "
-                "came from"
+            raise missing_error(
+                source.where, next(f for _, f, _, _ in every if f is not None), missing
             )
 
     agree(comm, check)

@@ -119,18 +119,12 @@ def shared_figures(
         merge=ranks,
     )
     piece = np.zeros(len(p.lens), bool) if p.group is None else p.group >= 0
-    docs = comm.allreduce(int(p.group.max()) + 1 if piece.any() else 0, op=_max())  # type: ignore[union-attr]
+    docs = max(comm.allgather(int(p.group.max()) + 1 if piece.any() else 0))  # type: ignore[union-attr]
     split = comm.allreduce(int(p.lens[piece].sum()))
     pieces = comm.allreduce(int(piece.sum()))
     gone = sum(int(d["seq_len"]) for d in dropped)
     tokens = token_figures(total_tokens, gone, split, docs, pieces)
     return {"ideal_cost": ideal, "samples": samples, "tokens": tokens}
-
-
-def _max() -> Any:
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanArrays | None:

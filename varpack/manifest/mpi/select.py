@@ -20,6 +20,7 @@ from varpack.plan.stages.select import (
     SHOW_IDS,
     check_fills_step,
     check_input,
+    drop_reason,
     oversize,
     oversize_error,
 )
@@ -50,7 +51,7 @@ def select_share(
 
         agree(comm, refuse)
     elif count and cfg.oversize == "drop":
-        reason = f"oversize: longer than --max-tokens {cfg.block_len or cfg.max_tokens}"
+        reason = drop_reason(cfg)
         mine = [{"sample_id": int(i), "seq_len": int(n), "reason": reason}
                 for i, n in zip(ids[over], lens[over], strict=True)]  # fmt: skip
         dropped = [d for part in comm.gather(mine, root=0) or [] for d in part]

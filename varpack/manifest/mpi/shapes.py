@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from varpack.manifest.mpi.figures import Ranks
 from varpack.plan import PlanConfig
 from varpack.plan.kernels import shapes
 from varpack.plan.segments import segment_sums
@@ -20,12 +21,7 @@ from varpack.plan.stages.shaping import input_lengths
 
 def _merged(comm: Any, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct values and counts of every rank's ``values``."""
-    mine = np.unique(values, return_counts=True)
-    parts = comm.allgather(mine)
-    every, at = np.unique(np.concatenate([v for v, _ in parts]), return_inverse=True)
-    counts = np.zeros(len(every), dtype=np.int64)
-    np.add.at(counts, at, np.concatenate([c for _, c in parts]).astype(np.int64))
-    return every, counts
+    return Ranks(comm).histogram(*np.unique(values, return_counts=True))
 
 
 def lengths_before(comm: Any, lens: np.ndarray, cfg: PlanConfig) -> np.ndarray | None:

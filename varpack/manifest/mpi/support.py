@@ -34,11 +34,16 @@ def refusal(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bo
     ]
     for hit, name in options:
         if hit:
-            return (
-                f"{name} is not planned across MPI ranks yet: run the same varpack plan without "
-                "mpiexec (one process writes the same plan), or leave the option out"
-            )
+            return not_shared(name)
     return None
+
+
+def not_shared(flag: str) -> str:
+    """The line that refuses ``flag`` under P > 1."""
+    return (
+        f"{flag} is not planned across MPI ranks yet: run the same varpack plan without "
+        "mpiexec (one process writes the same plan), or leave the option out"
+    )
 
 
 def check_supported(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bool) -> None:

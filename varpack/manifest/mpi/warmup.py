@@ -46,7 +46,7 @@ def reorder_ranks(comm: Any, p: PlanArrays) -> None:
     # leaders by (rank, position) to find each micro-batch's own and those before it
     span = int(pos.max()) + 1 if len(pos) else 1
     span = max(span, int(spos.max()) + 1 if len(spos) else 1)
-    span = int(comm.allreduce(span, op=_max(comm)))
+    span = max(comm.allgather(span))
     lkey = r * span + spos
     order = np.argsort(lkey)
     lkey, lslot = lkey[order], slot[order]
@@ -57,12 +57,6 @@ def reorder_ranks(comm: Any, p: PlanArrays) -> None:
     new = np.where(is_lead, lslot[np.minimum(at, len(lkey) - 1)], pos + count[p.rank] - before)
     p.step, p.micro_index = new // k, new % k
     p.warmup = new < count[p.rank]
-
-
-def _max(comm: Any) -> Any:
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 def global_totals(comm: Any, p: PlanArrays) -> None:

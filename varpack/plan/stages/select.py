@@ -113,8 +113,8 @@ def oversize_error(count: int, ids: np.ndarray, lens: np.ndarray, cfg: PlanConfi
 
 def _drop(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig) -> Selection:
     gone = np.flatnonzero(over)
-    reason = f"oversize: longer than {_limit(cfg)} {cfg.block_len or cfg.max_tokens}"
-    dropped = [{"sample_id": int(ids[i]), "seq_len": int(lens[i]), "reason": reason} for i in gone]
+    dropped = [{"sample_id": int(ids[i]), "seq_len": int(lens[i]), "reason": drop_reason(cfg)}
+               for i in gone]  # fmt: skip
     keep = ~over
     return Selection(cfg, ids[keep], lens[keep], np.zeros(int(keep.sum()), bool), dropped)
 
@@ -122,6 +122,11 @@ def _drop(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig) 
 def _alone(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig) -> Selection:
     notes = check_alone(ids[over], lens[over], cfg)
     return Selection(cfg, ids, lens, over, notes=notes)
+
+
+def drop_reason(cfg: PlanConfig) -> str:
+    """Why ``--oversize drop`` dropped a sample (plan.json's ``dropped``)."""
+    return f"oversize: longer than {_limit(cfg)} {cfg.block_len or cfg.max_tokens}"
 
 
 def _split(ids: np.ndarray, lens: np.ndarray, over: np.ndarray, cfg: PlanConfig) -> Selection:
