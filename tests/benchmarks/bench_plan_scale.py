@@ -6,8 +6,8 @@ long-SFT-like lengths (a lognormal body, median 300 tokens, sigma 1, clipped to 
 permutation of [0, 2N), its first N values), records in (seq_len, sample_id) order, generated
 in chunks of whole length groups so the generator holds a few million rows at a time.
 
-Each input is planned with the same options (budget 16384, dp 8, grad-accum 4, curriculum) in
-one process (``python -m varpack plan``) and by ``mpiexec -n P python -m mpi4py -m varpack plan``
+Each input is planned with the same options (budget 16384, dp 8, grad-accum 4; curriculum, or
+``--order shuffle`` with its default ``--compose cost``) in one process (``python -m varpack plan``) and by ``mpiexec -n P python -m mpi4py -m varpack plan``
 for each P, every process through a wrapper whose ``atexit`` handler writes its peak RSS
 (``ru_maxrss``) to a file named after its MPI rank. Each MPI plan must be the one-process plan
 byte for byte (every file's sha256). A first round at 100 K samples warms the numba cache and
@@ -19,6 +19,7 @@ is identical; then per-sample costs for projections (bytes of peak per sample, o
 per rank of its N/P share, also above the fixed cost; seconds per million samples).
 
     python tests/benchmarks/bench_plan_scale.py [--sizes 20M,100M] [--ranks 1,2,4] [--quick]
+        [--order curriculum|shuffle]
     python tests/benchmarks/bench_plan.py --only scale [--quick]
 """
 
@@ -248,10 +249,12 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2,4", help="MPI rank counts, e.g. 1,2,4")
     ap.add_argument("--quick", action="store_true", help="sizes 2M")
     ap.add_argument("--workdir", default=None, help="where inputs and plans go [default: /tmp]")
+    ap.add_argument("--order", default="curriculum", choices=["curriculum", "shuffle"])
     a = ap.parse_args()
+    PLAN_ARGS.extend(["--order", a.order])
     sizes = [2_000_000] if a.quick else [count(s) for s in a.sizes.split(",")]
     ranks = [int(p) for p in a.ranks.split(",")]
-    print(f"varpack plan under MPI: budget {BUDGET}, dp 8, grad-accum 4, curriculum; long-SFT "
+    print(f"varpack plan under MPI: budget {BUDGET}, dp 8, grad-accum 4, {a.order}; long-SFT "
           f"lengths (median {MEDIAN:.0f}, {NEAR:.1%} near the budget); ranks {ranks}")  # fmt: skip
     print("targets: per-rank peak <= 0.6x at P=2, <= 0.35x at P=4; time at P=2 no worse than P=1")
     with tempfile.TemporaryDirectory(dir=a.workdir, prefix="bench-plan-scale-") as tmp:

@@ -64,6 +64,9 @@ def _options(rng: np.random.Generator, budget: int) -> list[object]:
         args += ["--lr-scaling", "sqrt", "--base-batch-size", float(rng.integers(4, 64))]
     if rng.random() < 0.5:
         args += ["--carry", "source"]
+    if rng.random() < 0.5:  # the two shuffle batchers: composed by cost (packed) or by tokens
+        compose = "tokens" if "padded" in args or rng.random() < 0.4 else "cost"
+        args += ["--order", "shuffle", "--seed", int(rng.integers(0, 99)), "--compose", compose]
     return args
 
 
@@ -93,7 +96,7 @@ def _case(tmp: Path, seed: int) -> tuple[Path, list[object]]:
     return tmp / "sorted", args
 
 
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("seed", range(24))
 def test_plans_are_the_one_process_plan(tmp_path: Path, seed: int) -> None:
     sorted_out, args = _case(tmp_path, seed)
     one = cli("plan", sorted_out, tmp_path / "one", *args, expect=None)
@@ -130,7 +133,10 @@ def test_more_ranks_than_steps(tmp_path: Path) -> None:
     [
         (["--max-tokens", 512], "samples do not fit --max-tokens 512 even alone"),
         (["--max-tokens", 4096, "--dp", 5000], "cannot fill one step"),
-        (["--max-tokens", 4096, "--order", "shuffle"], "--order shuffle is not planned across"),
+        (
+            ["--max-tokens", 4096, "--order", "shuffle", "--layout", "padded"],
+            "--compose cost in the padded layout is not planned across",
+        ),
         (["--max-tokens", 4096, "--cp", 2, "--bucket-size", 4096], "--cp is not planned across"),
     ],
 )

@@ -15,10 +15,10 @@ from varpack.plan.kernels.permute import WHOLE, _draw, permutation, permuted
 @pytest.mark.parametrize("n", [0, 1, 7, 1000, 70_000])
 def test_a_permutation_with_values_moved_along(n: int) -> None:
     values = np.random.default_rng(n).integers(1, 10_000, n)
-    perm, moved = _draw(np.random.default_rng([5, 1]), n, values, whole=64, bucket=256)
+    perm, moved = _draw(5, 1, n, values, whole=64, bucket=256, block=100)
     assert np.array_equal(np.sort(perm), np.arange(n))
     assert moved is not None and np.array_equal(moved, values[perm])
-    again, none = _draw(np.random.default_rng([5, 1]), n, None, whole=64, bucket=256)
+    again, none = _draw(5, 1, n, None, whole=64, bucket=256, block=100)
     assert none is None and np.array_equal(again, perm)  # the values do not change the draw
 
 
@@ -42,11 +42,10 @@ def test_large_epochs_are_drawn_in_buckets_and_stay_deterministic() -> None:
 def test_every_permutation_equally_likely_through_buckets() -> None:
     """All 24 orders of 4 samples, drawn in 2 buckets: a chi-square test of uniformity."""
     index = {p: i for i, p in enumerate(itertools.permutations(range(4)))}
-    rng = np.random.default_rng(11)
     draws = 24_000
     counts = np.zeros(24)
-    for _ in range(draws):
-        perm, _ = _draw(rng, 4, None, whole=1, bucket=2)
+    for seed in range(draws):
+        perm, _ = _draw(seed, 11, 4, None, whole=1, bucket=2, block=3)
         counts[index[tuple(perm.tolist())]] += 1
     expected = draws / 24
     chi2 = float(((counts - expected) ** 2 / expected).sum())
@@ -57,10 +56,9 @@ def test_every_permutation_equally_likely_through_buckets() -> None:
 def test_each_sample_lands_anywhere_alike() -> None:
     """Every sample's position is uniform over the epoch (sample x position-decile table)."""
     n, draws = 200, 3000
-    rng = np.random.default_rng(3)
     table = np.zeros((n, 10))
-    for _ in range(draws):
-        perm, _ = _draw(rng, n, None, whole=8, bucket=16)
+    for seed in range(draws):
+        perm, _ = _draw(seed, 3, n, None, whole=8, bucket=16, block=64)
         table[perm, np.arange(n) * 10 // n] += 1
     expected = draws / 10
     chi2 = ((table - expected) ** 2 / expected).sum(axis=1)

@@ -50,10 +50,12 @@ from varpack.manifest.format import write_plan_json
 from varpack.manifest.mpi.carry import join_share, read_share
 from varpack.manifest.mpi.curriculum import curriculum_epoch
 from varpack.manifest.mpi.figures import input_share, shared_figures, whole_plan
-from varpack.manifest.mpi.local import local_plan
+from varpack.manifest.mpi.local import RankPlan, local_plan
+from varpack.manifest.mpi.moved import moved_figures
 from varpack.manifest.mpi.read import num_rows, read_run, weighted_share
 from varpack.manifest.mpi.select import select_share
 from varpack.manifest.mpi.shapes import lengths_after, lengths_before
+from varpack.manifest.mpi.shuffle import shuffle_epochs
 from varpack.manifest.mpi.support import check_supported
 from varpack.manifest.mpi.warmup import global_totals, reorder_ranks
 from varpack.manifest.mpi.write import write_rank_files
@@ -99,12 +101,12 @@ def _micro_tokens(cfg: PlanConfig) -> float:
     return float(cfg.max_tokens or 1)
 
 
-def _drop_streams(p: PlanArrays) -> None:
+def _drop_streams(p: RankPlan) -> None:
     """Free a rank's per-sample stream columns once its rank files are written."""
     empty = np.zeros(0, np.int64)
     p.stream = p.offsets = p.ids = empty
     p.lens = empty
-    p.stream_lens = p.sample_offsets = p.group = None
+    p.stream_lens = p.sample_offsets = p.group = p.pos2 = None
 
 
 def _clean(comm: Any, state: dict[str, Any], any_rank: bool = False) -> None:
@@ -155,15 +157,23 @@ def _run(
     rows, cfg, dropped, notes = select_share(comm, ids, lens, cfg)
     del ids, lens
     before = lengths_before(comm, rows["lens"], cfg)
-    held = {"rows": rows}
+    base, alone, composed, tallies = None, None, False, None
+    if cfg.order == "shuffle":  # every epoch draws from the selected rows in input order
+        base = rows
+        alone = [int(i) for i in base["ids"][base["alone"]]]
+        parts, composed, tallies = shuffle_epochs(comm, base, cfg, before)
+    else:
+        held = {"rows": rows}
+        parts = [curriculum_epoch(comm, held, cfg, before)]
     del rows
-    rows, off, first, count = curriculum_epoch(comm, held, cfg, before)
-    lengths = lengths_after(comm, off, rows["lens"], cfg, before)
-    local = agree(comm, partial(local_plan, rows, off, first, count, cfg, notes, lengths))
-    del rows, off
+    lengths = lengths_after(comm, parts, cfg, before)
+    local = agree(comm, partial(local_plan, parts, cfg, notes, lengths, composed, alone))
+    del parts
     if cfg.warmup == "reorder":
         reorder_ranks(comm, local)
     global_totals(comm, local)
+    selected = comm.allreduce(0 if base is None else int(base["lens"].sum()))
+    moved = moved_figures(comm, local, composed, tallies, selected)
     carried = None
     if carried_from is not None:
         assert source is not None
@@ -171,10 +181,12 @@ def _run(
     entry = None if carried is None or source is None else carried.entry(source)
     entries = write_rank_files(comm, local, carried, tmp)
     del carried_from, carried
-    shared = shared_figures(comm, local, int(info["total_tokens"]), dropped)
+    shared = shared_figures(comm, local, int(info["total_tokens"]), dropped, base)
     _drop_streams(local)  # rank 0 gathers the micro-batches' figures only
     whole = whole_plan(comm, local, dropped)
-    del local
+    del local, base
+    if whole is not None:
+        whole.moved = moved
 
     def finish() -> dict[str, Any] | None:
         if whole is None:

@@ -53,9 +53,9 @@ def curriculum_epoch(
         return starts.copy()  # a view of one entry per sample: keep only the micro-batches
 
     rows, off = relay_pack(comm, rows, pack_rows)
-    rows, off = _complete(comm, rows, off, cfg)
+    rows, off = complete_tail(comm, rows, off, cfg, "epoch 0")
     unit = cfg.micro_per_step * (cfg.shuffle_window if levels(cfg.cost, cfg.order) else 1)
-    rows, off = _whole_units(comm, rows, off, unit)
+    rows, off = whole_units(comm, rows, off, unit)
     if levels(cfg.cost, cfg.order):
         mrule = cfg.micro_rule()
         cost = summarize(off, rows["lens"], mrule).cost
@@ -73,8 +73,11 @@ def _firsts(comm: Any, off: np.ndarray) -> tuple[np.ndarray, int]:
     return np.concatenate(([0], np.cumsum(counts)[:-1])), int(counts.sum())
 
 
-def _complete(comm: Any, rows: Rows, off: np.ndarray, cfg: PlanConfig) -> tuple[Rows, np.ndarray]:
-    """The epoch's micro-batches completed to whole steps, on the last rank (see module doc)."""
+def complete_tail(
+    comm: Any, rows: Rows, off: np.ndarray, cfg: PlanConfig, where: str
+) -> tuple[Rows, np.ndarray]:
+    """The epoch's micro-batches completed to whole steps, on the last rank (see module doc);
+    ``where`` names the epoch in the error where they cannot be."""
     per = cfg.micro_per_step
     first, m = _firsts(comm, off)
     if m % per == 0:
@@ -91,7 +94,7 @@ def _complete(comm: Any, rows: Rows, off: np.ndarray, cfg: PlanConfig) -> tuple[
         rows, off = move_micro(comm, rows, off, np.where(mine >= m - tail, last, comm.Get_rank()))
         held = comm.Get_rank() == last
         start = int(_firsts(comm, off)[0][last])
-        work = partial(_complete_held, rows, off, start, per, cost_of, held, tail < m)
+        work = partial(_complete_held, rows, off, start, per, cost_of, held, tail < m, where)
         done = agree(comm, work)
         if comm.bcast(done is None, root=last):
             continue
@@ -108,6 +111,7 @@ def _complete_held(
     cost_of: Callable[[np.ndarray, np.ndarray], np.ndarray],
     held: bool,
     partial_tail: bool,
+    where: str,
 ) -> np.ndarray | None:
     """The last rank's completion of the micro-batches it holds from its first step boundary
     on (its first micro-batch is number ``start``); ``None``: completing reached further back
@@ -117,7 +121,7 @@ def _complete_held(
     head = (-start) % per  # the end of a step that began on an earlier rank
     base = int(off[head])
     try:
-        done = complete(off[head:] - base, rows["lens"][base:], per, cost_of, "epoch 0")
+        done = complete(off[head:] - base, rows["lens"][base:], per, cost_of, where)
     except Exception:
         if partial_tail:
             return None
@@ -125,7 +129,7 @@ def _complete_held(
     return np.concatenate((off[:head], done + base))
 
 
-def _whole_units(comm: Any, rows: Rows, off: np.ndarray, unit: int) -> tuple[Rows, np.ndarray]:
+def whole_units(comm: Any, rows: Rows, off: np.ndarray, unit: int) -> tuple[Rows, np.ndarray]:
     """Micro-batches moved so that each rank holds whole runs of ``unit`` (steps, windows): a run
     goes to the rank that holds its first micro-batch."""
     first, _ = _firsts(comm, off)

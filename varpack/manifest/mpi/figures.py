@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from varpack.fingerprint import Fingerprint, fingerprint
-from varpack.manifest.mpi.local import epoch_slices
+from varpack.manifest.mpi.local import RankPlan, epoch_slices
+from varpack.manifest.mpi.moves import Rows
 from varpack.plan import PlanArrays
 from varpack.plan.figures.plan_json import ideal_cost, sample_figures, sample_steps
 from varpack.plan.kernels.micro import Micro
@@ -102,32 +103,40 @@ def input_share(comm: Any, ids: np.ndarray, lens: np.ndarray, source: str) -> di
 
 
 def shared_figures(
-    comm: Any, p: PlanArrays, total_tokens: int, dropped: list[dict[str, Any]]
+    comm: Any,
+    p: RankPlan,
+    total_tokens: int,
+    dropped: list[dict[str, Any]],
+    base: Rows | None = None,
 ) -> dict[str, Any]:
     """The per-sample figures of the whole plan from every rank's samples (valid on rank 0):
-    what :func:`~varpack.plan.figures.plan_json.plan_meta` takes as ``shared``."""
+    what :func:`~varpack.plan.figures.plan_json.plan_meta` takes as ``shared``. ``base``: this
+    rank's selected rows in input order, where ``p`` holds them in another (shuffled)."""
     cfg, ranks = p.cfg, Ranks(comm)
     assert p.stream_lens is not None
-    ideal = comm.bcast(ideal_cost(p.lens, cfg.cost_model(), cfg.epochs, ranks), root=0)
+    lens = p.lens if base is None else base["lens"]
+    group = p.group if base is None else base.get("group")
+    ideal = comm.bcast(ideal_cost(lens, cfg.cost_model(), cfg.epochs, ranks), root=0)
+    tiled = p.repeats and len(p.epochs) > 1
     samples = sample_figures(
         sample_step=sample_steps(p.step, p.micro.samples, p.num_steps),
-        sample_len=p.stream_lens if len(p.epochs) == 1 else np.tile(p.stream_lens, len(p.epochs)),
+        sample_len=np.tile(p.stream_lens, len(p.epochs)) if tiled else p.stream_lens,
         step_tokens=p.step_tokens,
         epochs=p.epochs,
         ideal_cost=ideal,
         cfg=cfg,
         merge=ranks,
     )
-    piece = np.zeros(len(p.lens), bool) if p.group is None else p.group >= 0
-    docs = max(comm.allgather(int(p.group.max()) + 1 if piece.any() else 0))  # type: ignore[union-attr]
-    split = comm.allreduce(int(p.lens[piece].sum()))
+    piece = np.zeros(len(lens), bool) if group is None else group >= 0
+    docs = max(comm.allgather(int(group.max()) + 1 if piece.any() else 0))  # type: ignore[union-attr]
+    split = comm.allreduce(int(lens[piece].sum()))
     pieces = comm.allreduce(int(piece.sum()))
     gone = sum(int(d["seq_len"]) for d in dropped)
     tokens = token_figures(total_tokens, gone, split, docs, pieces)
     return {"ideal_cost": ideal, "samples": samples, "tokens": tokens}
 
 
-def whole_plan(comm: Any, p: PlanArrays, dropped: list[dict[str, Any]]) -> PlanArrays | None:
+def whole_plan(comm: Any, p: RankPlan, dropped: list[dict[str, Any]]) -> PlanArrays | None:
     """On rank 0, the plan's micro-batch and step columns (no samples); ``None`` elsewhere."""
     per_micro = ("step", "rank", "micro_index") + (() if p.warmup is None else ("warmup",))
     per_micro += () if p.pad_rows is None else ("pad_rows",)

@@ -10,6 +10,8 @@ columns span the whole plan (zero on the steps other ranks hold).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from varpack.manifest.mpi.moves import Rows, count
@@ -21,27 +23,44 @@ from varpack.plan.stages.placement import assign
 from varpack.plan.stages.shaping import shape
 
 
+@dataclass
+class RankPlan(PlanArrays):
+    """One rank's part of the plan: :class:`~varpack.plan.PlanArrays` over its own micro-batches
+    (epoch by epoch, ``epoch_micro`` of each) and samples, with the per-step columns of the whole
+    plan. ``repeats``: every epoch streams the same rows (``ids``) in order (curriculum); else
+    ``ids`` hold every epoch's rows one after the other. ``pos2``: each sample's twice middle
+    token position in its epoch's permuted stream (shuffle order), in stream order."""
+
+    epoch_micro: list[int] = field(default_factory=list)
+    repeats: bool = True
+    pos2: np.ndarray | None = None
+
+
 def local_plan(
-    rows: Rows,
-    off: np.ndarray,
-    first: int,
-    total: int,
+    parts: list[tuple[Rows, np.ndarray, int, int]],
     cfg: PlanConfig,
     notes: list[str],
     lengths: np.ndarray | None = None,
-) -> PlanArrays:
-    """This rank's micro-batches ``off`` of ``rows`` (global numbers from ``first``, of ``total``
-    in an epoch) planned over every epoch. Every epoch streams the rows in order: the plan's
-    ``stream`` is left empty and ``stream_lens`` holds one epoch's lengths."""
+    grouped: bool = False,
+    alone_ids: list[int] | None = None,
+) -> RankPlan:
+    """This rank's micro-batches planned: ``parts`` holds each epoch's ``(rows, off, first,
+    total)`` (micro-batches ``off`` of ``rows``, global numbers from ``first``, of ``total`` in
+    the epoch), or one part that every epoch repeats (curriculum). ``grouped``: each rank's
+    ``grad_accum`` micro-batches of a step stay together (composed by cost). ``alone_ids``:
+    the samples kept alone, in input order (default: the repeated part's)."""
     per = cfg.micro_per_step
-    spe = total // per
-    n, nm, lens = count(rows), len(off) - 1, rows["lens"]
-    epochs = [{"epoch": e, "first_step": e * spe, "num_steps": spe} for e in range(cfg.epochs)]
+    every = parts * cfg.epochs if len(parts) == 1 else parts
+    spe = [total // per for _, _, _, total in every]
+    firsts = np.concatenate(([0], np.cumsum(spe)[:-1])).tolist()
+    epochs = [{"epoch": e, "first_step": int(firsts[e]), "num_steps": spe[e]} for e in range(cfg.epochs)]  # fmt: skip
     micros, ranks, steps, index, empty = [], [], [], [], []
-    stream = np.arange(n, dtype=np.int64)  # every epoch streams the rows in their order
-    for e in range(cfg.epochs):
-        step = (first + np.arange(nm, dtype=np.int64)) // per + e * spe
-        batches = Batches(stream, off, step, epochs, stream_lens=lens)
+    for e, (rows, off, first, _) in enumerate(every):
+        lens, nm = rows["lens"], len(off) - 1
+        step = (first + np.arange(nm, dtype=np.int64)) // per + firsts[e]
+        stream = np.arange(count(rows), dtype=np.int64)
+        batches = Batches(stream, off, step, epochs, stream_lens=lens,
+                          group=cfg.grad_accum if grouped else 0)  # fmt: skip
         shaped = shape(batches, lens, cfg, lengths)
         placed = assign(batches, shaped, cfg)  # the warm-up reorder spans ranks: .warmup
         micros.append(placed.micro)
@@ -51,15 +70,20 @@ def local_plan(
         empty.append(shaped.pad_rows)
     micro = Micro(*(np.concatenate([getattr(m, f) for m in micros]) for f in Micro._fields))
     step = np.concatenate(steps)
-    num_steps = spe * cfg.epochs
-    step_samples, step_tokens = step_totals(step, micro.samples, micro.tokens, num_steps)
+    step_samples, step_tokens = step_totals(step, micro.samples, micro.tokens, sum(spe))
     lr = lr_factors(step_samples, step_tokens, cfg.lr_scaling, cfg.base_batch_size, cfg.base_unit)
-    return PlanArrays(
+    rows = _rows(parts)
+    n = [count(r) for r, _, _, _ in every]
+    at = np.concatenate(([0], np.cumsum(n))).astype(np.int64)
+    offsets = [o[:-1] + at[e] for e, (_, o, _, _) in enumerate(every)]
+    if alone_ids is None:
+        alone_ids = [int(i) for i in rows["ids"][rows["alone"]]]
+    return RankPlan(
         cfg=cfg,
         ids=rows["ids"],
-        lens=lens,
-        stream=np.zeros(0, np.int64),  # every epoch streams the rows in order (in_order)
-        offsets=np.concatenate([off[:-1] + e * n for e in range(cfg.epochs)] + [[n * cfg.epochs]]),
+        lens=rows["lens"],
+        stream=np.zeros(0, np.int64),  # position q is row q modulo the rows (in_order)
+        offsets=np.concatenate([*offsets, [at[-1]]]),
         micro=micro,
         step=step,
         rank=np.concatenate(ranks),
@@ -68,17 +92,27 @@ def local_plan(
         step_samples=step_samples,
         lr=lr,
         epochs=epochs,
-        oversize_alone=[int(i) for i in rows["ids"][rows["alone"]]],
-        stream_lens=lens,  # one epoch's: the epochs repeat it
+        oversize_alone=alone_ids,
+        stream_lens=rows["lens"],  # one epoch's where the epochs repeat it
         lengths=lengths,
         pad_rows=None if empty[0] is None else np.concatenate([e for e in empty if e is not None]),
         sample_offsets=rows.get("offsets"),
         group=rows.get("group"),
         notes=notes,
+        epoch_micro=[len(o) - 1 for _, o, _, _ in every],
+        repeats=len(parts) == 1,
+        pos2=rows.get("pos2"),
     )
 
 
-def epoch_slices(p: PlanArrays) -> list[slice]:
-    """The micro-batches of each epoch in this rank's arrays (each epoch holds as many)."""
-    nm = len(p.step) // len(p.epochs)
-    return [slice(e * nm, (e + 1) * nm) for e in range(len(p.epochs))]
+def _rows(parts: list[tuple[Rows, np.ndarray, int, int]]) -> Rows:
+    """The rows of every part, one after the other (no copy for one part)."""
+    if len(parts) == 1:
+        return parts[0][0]
+    return {k: np.concatenate([r[k] for r, _, _, _ in parts]) for k in parts[0][0]}
+
+
+def epoch_slices(p: RankPlan) -> list[slice]:
+    """The micro-batches of each epoch in this rank's arrays."""
+    at = np.concatenate(([0], np.cumsum(p.epoch_micro))).tolist()
+    return [slice(a, b) for a, b in zip(at[:-1], at[1:], strict=True)]

@@ -122,3 +122,41 @@ def owners(first: np.ndarray, index: np.ndarray) -> np.ndarray:
     """The rank holding global micro-batch ``index`` when rank ``r`` holds those from
     ``first[r]`` on (``first`` nondecreasing; ranks holding none share their successor's start)."""
     return np.searchsorted(first, index, side="right") - 1
+
+
+def move_rows(comm: Any, rows: Rows, dest: np.ndarray) -> Rows:
+    """Send row ``i`` to rank ``dest[i]`` (nondecreasing, so the global order stays); few rows
+    move (a window at each rank's start), so they travel pickled."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    bounds = np.searchsorted(dest, np.arange(size + 1), side="left")
+    sends: list[Any] = [
+        None if bounds[r] == bounds[r + 1] or r == rank else take(rows, bounds[r], bounds[r + 1])
+        for r in range(size)
+    ]
+    got = comm.alltoall(sends)
+    got[rank] = take(rows, int(bounds[rank]), int(bounds[rank + 1]))
+    return join([g for g in got if g is not None], rows)
+
+
+def exchange(comm: Any, rows: Rows, dest: np.ndarray) -> Rows:
+    """Send row ``i`` to rank ``dest[i]`` (any order), column by column as typed buffers (no
+    pickling: this moves a whole share). A rank receives the rows of rank 0, 1, .. in turn,
+    each source's rows in their order."""
+    from mpi4py.util.dtlib import from_numpy_dtype
+
+    size = comm.Get_size()
+    order = np.argsort(dest, kind="stable")
+    counts = np.bincount(dest, minlength=size).astype(np.int64)
+    recv_counts = np.array(comm.alltoall(counts.tolist()), dtype=np.int64)
+    sdispl = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    rdispl = np.concatenate(([0], np.cumsum(recv_counts)[:-1]))
+    out: Rows = {}
+    for name in list(rows):
+        column = rows.pop(name)  # each column freed once sent
+        send = np.ascontiguousarray(column[order])
+        del column
+        recv = np.empty(int(recv_counts.sum()), dtype=send.dtype)
+        kind = from_numpy_dtype(send.dtype)
+        comm.Alltoallv([send, (counts, sdispl), kind], [recv, (recv_counts, rdispl), kind])
+        out[name] = recv
+    return out

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from varpack.manifest.mpi.figures import Ranks
+from varpack.manifest.mpi.moves import Rows
 from varpack.plan import PlanConfig
 from varpack.plan.kernels import shapes
 from varpack.plan.segments import segment_sums
@@ -34,13 +35,15 @@ def lengths_before(comm: Any, lens: np.ndarray, cfg: PlanConfig) -> np.ndarray |
 
 
 def lengths_after(
-    comm: Any, off: np.ndarray, lens: np.ndarray, cfg: PlanConfig, known: np.ndarray | None
-) -> np.ndarray | None:
+    comm: Any, parts: list[tuple[Rows, np.ndarray, int, int]], cfg: PlanConfig,
+    known: np.ndarray | None,
+) -> np.ndarray | None:  # fmt: skip
     """The lengths of the shape stage: ``known``, or ``--max-shapes`` in the packed layout over
-    every rank's micro-batch totals (each epoch's, as one process counts them)."""
+    every rank's micro-batch totals (each epoch's, as one process counts them; one part is
+    repeated by every epoch)."""
     if known is not None or cfg.max_shapes is None or cfg.layout != "packed":
         return known
-    values, counts = _merged(comm, segment_sums(off, lens))
-    return shapes.choose_lengths(
-        values, cfg.max_shapes, cfg.pad_multiple, counts=counts * cfg.epochs
-    )
+    totals = np.concatenate([segment_sums(off, rows["lens"]) for rows, off, _, _ in parts])
+    values, counts = _merged(comm, totals)
+    times = cfg.epochs if len(parts) == 1 else 1
+    return shapes.choose_lengths(values, cfg.max_shapes, cfg.pad_multiple, counts=counts * times)

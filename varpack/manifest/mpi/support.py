@@ -14,6 +14,7 @@ import os
 
 from varpack.errors import ConfigError
 from varpack.plan import PlanConfig
+from varpack.plan.stages.batching import composes_by_cost
 from varpack.sort.output import is_sorted_output
 
 
@@ -25,7 +26,7 @@ def refusal(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bo
             "run varpack sort first (it runs under mpiexec too) and plan its output"
         )
     options = [
-        (cfg.order == "shuffle", "--order shuffle"),
+        (composes_by_cost(cfg) and cfg.layout == "padded", "--compose cost in the padded layout"),
         (cfg.batching == "blocks", "--batching blocks"),
         (cfg.pp > 1, "--pp"),
         (cfg.cp > 1, "--cp"),

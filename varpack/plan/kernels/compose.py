@@ -29,6 +29,8 @@ waited). Pure NumPy in, numba kernels for the sequential part, the packed layout
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -127,32 +129,44 @@ def _steps_of(
 
 @njit(cache=True)
 def _compose_epoch(
-    lens, alone, lin, quad, window_tok, step_tok, dp, k, cap, fill, src, wshare, tol
+    lens, alone, lin, quad, window_tok, step_tok, dp, k, cap, fill, src, wshare, tol, run
 ):  # type: ignore[no-untyped-def]
     """The epoch's stream (positions in the permuted order) and micro-batch starts; ``lens``
-    and ``alone`` are in the permuted order, so a window's samples are read in sequence."""
+    and ``alone`` are in the permuted order, so a window's samples are read in sequence.
+
+    ``run`` places the positions in a longer stream: ``(carried, cum0, rest_tok, rest_n)``,
+    items ``0 .. carried-1`` carried in from the run before (their held flags in ``held_in``,
+    the last argument's fifth entry), ``cum0`` tokens before the run's first own position,
+    ``rest_tok`` tokens and ``rest_n`` positions after its last. A run that does not end the
+    stream hands on the items it could not place (and their held flags)."""
     n = len(lens)
+    nc0, cum0, rest_tok, rest_n, held_in = run
+    final = rest_n == 0
     per_step = dp * k
-    total_tok = np.int64(0)
-    for i in range(n):
+    total_tok = cum0 + rest_tok
+    for i in range(nc0, n):
         total_tok += lens[i]
     stream = np.empty(n, dtype=np.int64)
     starts = np.empty(n // 16 + per_step + 1, dtype=np.int64)
-    buf = np.empty(0, dtype=np.int64)
+    buf = np.empty(nc0, dtype=np.int64)
     carry = np.empty(0, dtype=np.int64)
     where = np.empty(0, dtype=np.int64)
-    out = nmb = nc = 0
+    out = nmb = 0
     held = np.zeros(n, dtype=np.bool_)  # heavy samples waiting for the next window
-    a = 0
-    cum = np.int64(0)  # tokens of the permutation before position a
-    while a < n or nc > 0:
+    for i in range(nc0):
+        buf[i] = i
+        held[i] = held_in[i]
+    nc = nc0
+    a = nc0
+    cum = cum0  # tokens of the permutation before position a
+    while a < n or (final and nc > 0):
         b = a
         tot = np.int64(0)
         w = cum // window_tok
         while b < n and (cum + tot) // window_tok == w:
             tot += lens[b]
             b += 1
-        if b < n and (total_tok - cum - tot < step_tok or n - b < 2 * per_step):
+        if b < n and (total_tok - cum - tot < step_tok or n - b + rest_n < 2 * per_step):
             while b < n:  # a short tail joins the last window
                 tot += lens[b]
                 b += 1
@@ -168,7 +182,7 @@ def _compose_epoch(
             buf[nc + i - a] = i
         a = b
         order = _by_cost(buf, m, lens)
-        last = a >= n
+        last = a >= n and final
         h, density = heavy_prefix(buf, order, lens, lin, quad, cap, held)
         # heavy samples wait for a whole group only where their cost is not their length
         group = grouping(order, nc, h, dp, not last and quad > 0, lens, buf, lin, quad)
@@ -184,7 +198,7 @@ def _compose_epoch(
                       k, cap, where, fill, src, wshare, tol)  # fmt: skip
         if p == 0:
             if last:
-                return stream, starts[:1], False
+                return stream[:0], starts[:1], False, buf[:0], held[:0]
             for i in range(m):  # too few samples for a step: all of them wait for the next one
                 carry[i] = buf[i]
             nc = m
@@ -196,7 +210,10 @@ def _compose_epoch(
         for i in range(nc):
             buf[i] = carry[i]
     starts[nmb] = out
-    return stream, starts[: nmb + 1], True
+    kept = np.empty(nc, dtype=np.bool_)
+    for i in range(nc):
+        kept[i] = held[buf[i]]
+    return stream[:out], starts[: nmb + 1], True, buf[:nc].copy(), kept
 
 
 def compose_epoch(
@@ -225,7 +242,45 @@ def compose_epoch(
     not place every sample (too few samples for whole steps); the caller composes by tokens
     instead.
     """
-    stream, starts, ok = _compose_epoch(
+    got = compose_run(plens, alone, coeffs, window_tokens, step_tokens, dp, k, multiple, budget,
+                      fill, sources)  # fmt: skip
+    return None if got is None else (got.stream, got.starts)
+
+
+class Composed(NamedTuple):
+    """A run of a permuted stream composed by cost (:func:`compose_run`): ``stream`` (positions
+    in the run, carried items first) cut into micro-batches at ``starts``; the items it hands on
+    to the next run (``carry``, positions) and whether each is a heavy sample held back."""
+
+    stream: np.ndarray
+    starts: np.ndarray
+    carry: np.ndarray
+    held: np.ndarray
+
+
+def compose_run(
+    plens: np.ndarray,
+    alone: np.ndarray,
+    coeffs: tuple[float, float],
+    window_tokens: int,
+    step_tokens: int,
+    dp: int,
+    k: int,
+    multiple: int,
+    budget: int,
+    fill: float = 0.0,
+    sources: tuple[np.ndarray, np.ndarray, float] | None = None,
+    run: tuple[int, int, int, int, np.ndarray] | None = None,
+) -> Composed | None:
+    """:func:`compose_epoch` over a run of the permuted stream that starts at a window: ``run``
+    is ``(carried, cum0, rest_tok, rest_n, held)``: the first ``carried`` items come from the
+    run before (``held``: their held flags), ``cum0`` tokens precede the run's own positions,
+    ``rest_tok`` tokens in ``rest_n`` positions follow them (``rest_n`` 0: the run ends the
+    epoch). Windows must not cross runs. None: the epoch's last window could not be composed."""
+    if run is None:
+        run = (0, 0, 0, 0, np.zeros(0, dtype=np.bool_))
+    nc0, cum0, rest_tok, rest_n, held = run
+    stream, starts, ok, carry, kept = _compose_epoch(
         np.ascontiguousarray(plens, dtype=np.int64),
         np.ascontiguousarray(alone, dtype=np.bool_),
         float(coeffs[0]),
@@ -237,8 +292,10 @@ def compose_epoch(
         np.int64(capacity(multiple, budget)),
         float(fill),
         *(_no_blend() if sources is None else _blend(*sources)),
-    )
-    return (stream, starts) if ok else None
+        (np.int64(nc0), np.int64(cum0), np.int64(rest_tok), np.int64(rest_n),
+         np.ascontiguousarray(held, dtype=np.bool_)),
+    )  # fmt: skip
+    return Composed(stream, starts, carry, kept) if ok else None
 
 
 def _no_blend() -> tuple[np.ndarray, np.ndarray, float]:

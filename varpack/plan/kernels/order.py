@@ -97,14 +97,29 @@ def _step_segments(lens: np.ndarray, epoch: int, rule: OrderRule) -> tuple[np.nd
     """Windows sorted and dealt to their steps (:func:`_regroup`): one segment per step."""
     n = len(lens)
     perm = permutation(rule.seed, epoch, n)
+    return regroup(perm, lens, rule)
+
+
+def regroup(
+    perm: np.ndarray, lens: np.ndarray, rule: OrderRule, cum0: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(index, bounds)``: the run ``perm`` of a permuted stream (indices into ``lens``) cut
+    into windows, each sorted and dealt to its steps (:func:`_regroup`); ``cum0``: the weight
+    (tokens, or samples) of the stream before the run, which starts a window.
+
+    >>> idx, bounds = regroup(np.array([0, 1, 2, 3]), np.array([4, 1, 3, 2]), OrderRule(0, 1, 5))
+    >>> idx.tolist(), bounds.tolist()
+    ([1, 0, 3, 2], [0, 2, 4])
+    """
     idx, new_seg = _regroup(
-        perm,
+        np.ascontiguousarray(perm, dtype=np.int64),
         np.ascontiguousarray(lens, dtype=np.int64),
         np.int64(rule.step),
         np.int64(rule.window * rule.step),
         rule.by_samples,
+        np.int64(cum0),
     )
-    return idx, np.append(np.flatnonzero(new_seg), n)
+    return idx, np.append(np.flatnonzero(new_seg), len(perm))
 
 
 def _plain(lens: np.ndarray, epoch: int, rule: OrderRule) -> tuple[np.ndarray, np.ndarray]:
@@ -174,7 +189,7 @@ def _sort_by_length(keys, pos, tmp_k, tmp_p, m):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _regroup(perm, lens, step, window_size, fixed):  # type: ignore[no-untyped-def]
+def _regroup(perm, lens, step, window_size, fixed, cum0):  # type: ignore[no-untyped-def]
     """Cut the permutation into windows, sort each by length, deal it to its steps (snake).
 
     A window holds the samples whose preceding weight (tokens, or samples with ``fixed``) in the
@@ -192,7 +207,7 @@ def _regroup(perm, lens, step, window_size, fixed):  # type: ignore[no-untyped-d
     tmp_p = np.empty(0, dtype=np.int64)
     start = np.empty(0, dtype=np.int64)
     a = 0
-    cum = np.int64(0)  # weight before position a
+    cum = cum0  # weight before position a
     while a < n:
         w = cum // window_size
         b = a

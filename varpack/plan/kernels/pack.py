@@ -164,19 +164,26 @@ def _split_to(lens, buf, starts, nmb, want):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _pack_steps(lens, alone, group, bounds, cap, fixed, bsize, layout, multiple, budget):  # type: ignore[no-untyped-def]
-    """Pack each segment into exactly ``cap`` micro-batches (carrying the overflow forward)."""
+def _pack_steps(
+    lens, alone, group, bounds, cap, nc0, final, fixed, bsize, layout, multiple, budget
+):  # type: ignore[no-untyped-def]
+    """Pack each segment into exactly ``cap`` micro-batches (carrying the overflow forward).
+
+    Items ``0 .. nc0-1`` are carried in (a run of the stream packed before this one); with
+    ``final`` the last segment takes everything left, else what is left is carried out."""
     n = len(lens)
     perm = np.empty(n, dtype=np.int64)
     starts = np.empty(n + 1, dtype=np.int64)
     buf = np.empty(n, dtype=np.int64)
     carry = np.empty(n, dtype=np.int64)
     local = np.empty(n + 2, dtype=np.int64)
-    nc = 0
+    for j in range(nc0):
+        carry[j] = j
+    nc = nc0
     k = 0
     p = 0
     nseg = len(bounds) - 1
-    for s in range(nseg + 1):
+    for s in range(nseg + 1 if final else nseg):
         m = 0
         for j in range(nc):  # carried samples first, so none waits more than a step or two
             buf[m] = carry[j]
@@ -188,7 +195,7 @@ def _pack_steps(lens, alone, group, bounds, cap, fixed, bsize, layout, multiple,
         nc = 0
         if m == 0:
             continue
-        last = s >= nseg - 1
+        last = final and s >= nseg - 1
         nmb, used = _greedy(
             lens,
             alone,
@@ -219,8 +226,8 @@ def _pack_steps(lens, alone, group, bounds, cap, fixed, bsize, layout, multiple,
             carry[j - used] = buf[j]
         nc = m - used
         p += used
-    starts[k] = n
-    return perm, starts[: k + 1]
+    starts[k] = p
+    return perm[:p], starts[: k + 1], carry[:nc]
 
 
 @njit(cache=True)
@@ -303,12 +310,43 @@ def pack(
             np.ascontiguousarray(bounds, dtype=np.int64),
             *rule.kernel_args(),
         )
+    perm, starts, _ = pack_steps(lens, bounds, alone, rule, cap, groups)
+    return perm, starts
+
+
+def pack_steps(
+    lens: np.ndarray,
+    bounds: np.ndarray,
+    alone: np.ndarray,
+    rule: PackRule,
+    cap: int,
+    group: np.ndarray | None = None,
+    carried: int = 0,
+    final: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`pack` with a cap, over a run of the stream: ``(perm, offsets, carry)``.
+
+    Items ``0 .. carried-1`` come carried from the run before (they go first, as the overflow
+    of a step does); segments ``bounds`` cover the rest. ``final``: the run ends the stream
+    (its last segment takes every item left); else the items left are returned as ``carry``
+    (positions), to be carried into the next run, and ``perm`` covers only those packed.
+
+    >>> lens = np.array([4, 4, 4, 4, 4])
+    >>> rule = PackRule(max_tokens=8)
+    >>> perm, off, carry = pack_steps(lens, np.array([0, 3, 5]), np.zeros(5, bool), rule, 1,
+    ...                               final=False)
+    >>> perm.tolist(), off.tolist(), carry.tolist()
+    ([0, 1, 2, 3], [0, 2, 4], [4])
+    """
+    groups = np.zeros(0, np.int64) if group is None else np.ascontiguousarray(group, np.int64)
     return _pack_steps(
         np.ascontiguousarray(lens, dtype=np.int64),
         np.ascontiguousarray(alone, dtype=np.bool_),
         groups,
         np.ascontiguousarray(bounds, dtype=np.int64),
         np.int64(cap),
+        np.int64(carried),
+        final,
         *rule.kernel_args(),
     )
 

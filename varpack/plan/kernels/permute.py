@@ -8,6 +8,11 @@ bucket (about :data:`BUCKET` samples, so it sits in cache) is shuffled on its ow
 labels drawn independently and uniformly and each bucket shuffled uniformly, every permutation
 is equally likely, as with one Fisher-Yates pass.
 
+The two-level draw decomposes, so that ranks holding runs of the samples draw the same
+permutation (``plan`` under MPI): the labels of each block of :data:`BLOCK` samples come from a
+generator of their own, ``(seed, epoch, 1, block)`` (:func:`labels`), and bucket ``b`` is
+shuffled by ``(seed, epoch, 2, b)`` (:func:`bucket_order`).
+
 Values that follow the samples (their lengths) are moved in the same passes, so the caller
 gets ``values[perm]`` without a gather over the whole array. Inside :func:`given_orders` an
 epoch's permutation may instead be given by the caller (``varpack replan``).
@@ -26,6 +31,8 @@ from numba import njit
 WHOLE = 1 << 20
 #: Samples per bucket of the two-level draw, about (a power of two).
 BUCKET = 1 << 18
+#: Samples per block of bucket labels drawn from one generator (two-level draw).
+BLOCK = 1 << 20
 
 
 #: Permutations given by the caller for some epochs (:func:`given_orders`), else drawn.
@@ -75,7 +82,7 @@ def permutation(seed: int, epoch: int, n: int) -> np.ndarray:
     given = _given(epoch, n)
     if given is not None:
         return given
-    return _draw(epoch_rng(seed, epoch), n, None, WHOLE, BUCKET)[0]
+    return _draw(seed, epoch, n, None, WHOLE, BUCKET)[0]
 
 
 def permuted(seed: int, epoch: int, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,29 +95,73 @@ def permuted(seed: int, epoch: int, values: np.ndarray) -> tuple[np.ndarray, np.
     given = _given(epoch, len(values))
     if given is not None:
         return given, values[given]
-    perm, moved = _draw(epoch_rng(seed, epoch), len(values), values, WHOLE, BUCKET)
+    perm, moved = _draw(seed, epoch, len(values), values, WHOLE, BUCKET)
     assert moved is not None
     return perm, moved
 
 
+def buckets(n: int, whole: int, bucket: int) -> int:
+    """Buckets of the two-level draw of ``n`` samples (0: one pass, ``n <= whole``); about
+    ``bucket`` samples each (``bucket`` a power of two).
+
+    >>> buckets(1000, 1000, 256), buckets(1001, 1000, 256)
+    (0, 4)
+    """
+    if n <= whole:
+        return 0
+    return min(1 << 16, 1 << max(0, (n - 1).bit_length() - bucket.bit_length() + 1))
+
+
+def labels(
+    seed: int, epoch: int, a: int, b: int, n: int, nb: int, block: int | None = None
+) -> np.ndarray:
+    """The bucket labels (of ``nb``) of samples ``a .. b-1`` of ``n``: block ``j`` of ``block``
+    samples draws its labels from ``(seed, epoch, 1, j)``, so any run of samples draws its own.
+
+    >>> bool((labels(1, 0, 3, 9, 12, 4, 5) == labels(1, 0, 0, 12, 12, 4, 5)[3:9]).all())
+    True
+    """
+    block = BLOCK if block is None else block
+    out = np.empty(max(b - a, 0), dtype=np.uint16)
+    for j in range(a // block, -(-b // block)):
+        lo = j * block
+        got = np.random.default_rng([seed, epoch, 1, j]).integers(
+            0, nb, min(lo + block, n) - lo, dtype=np.uint16
+        )  # the whole block, whichever part of it is asked for
+        x, y = max(a, lo), min(b, lo + block)
+        out[x - a : y - a] = got[x - lo : y - lo]
+    return out
+
+
+def bucket_order(seed: int, epoch: int, bucket: int, size: int) -> np.ndarray:
+    """The shuffle of bucket ``bucket`` (its ``size`` samples in input order)."""
+    return np.random.default_rng([seed, epoch, 2, bucket]).permutation(size)
+
+
 def _draw(
-    rng: np.random.Generator, n: int, values: np.ndarray | None, whole: int, bucket: int
+    seed: int,
+    epoch: int,
+    n: int,
+    values: np.ndarray | None,
+    whole: int,
+    bucket: int,
+    block: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The permutation (and ``values`` moved along): one pass up to ``whole`` samples, else
-    buckets of about ``bucket`` samples (``bucket`` a power of two)."""
-    if n <= whole:
-        perm = rng.permutation(n).astype(np.int64)
+    buckets of about ``bucket`` samples (``bucket`` a power of two), labels drawn in blocks."""
+    nb = buckets(n, whole, bucket)
+    if nb == 0:
+        perm = epoch_rng(seed, epoch).permutation(n).astype(np.int64)
         return perm, None if values is None else np.asarray(values)[perm]
-    nb = min(1 << 16, 1 << max(0, (n - 1).bit_length() - bucket.bit_length() + 1))
-    labels = rng.integers(0, nb, n, dtype=np.uint16)
+    label = labels(seed, epoch, 0, n, n, nb, block)
     vals = np.zeros(0, dtype=np.int64) if values is None else np.ascontiguousarray(values)
-    perm, moved, bounds = _group(labels, nb, vals, values is not None)
-    del labels
-    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        local = rng.permutation(b - a)
-        perm[a:b] = perm[a:b][local]
+    perm, moved, bounds = _group(label, nb, vals, values is not None)
+    del label
+    for b, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
+        local = bucket_order(seed, epoch, b, hi - lo)
+        perm[lo:hi] = perm[lo:hi][local]
         if values is not None:
-            moved[a:b] = moved[a:b][local]
+            moved[lo:hi] = moved[lo:hi][local]
     return perm, moved if values is not None else None
 
 

@@ -1,0 +1,249 @@
+"""Order and pack under MPI, shuffle order: every epoch's micro-batches, whole steps per rank.
+
+Per epoch the ranks hold runs of the permuted stream (:mod:`.permute`); then, as one process:
+
+* ``--compose tokens`` (the ``greedy`` batcher): windows of ``--shuffle-window`` steps' worth of
+  the stream are sorted and dealt to their steps (:func:`~varpack.plan.kernels.order.regroup`),
+  and each step's segment is packed into exactly one step of micro-batches, the overflow carried
+  into the next (:func:`~varpack.plan.kernels.pack.pack_steps`); the last rank completes the
+  count (:mod:`.curriculum`);
+* ``--compose cost`` (the ``costed`` batcher): each window is dealt to (step, rank) slots by cost
+  (:func:`~varpack.plan.kernels.compose.compose_run`), what fits nowhere carried into the next
+  window. Where the epoch's last window cannot be composed, the plan is composed by tokens.
+
+Windows never cross ranks: each moves whole to the rank holding its first position. The carry
+between windows (a few samples) is relayed from rank to rank (:func:`~.moves.relayed`), so every
+cut is the one process's. The step size comes from packing the sorted input (a relayed count).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from varpack.manifest.mpi.curriculum import complete_tail, whole_units
+from varpack.manifest.mpi.moved import Tally, moved_tally
+from varpack.manifest.mpi.moves import Rows, count, join, move_rows, relay_pack, relayed, take
+from varpack.manifest.mpi.permute import permuted_share
+from varpack.plan import PlanConfig
+from varpack.plan.cost import cost_coefficients
+from varpack.plan.kernels.compose import compose_run
+from varpack.plan.kernels.order import OrderRule, regroup
+from varpack.plan.kernels.pack import pack, pack_steps
+from varpack.plan.stages.batching import composes_by_cost
+from varpack.plan.stages.batching.common import effective_lengths, order_rule
+
+Epoch = tuple[Rows, np.ndarray, int, int]  # (rows, off, first micro-batch, epoch's count)
+
+
+def shuffle_epochs(
+    comm: Any, base: Rows, cfg: PlanConfig, lengths: np.ndarray | None
+) -> tuple[list[Epoch], bool, list[Tally] | None]:
+    """``(epochs, grouped, tallies)``: each epoch's micro-batches on this rank (whole steps),
+    whether they come in per-rank groups of ``grad_accum`` (composed by cost), and the moved
+    figures' tally of each epoch where composing kept them (rank 0; see :mod:`.moved`).
+    ``base``: this rank's selected rows in input order (left as they are)."""
+    if composes_by_cost(cfg) and cfg.layout == "packed":
+        got = _costed(comm, base, cfg)
+        if got is not None:
+            return got[0], True, got[1]
+    return _greedy(comm, base, cfg, lengths), False, None
+
+
+def _view(rows: Rows, cfg: PlanConfig, lengths: np.ndarray | None) -> np.ndarray:
+    """The lengths packing sees: padded lengths in the padded layout with chosen lengths."""
+    if lengths is None or cfg.layout == "packed":
+        return rows["lens"]
+    return effective_lengths(rows["lens"], cfg, lengths)
+
+
+def _sorted_micro(comm: Any, base: Rows, cfg: PlanConfig, view: np.ndarray) -> float | None:
+    """Real tokens per micro-batch of the sorted input packed greedily (sizes shuffled steps)."""
+    if cfg.batching != "budget":
+        return None
+    rule = cfg.pack_rule()
+
+    def pack_rows(r: Rows) -> np.ndarray:  # as one process: split pieces not kept apart
+        return pack(r["view"], np.array([0, count(r)]), r["alone"], rule)[1].copy()
+
+    _, off = relay_pack(comm, {"view": view, "alone": base["alone"]}, pack_rows)
+    micro = comm.allreduce(len(off) - 1)
+    return float(comm.allreduce(int(view.sum()))) / micro
+
+
+def _prefix(comm: Any, weight: np.ndarray) -> tuple[int, int]:
+    """``(before, total)``: the weight on the ranks before this one, and on all ranks."""
+    every = comm.allgather(int(weight.sum()))
+    return sum(every[: comm.Get_rank()]), sum(every)
+
+
+def _whole_windows(comm: Any, rows: Rows, window: np.ndarray) -> Rows:
+    """Rows moved so that each window (a run of equal ``window`` labels, nondecreasing over the
+    ranks) lies whole on the rank holding its first row."""
+    n, rank = count(rows), comm.Get_rank()
+    ends = comm.allgather((n, int(window[0]) if n else -1, int(window[-1]) if n else -1))
+    dest = np.full(n, rank, dtype=np.int64)
+    if n:
+        head = int(window[0])
+        owner = min(r for r, (c, _, last) in enumerate(ends) if c and last >= head)
+        dest[window == head] = owner
+    return move_rows(comm, rows, dest)
+
+
+def _with_pos2(comm: Any, rows: Rows) -> Rows:
+    """Twice each sample's middle token position in the epoch's permuted stream (``pos2``)."""
+    lens = rows["lens"].astype(np.int64)
+    before, _ = _prefix(comm, lens)
+    rows["pos2"] = 2 * (before + np.cumsum(lens)) - lens
+    return rows
+
+
+def _greedy(comm: Any, base: Rows, cfg: PlanConfig, lengths: np.ndarray | None) -> list[Epoch]:
+    """Every epoch by the ``greedy`` batcher (see the module doc)."""
+    orule = order_rule(cfg, _sorted_micro(comm, base, cfg, _view(base, cfg, lengths)))
+    epochs = []
+    for epoch in range(cfg.epochs):
+        rows = _with_pos2(comm, permuted_share(comm, base, cfg.seed, epoch))
+        weight = np.ones(count(rows), np.int64) if orule.by_samples else rows["lens"]
+        before, _ = _prefix(comm, weight)
+        window = (before + np.cumsum(weight) - weight) // (orule.window * orule.step)
+        rows = _whole_windows(comm, rows, window)
+        del window, weight
+        rows, off = _pack_epoch(comm, rows, cfg, orule, lengths)
+        rows, off = complete_tail(comm, rows, off, cfg, f"epoch {epoch}")
+        rows, off = whole_units(comm, rows, off, cfg.micro_per_step)
+        epochs.append(_numbered(comm, rows, off))
+    return epochs
+
+
+def _pack_epoch(
+    comm: Any, rows: Rows, cfg: PlanConfig, orule: OrderRule, lengths: np.ndarray | None
+) -> tuple[Rows, np.ndarray]:
+    """This rank's windows regrouped into steps and packed, the overflow relayed."""
+    weight = np.ones(count(rows), np.int64) if orule.by_samples else rows["lens"]
+    cum0, _ = _prefix(comm, weight)
+    idx, bounds = regroup(np.arange(count(rows)), rows["lens"], orule, cum0)
+    rows = take_index(rows, idx)
+    final = _holds_end(comm, count(rows))
+    rule, cap = cfg.pack_rule(), cfg.micro_per_step
+
+    def work(before: Rows | None) -> tuple[tuple[Rows, np.ndarray], Rows]:
+        carried = 0 if before is None else count(before)
+        mine = rows if before is None else join([before, rows], rows)
+        perm, off, carry = pack_steps(_view(mine, cfg, lengths), bounds + carried, mine["alone"],
+                                      rule, cap, mine.get("group"), carried, final)  # fmt: skip
+        return (take_index(mine, perm), off.copy()), take_index(mine, carry)
+
+    return relayed(comm, work, None)
+
+
+def _holds_end(comm: Any, n: int) -> bool:
+    """Does this rank hold the stream's last position (the last rank with any)?"""
+    holding = [r for r, c in enumerate(comm.allgather(n)) if c]
+    return bool(holding) and holding[-1] == comm.Get_rank()
+
+
+def take_index(rows: Rows, idx: np.ndarray) -> Rows:
+    """Rows ``idx`` of every column."""
+    return {k: v[idx] for k, v in rows.items()}
+
+
+def _numbered(comm: Any, rows: Rows, off: np.ndarray) -> Epoch:
+    """An epoch's micro-batches with the global number of this rank's first, and the count."""
+    counts = comm.allgather(len(off) - 1)
+    return rows, off, sum(counts[: comm.Get_rank()]), sum(counts)
+
+
+def _costed(
+    comm: Any, base: Rows, cfg: PlanConfig
+) -> tuple[list[Epoch], list[Tally] | None] | None:
+    """Every epoch by the ``costed`` batcher; None where an epoch's last window could not be
+    composed (the plan is composed by tokens then, as one process does)."""
+    assert cfg.max_tokens is not None
+    orule = order_rule(cfg, _sorted_micro(comm, base, cfg, base["lens"]))
+    coeffs = cost_coefficients(cfg.cost_model())
+    epochs, tallies = [], []
+    for epoch in range(cfg.epochs):
+        rows = _with_pos2(comm, permuted_share(comm, base, cfg.seed, epoch))
+        window_tok, step_tok = orule.window * orule.step, orule.step
+        window = _cost_windows(comm, rows["lens"], window_tok, step_tok, cfg)
+        rows = _whole_windows(comm, rows, window)
+        got = _compose(comm, rows, cfg, coeffs, window_tok, step_tok)
+        if not comm.allreduce(got is not None, op=_land(comm)):
+            return None
+        assert got is not None
+        rows, off = got
+        epochs.append(_numbered(comm, rows, off))
+        tallies.append(moved_tally(comm, epochs[-1], cfg.micro_per_step))
+    return epochs, None if comm.Get_rank() else [t for t in tallies if t is not None]
+
+
+def _land(comm: Any) -> Any:
+    from mpi4py import MPI
+
+    return MPI.LAND
+
+
+def _cost_windows(
+    comm: Any, lens: np.ndarray, window_tok: int, step_tok: int, cfg: PlanConfig
+) -> np.ndarray:
+    """Each position's window, as the composing kernel cuts them: by tokens before it, and the
+    first window after which a short tail is left (fewer tokens than a step, or positions than
+    two steps' micro-batches) takes that tail."""
+    n = len(lens)
+    lens = lens.astype(np.int64)
+    before, total = _prefix(comm, lens)
+    at, size = _prefix(comm, np.ones(n, np.int64))
+    cum = before + np.cumsum(lens) - lens
+    window = cum // max(window_tok, 1)
+    lasts = comm.allgather(int(window[-1]) if n else None)
+    prev = next((w for w in reversed(lasts[: comm.Get_rank()]) if w is not None), None)
+    starts = np.flatnonzero(np.diff(window, prepend=window[0] - 1 if prev is None else prev))
+    gpos = at + starts
+    short = (total - cum[starts] < max(step_tok, 1)) | (size - gpos < 2 * cfg.micro_per_step)
+    short &= gpos > 0
+    first = int(gpos[short][0]) if short.any() else size
+    where = min(comm.allgather(first))
+    if where < size:
+        owner_last = [w for w in comm.allgather(_label_before(window, at, where, prev))
+                      if w is not None][0]  # fmt: skip
+        window[at + np.arange(n) >= where] = owner_last
+    return window
+
+
+def _label_before(window: np.ndarray, at: int, where: int, prev: int | None) -> int | None:
+    """The window label of global position ``where - 1`` if this rank holds it."""
+    if at <= where - 1 < at + len(window):
+        return int(window[where - 1 - at])
+    return None
+
+
+def _compose(
+    comm: Any, rows: Rows, cfg: PlanConfig, coeffs: tuple[float, float], window_tok: int,
+    step_tok: int,
+) -> tuple[Rows, np.ndarray] | None:  # fmt: skip
+    """This rank's windows composed by cost, the carry between windows relayed; None on the
+    rank holding the end where its last window could not be composed."""
+    n = count(rows)
+    cum0, _ = _prefix(comm, rows["lens"])
+    tokens = comm.allgather((n, int(rows["lens"].sum())))
+    after = tokens[comm.Get_rank() + 1 :]
+    rest_n, rest_tok = sum(c for c, _ in after), sum(t for _, t in after)
+    assert cfg.max_tokens is not None
+    budget = cfg.max_tokens
+
+    def work(before: tuple[Rows, np.ndarray] | None) -> tuple[Any, Any]:
+        carry, held = before if before is not None else (take(rows, 0, 0), np.zeros(0, bool))
+        mine = join([carry, rows], rows)
+        got = compose_run(mine["lens"], mine["alone"], coeffs, window_tok, step_tok, cfg.dp,
+                          cfg.grad_accum, cfg.pad_multiple, budget, cfg.balance_fill,
+                          None, (count(carry), cum0, rest_tok, rest_n, held))  # fmt: skip
+        if got is None:
+            return None, (take(rows, 0, 0), np.zeros(0, bool))
+        return (take_index(mine, got.stream), got.starts.copy()), (
+            take_index(mine, got.carry),
+            got.held,
+        )
+
+    return relayed(comm, work, None)
