@@ -108,3 +108,41 @@ def test_the_two_level_permutation_is_drawn_alike(tmp_path: Path, compose: str) 
     plain = tmp_path / "plain"
     cli(*args[:2], plain, *args[3:])
     assert _files(plain) != outs[1]
+
+
+_REDONE = """
+import sys
+from mpi4py import MPI
+from varpack.manifest.mpi import compose
+composed_again = compose._all
+def counted(w, carry, held, found):
+    out = composed_again(w, carry, held, found)
+    print(f"rank {MPI.COMM_WORLD.Get_rank()}: {len(carry)} carried in, "
+          f"{len(out)} of {len(w.starts) - 1} windows composed again", flush=True)
+    return out
+compose._all = counted
+from varpack.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_carry_between_ranks_is_composed_in(tmp_path: Path) -> None:
+    """Where a rank's last window hands samples on, the next rank composes its first windows
+    again with them (every rank composed its own at once, as if none came in): the plan is
+    still the one process's."""
+    sorted_out = _sorted(tmp_path, 6000, 21)
+    script = tmp_path / "redone.py"
+    script.write_text(_REDONE)
+    args = ["--max-tokens", "4096", "--order", "shuffle", "--dp", "2", "--grad-accum", "2",
+            "--cost", "flops", "--model-preset", "qwen2.5-0.5b", "--oversize", "drop", "-q"]  # fmt: skip
+    cli("plan", sorted_out, tmp_path / "one", *args)
+    redone = 0
+    for ranks in (3, 4):
+        out = tmp_path / f"r{ranks}"
+        cmd = [str(BIN / "mpiexec"), "-n", str(ranks), sys.executable, "-m", "mpi4py",
+               str(script), "plan", str(sorted_out), str(out), *args]  # fmt: skip
+        got = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        assert got.returncode == 0, got.stderr
+        redone += got.stdout.count("carried in")
+        assert _files(out) == _files(tmp_path / "one")
+    assert redone > 0  # the case this test is for did occur

@@ -49,9 +49,10 @@ from varpack.errors import Interrupted
 from varpack.manifest.format import write_plan_json
 from varpack.manifest.mpi.carry import join_share, read_share
 from varpack.manifest.mpi.curriculum import curriculum_epoch
-from varpack.manifest.mpi.figures import input_share, shared_figures, whole_plan
+from varpack.manifest.mpi.figures import input_figures, input_share, shared_figures, whole_plan
 from varpack.manifest.mpi.local import RankPlan, local_plan
 from varpack.manifest.mpi.moved import moved_figures
+from varpack.manifest.mpi.moves import Rows
 from varpack.manifest.mpi.read import num_rows, read_run, weighted_share
 from varpack.manifest.mpi.select import select_share
 from varpack.manifest.mpi.shapes import lengths_after, lengths_before
@@ -154,25 +155,33 @@ def _run(
     a, b = weighted_share(comm, input, total, _micro_tokens(cfg))
     ids, lens = agree(comm, lambda: read_run(input, a, b, verify=True))
     info = input_share(comm, ids, lens, str(input))
+    given = cfg
     rows, cfg, dropped, notes = select_share(comm, ids, lens, cfg)
     del ids, lens
+
+    def again() -> Rows:  # the selected rows once more (a shuffle that must draw again)
+        ids, lens = agree(comm, lambda: read_run(input, a, b, verify=False))
+        return select_share(comm, ids, lens, given)[0]
+
     before = lengths_before(comm, rows["lens"], cfg)
-    base, alone, composed, tallies = None, None, False, None
+    alone, composed, tallies, inputs, selected = None, False, None, None, 0
+    held: dict[str, Any] = {"rows": rows, "again": again}
     if cfg.order == "shuffle":  # every epoch draws from the selected rows in input order
-        base = rows
-        alone = [int(i) for i in base["ids"][base["alone"]]]
-        parts, composed, tallies = shuffle_epochs(comm, base, cfg, before)
+        alone = [int(i) for i in rows["ids"][rows["alone"]]]
+        total = int(info["total_tokens"])
+        inputs = input_figures(comm, rows["lens"], rows.get("group"), cfg, total, dropped)
+        selected = comm.allreduce(int(rows["lens"].sum()))
+        del rows
+        parts, composed, tallies = shuffle_epochs(comm, held, cfg, before)
     else:
-        held = {"rows": rows}
+        del rows
         parts = [curriculum_epoch(comm, held, cfg, before)]
-    del rows
     lengths = lengths_after(comm, parts, cfg, before)
     local = agree(comm, partial(local_plan, parts, cfg, notes, lengths, composed, alone))
     del parts
     if cfg.warmup == "reorder":
         reorder_ranks(comm, local)
     global_totals(comm, local)
-    selected = comm.allreduce(0 if base is None else int(base["lens"].sum()))
     moved = moved_figures(comm, local, composed, tallies, selected)
     carried = None
     if carried_from is not None:
@@ -181,10 +190,14 @@ def _run(
     entry = None if carried is None or source is None else carried.entry(source)
     entries = write_rank_files(comm, local, carried, tmp)
     del carried_from, carried
-    shared = shared_figures(comm, local, int(info["total_tokens"]), dropped, base)
+    if inputs is None:  # curriculum: the rank's rows are in input order
+        inputs = input_figures(
+            comm, local.lens, local.group, cfg, int(info["total_tokens"]), dropped
+        )
+    shared = shared_figures(comm, local, inputs)
     _drop_streams(local)  # rank 0 gathers the micro-batches' figures only
     whole = whole_plan(comm, local, dropped)
-    del local, base
+    del local
     if whole is not None:
         whole.moved = moved
 

@@ -22,8 +22,7 @@ import numpy as np
 
 from varpack.fingerprint import Fingerprint, fingerprint
 from varpack.manifest.mpi.local import RankPlan, epoch_slices
-from varpack.manifest.mpi.moves import Rows
-from varpack.plan import PlanArrays
+from varpack.plan import PlanArrays, PlanConfig
 from varpack.plan.figures.plan_json import ideal_cost, sample_figures, sample_steps
 from varpack.plan.kernels.micro import Micro
 from varpack.plan.kernels.split import token_figures
@@ -102,38 +101,42 @@ def input_share(comm: Any, ids: np.ndarray, lens: np.ndarray, source: str) -> di
     }
 
 
-def shared_figures(
+def input_figures(
     comm: Any,
-    p: RankPlan,
+    lens: np.ndarray,
+    group: np.ndarray | None,
+    cfg: PlanConfig,
     total_tokens: int,
     dropped: list[dict[str, Any]],
-    base: Rows | None = None,
 ) -> dict[str, Any]:
-    """The per-sample figures of the whole plan from every rank's samples (valid on rank 0):
-    what :func:`~varpack.plan.figures.plan_json.plan_meta` takes as ``shared``. ``base``: this
-    rank's selected rows in input order, where ``p`` holds them in another (shuffled)."""
-    cfg, ranks = p.cfg, Ranks(comm)
-    assert p.stream_lens is not None
-    lens = p.lens if base is None else base["lens"]
-    group = p.group if base is None else base.get("group")
-    ideal = comm.bcast(ideal_cost(lens, cfg.cost_model(), cfg.epochs, ranks), root=0)
-    tiled = p.repeats and len(p.epochs) > 1
-    samples = sample_figures(
-        sample_step=sample_steps(p.step, p.micro.samples, p.num_steps),
-        sample_len=np.tile(p.stream_lens, len(p.epochs)) if tiled else p.stream_lens,
-        step_tokens=p.step_tokens,
-        epochs=p.epochs,
-        ideal_cost=ideal,
-        cfg=cfg,
-        merge=ranks,
-    )
+    """The figures of the selected samples (this rank's ``lens`` and split ``group`` in input
+    order): the ideal cost and the token counts (every rank gets them)."""
+    ideal = comm.bcast(ideal_cost(lens, cfg.cost_model(), cfg.epochs, Ranks(comm)), root=0)
     piece = np.zeros(len(lens), bool) if group is None else group >= 0
     docs = max(comm.allgather(int(group.max()) + 1 if piece.any() else 0))  # type: ignore[union-attr]
     split = comm.allreduce(int(lens[piece].sum()))
     pieces = comm.allreduce(int(piece.sum()))
     gone = sum(int(d["seq_len"]) for d in dropped)
     tokens = token_figures(total_tokens, gone, split, docs, pieces)
-    return {"ideal_cost": ideal, "samples": samples, "tokens": tokens}
+    return {"ideal_cost": ideal, "tokens": tokens}
+
+
+def shared_figures(comm: Any, p: RankPlan, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The per-sample figures of the whole plan from every rank's samples (valid on rank 0):
+    what :func:`~varpack.plan.figures.plan_json.plan_meta` takes as ``shared``, with
+    ``inputs`` (:func:`input_figures`)."""
+    assert p.stream_lens is not None
+    tiled = p.repeats and len(p.epochs) > 1
+    samples = sample_figures(
+        sample_step=sample_steps(p.step, p.micro.samples, p.num_steps),
+        sample_len=np.tile(p.stream_lens, len(p.epochs)) if tiled else p.stream_lens,
+        step_tokens=p.step_tokens,
+        epochs=p.epochs,
+        ideal_cost=inputs["ideal_cost"],
+        cfg=p.cfg,
+        merge=Ranks(comm),
+    )
+    return {**inputs, "samples": samples}
 
 
 def whole_plan(comm: Any, p: RankPlan, dropped: list[dict[str, Any]]) -> PlanArrays | None:

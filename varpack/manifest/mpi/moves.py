@@ -126,7 +126,8 @@ def owners(first: np.ndarray, index: np.ndarray) -> np.ndarray:
 
 def move_rows(comm: Any, rows: Rows, dest: np.ndarray) -> Rows:
     """Send row ``i`` to rank ``dest[i]`` (nondecreasing, so the global order stays); few rows
-    move (a window at each rank's start), so they travel pickled."""
+    move (a window at each rank's start), so they travel pickled. ``rows`` is changed in place,
+    a column at a time (no second copy of a share)."""
     size, rank = comm.Get_size(), comm.Get_rank()
     bounds = np.searchsorted(dest, np.arange(size + 1), side="left")
     sends: list[Any] = [
@@ -134,29 +135,40 @@ def move_rows(comm: Any, rows: Rows, dest: np.ndarray) -> Rows:
         for r in range(size)
     ]
     got = comm.alltoall(sends)
-    got[rank] = take(rows, int(bounds[rank]), int(bounds[rank + 1]))
-    return join([g for g in got if g is not None], rows)
+    a, b = int(bounds[rank]), int(bounds[rank + 1])
+    before = [g for g in got[:rank] if g is not None]
+    after = [g for g in got[rank + 1 :] if g is not None]
+    for k in list(rows):
+        kept = rows[k][a:b]
+        if before or after:
+            kept = np.concatenate([*(g[k] for g in before), kept, *(g[k] for g in after)])
+        rows[k] = kept
+    return rows
 
 
 def exchange(comm: Any, rows: Rows, dest: np.ndarray) -> Rows:
-    """Send row ``i`` to rank ``dest[i]`` (any order), column by column as typed buffers (no
-    pickling: this moves a whole share). A rank receives the rows of rank 0, 1, .. in turn,
-    each source's rows in their order."""
+    """Send row ``i`` to rank ``dest[i]`` (any order): see :func:`exchange_sorted`."""
+    order = np.argsort(dest, kind="stable")
+    return exchange_sorted(comm, rows, order, np.bincount(dest, minlength=comm.Get_size()))
+
+
+def exchange_sorted(comm: Any, rows: Rows, order: np.ndarray, counts: np.ndarray) -> Rows:
+    """Send rows ``order[:counts[0]]`` to rank 0, the next ``counts[1]`` to rank 1, ..., column
+    by column as typed buffers (no pickling: this moves a whole share; ``rows``' columns are
+    left as they are). A rank receives the rows of rank 0, 1, .. in turn, each source's rows in
+    the order sent."""
     from mpi4py.util.dtlib import from_numpy_dtype
 
-    size = comm.Get_size()
-    order = np.argsort(dest, kind="stable")
-    counts = np.bincount(dest, minlength=size).astype(np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
     recv_counts = np.array(comm.alltoall(counts.tolist()), dtype=np.int64)
     sdispl = np.concatenate(([0], np.cumsum(counts)[:-1]))
     rdispl = np.concatenate(([0], np.cumsum(recv_counts)[:-1]))
     out: Rows = {}
-    for name in list(rows):
-        column = rows.pop(name)  # each column freed once sent
+    for name, column in rows.items():
         send = np.ascontiguousarray(column[order])
-        del column
         recv = np.empty(int(recv_counts.sum()), dtype=send.dtype)
         kind = from_numpy_dtype(send.dtype)
         comm.Alltoallv([send, (counts, sdispl), kind], [recv, (recv_counts, rdispl), kind])
+        del send  # one column's copy at a time
         out[name] = recv
     return out

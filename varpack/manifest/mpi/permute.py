@@ -21,34 +21,36 @@ from typing import Any
 
 import numpy as np
 
-from varpack.manifest.mpi.moves import Rows, count, exchange
+from varpack.manifest.mpi.moves import Rows, count, exchange, exchange_sorted
 from varpack.plan.kernels import permute
 
 
-def permuted_share(comm: Any, rows: Rows, seed: int, epoch: int) -> Rows:
-    """This rank's run of epoch ``epoch``'s permuted stream, from every rank's ``rows`` (runs
-    of the selected samples in input order; left as they are)."""
+def permuted_share(comm: Any, held: dict[str, Rows], seed: int, epoch: int, keep: bool) -> Rows:
+    """This rank's run of epoch ``epoch``'s permuted stream, from every rank's ``held["rows"]``
+    (runs of the selected samples in input order), which are let go once sent unless ``keep``."""
+    rows = held["rows"] if keep else held.pop("rows")
     size = comm.Get_size()
     sizes = np.array(comm.allgather(count(rows)), dtype=np.int64)
     start, n = int(sizes[: comm.Get_rank()].sum()), int(sizes.sum())
     even = np.array([n * k // size for k in range(size)], dtype=np.int64)
     nb = permute.buckets(n, permute.WHOLE, permute.BUCKET)
     if nb == 0:
+        del held
         return _one_pass(comm, rows, seed, epoch, start, n, even)
     label = permute.labels(seed, epoch, start, start + count(rows), n, nb)
-    bucket_sizes = comm.allreduce(np.bincount(label, minlength=nb).astype(np.int64))
-    bucket_start = np.concatenate(([0], np.cumsum(bucket_sizes)))
+    order, bounds = permute.grouped(label, nb)  # stable: input order inside each bucket
+    bucket_start = np.concatenate(([0], np.cumsum(comm.allreduce(np.diff(bounds)))))
     owner = np.searchsorted(even, bucket_start[:-1], side="right") - 1  # nondecreasing
-    got = exchange(comm, {**rows, "_label": label}, owner[label])
-    label = got.pop("_label")
-    order = np.argsort(label, kind="stable")  # by bucket, input order inside (ranks in order)
-    label = label[order]
-    mine = np.flatnonzero(np.bincount(label, minlength=nb))
-    cuts = np.searchsorted(label, mine, side="left")
-    ends = np.append(cuts[1:], len(label))
-    for b, lo, hi in zip(mine.tolist(), cuts.tolist(), ends.tolist(), strict=True):
+    counts = np.bincount(owner, weights=np.diff(bounds), minlength=size).astype(np.int64)
+    got = exchange_sorted(comm, {**rows, "_label": label}, order, counts)
+    del order, label, rows
+    order, bounds = permute.grouped(got.pop("_label"), nb)  # ranks in order: input order inside
+    for b in np.flatnonzero(np.diff(bounds)).tolist():
+        lo, hi = int(bounds[b]), int(bounds[b + 1])
         order[lo:hi] = order[lo:hi][permute.bucket_order(seed, epoch, b, hi - lo)]
-    return {k: v[order] for k, v in got.items()}
+    for k in list(got):  # one column's copy at a time
+        got[k] = got[k][order]
+    return got
 
 
 def _one_pass(
@@ -61,5 +63,8 @@ def _one_pass(
     pos = at[start : start + count(rows)]
     del perm, at
     got = exchange(comm, {**rows, "_pos": pos}, np.searchsorted(even, pos, side="right") - 1)
+    del rows
     order = np.argsort(got.pop("_pos"))
-    return {k: v[order] for k, v in got.items()}
+    for k in list(got):
+        got[k] = got[k][order]
+    return got

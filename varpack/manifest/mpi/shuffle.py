@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from varpack.manifest.mpi.compose import compose_share
 from varpack.manifest.mpi.curriculum import complete_tail, whole_units
 from varpack.manifest.mpi.moved import Tally, moved_tally
-from varpack.manifest.mpi.moves import Rows, count, join, move_rows, relay_pack, relayed, take
+from varpack.manifest.mpi.moves import Rows, count, join, move_rows, relay_pack, relayed
 from varpack.manifest.mpi.permute import permuted_share
 from varpack.plan import PlanConfig
 from varpack.plan.cost import cost_coefficients
-from varpack.plan.kernels.compose import compose_run
 from varpack.plan.kernels.order import OrderRule, regroup
 from varpack.plan.kernels.pack import pack, pack_steps
 from varpack.plan.stages.batching import composes_by_cost
@@ -38,17 +38,27 @@ Epoch = tuple[Rows, np.ndarray, int, int]  # (rows, off, first micro-batch, epoc
 
 
 def shuffle_epochs(
-    comm: Any, base: Rows, cfg: PlanConfig, lengths: np.ndarray | None
+    comm: Any, held: dict[str, Rows], cfg: PlanConfig, lengths: np.ndarray | None
 ) -> tuple[list[Epoch], bool, list[Tally] | None]:
     """``(epochs, grouped, tallies)``: each epoch's micro-batches on this rank (whole steps),
     whether they come in per-rank groups of ``grad_accum`` (composed by cost), and the moved
     figures' tally of each epoch where composing kept them (rank 0; see :mod:`.moved`).
-    ``base``: this rank's selected rows in input order (left as they are)."""
+    ``held["rows"]``: this rank's selected rows in input order, taken out of ``held`` once the
+    last epoch has drawn from them; ``held["again"]()`` selects them again."""
     if composes_by_cost(cfg) and cfg.layout == "packed":
-        got = _costed(comm, base, cfg)
+        got = _costed(comm, held, cfg)
         if got is not None:
             return got[0], True, got[1]
-    return _greedy(comm, base, cfg, lengths), False, None
+        if "rows" not in held:  # the last epoch let them go
+            held["rows"] = held.pop("again")()  # type: ignore[operator]
+    return _greedy(comm, held, cfg, lengths), False, None
+
+
+def _draw(comm: Any, held: dict[str, Rows], cfg: PlanConfig, epoch: int) -> Rows:
+    """This rank's run of epoch ``epoch``'s permuted stream, with ``pos2``; the selected rows
+    let go after the last epoch (a fallback to tokens selects them again: ``held["again"]``)."""
+    rows = permuted_share(comm, held, cfg.seed, epoch, keep=epoch < cfg.epochs - 1)
+    return _with_pos2(comm, rows)
 
 
 def _view(rows: Rows, cfg: PlanConfig, lengths: np.ndarray | None) -> np.ndarray:
@@ -78,9 +88,9 @@ def _prefix(comm: Any, weight: np.ndarray) -> tuple[int, int]:
     return sum(every[: comm.Get_rank()]), sum(every)
 
 
-def _whole_windows(comm: Any, rows: Rows, window: np.ndarray) -> Rows:
-    """Rows moved so that each window (a run of equal ``window`` labels, nondecreasing over the
-    ranks) lies whole on the rank holding its first row."""
+def _whole_windows(comm: Any, rows: Rows, window: np.ndarray) -> tuple[Rows, np.ndarray]:
+    """Rows (and their ``window`` labels) moved so that each window (a run of equal labels,
+    nondecreasing over the ranks) lies whole on the rank holding its first row."""
     n, rank = count(rows), comm.Get_rank()
     ends = comm.allgather((n, int(window[0]) if n else -1, int(window[-1]) if n else -1))
     dest = np.full(n, rank, dtype=np.int64)
@@ -88,7 +98,10 @@ def _whole_windows(comm: Any, rows: Rows, window: np.ndarray) -> Rows:
         head = int(window[0])
         owner = min(r for r, (c, _, last) in enumerate(ends) if c and last >= head)
         dest[window == head] = owner
-    return move_rows(comm, rows, dest)
+    rows["_window"] = window
+    del window
+    moved = move_rows(comm, rows, dest)
+    return moved, moved.pop("_window")
 
 
 def _with_pos2(comm: Any, rows: Rows) -> Rows:
@@ -99,16 +112,20 @@ def _with_pos2(comm: Any, rows: Rows) -> Rows:
     return rows
 
 
-def _greedy(comm: Any, base: Rows, cfg: PlanConfig, lengths: np.ndarray | None) -> list[Epoch]:
+def _greedy(
+    comm: Any, held: dict[str, Rows], cfg: PlanConfig, lengths: np.ndarray | None
+) -> list[Epoch]:
     """Every epoch by the ``greedy`` batcher (see the module doc)."""
+    base = held["rows"]
     orule = order_rule(cfg, _sorted_micro(comm, base, cfg, _view(base, cfg, lengths)))
+    del base
     epochs = []
     for epoch in range(cfg.epochs):
-        rows = _with_pos2(comm, permuted_share(comm, base, cfg.seed, epoch))
+        rows = _draw(comm, held, cfg, epoch)
         weight = np.ones(count(rows), np.int64) if orule.by_samples else rows["lens"]
         before, _ = _prefix(comm, weight)
         window = (before + np.cumsum(weight) - weight) // (orule.window * orule.step)
-        rows = _whole_windows(comm, rows, window)
+        rows, window = _whole_windows(comm, rows, window)
         del window, weight
         rows, off = _pack_epoch(comm, rows, cfg, orule, lengths)
         rows, off = complete_tail(comm, rows, off, cfg, f"epoch {epoch}")
@@ -156,20 +173,26 @@ def _numbered(comm: Any, rows: Rows, off: np.ndarray) -> Epoch:
 
 
 def _costed(
-    comm: Any, base: Rows, cfg: PlanConfig
+    comm: Any, held: dict[str, Rows], cfg: PlanConfig
 ) -> tuple[list[Epoch], list[Tally] | None] | None:
     """Every epoch by the ``costed`` batcher; None where an epoch's last window could not be
     composed (the plan is composed by tokens then, as one process does)."""
     assert cfg.max_tokens is not None
+    base = held["rows"]
     orule = order_rule(cfg, _sorted_micro(comm, base, cfg, base["lens"]))
+    del base
     coeffs = cost_coefficients(cfg.cost_model())
     epochs, tallies = [], []
     for epoch in range(cfg.epochs):
-        rows = _with_pos2(comm, permuted_share(comm, base, cfg.seed, epoch))
+        rows = _draw(comm, held, cfg, epoch)
         window_tok, step_tok = orule.window * orule.step, orule.step
         window = _cost_windows(comm, rows["lens"], window_tok, step_tok, cfg)
-        rows = _whole_windows(comm, rows, window)
-        got = _compose(comm, rows, cfg, coeffs, window_tok, step_tok)
+        rows, window = _whole_windows(comm, rows, window)
+        starts = _starts(window)
+        del window
+        args = (coeffs, window_tok, step_tok, cfg.dp, cfg.grad_accum, cfg.pad_multiple,
+                cfg.max_tokens, cfg.balance_fill)  # fmt: skip
+        got = compose_share(comm, rows, starts, args)
         if not comm.allreduce(got is not None, op=_land(comm)):
             return None
         assert got is not None
@@ -177,6 +200,13 @@ def _costed(
         epochs.append(_numbered(comm, rows, off))
         tallies.append(moved_tally(comm, epochs[-1], cfg.micro_per_step))
     return epochs, None if comm.Get_rank() else [t for t in tallies if t is not None]
+
+
+def _starts(window: np.ndarray) -> list[int]:
+    """Where each run of equal labels starts, and the end (``[0]``: none)."""
+    if len(window) == 0:
+        return [0]
+    return [0, *(np.flatnonzero(window[1:] != window[:-1]) + 1).tolist(), len(window)]
 
 
 def _land(comm: Any) -> Any:
@@ -192,58 +222,34 @@ def _cost_windows(
     first window after which a short tail is left (fewer tokens than a step, or positions than
     two steps' micro-batches) takes that tail."""
     n = len(lens)
-    lens = lens.astype(np.int64)
     before, total = _prefix(comm, lens)
     at, size = _prefix(comm, np.ones(n, np.int64))
-    cum = before + np.cumsum(lens) - lens
-    window = cum // max(window_tok, 1)
+    tok = np.cumsum(lens, dtype=np.int64)
+    tok -= lens
+    tok += before  # tokens before each position
+    window = tok // max(window_tok, 1)
     lasts = comm.allgather(int(window[-1]) if n else None)
     prev = next((w for w in reversed(lasts[: comm.Get_rank()]) if w is not None), None)
-    starts = np.flatnonzero(np.diff(window, prepend=window[0] - 1 if prev is None else prev))
-    gpos = at + starts
-    short = (total - cum[starts] < max(step_tok, 1)) | (size - gpos < 2 * cfg.micro_per_step)
+    cut = np.zeros(n, dtype=bool)
+    if n:
+        cut[1:] = window[1:] != window[:-1]
+        cut[0] = prev is None or int(window[0]) != prev
+    starts = np.flatnonzero(cut)
+    del cut
+    gpos, starts_tok = at + starts, tok[starts]
+    del tok
+    short = (total - starts_tok < max(step_tok, 1)) | (size - gpos < 2 * cfg.micro_per_step)
     short &= gpos > 0
     first = int(gpos[short][0]) if short.any() else size
     where = min(comm.allgather(first))
     if where < size:
-        owner_last = [w for w in comm.allgather(_label_before(window, at, where, prev))
-                      if w is not None][0]  # fmt: skip
-        window[at + np.arange(n) >= where] = owner_last
+        label = [w for w in comm.allgather(_label_before(window, at, where)) if w is not None][0]
+        window[max(where - at, 0) :] = label
     return window
 
 
-def _label_before(window: np.ndarray, at: int, where: int, prev: int | None) -> int | None:
+def _label_before(window: np.ndarray, at: int, where: int) -> int | None:
     """The window label of global position ``where - 1`` if this rank holds it."""
     if at <= where - 1 < at + len(window):
         return int(window[where - 1 - at])
     return None
-
-
-def _compose(
-    comm: Any, rows: Rows, cfg: PlanConfig, coeffs: tuple[float, float], window_tok: int,
-    step_tok: int,
-) -> tuple[Rows, np.ndarray] | None:  # fmt: skip
-    """This rank's windows composed by cost, the carry between windows relayed; None on the
-    rank holding the end where its last window could not be composed."""
-    n = count(rows)
-    cum0, _ = _prefix(comm, rows["lens"])
-    tokens = comm.allgather((n, int(rows["lens"].sum())))
-    after = tokens[comm.Get_rank() + 1 :]
-    rest_n, rest_tok = sum(c for c, _ in after), sum(t for _, t in after)
-    assert cfg.max_tokens is not None
-    budget = cfg.max_tokens
-
-    def work(before: tuple[Rows, np.ndarray] | None) -> tuple[Any, Any]:
-        carry, held = before if before is not None else (take(rows, 0, 0), np.zeros(0, bool))
-        mine = join([carry, rows], rows)
-        got = compose_run(mine["lens"], mine["alone"], coeffs, window_tok, step_tok, cfg.dp,
-                          cfg.grad_accum, cfg.pad_multiple, budget, cfg.balance_fill,
-                          None, (count(carry), cum0, rest_tok, rest_n, held))  # fmt: skip
-        if got is None:
-            return None, (take(rows, 0, 0), np.zeros(0, bool))
-        return (take_index(mine, got.stream), got.starts.copy()), (
-            take_index(mine, got.carry),
-            got.held,
-        )
-
-    return relayed(comm, work, None)

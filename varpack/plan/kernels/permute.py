@@ -165,6 +165,18 @@ def _draw(
     return perm, moved if values is not None else None
 
 
+def grouped(labels: np.ndarray, nb: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions grouped by label (of ``nb``), in order inside each group, and the groups'
+    bounds: a counting sort.
+
+    >>> order, bounds = grouped(np.array([2, 0, 2, 1], np.uint16), 3)
+    >>> order.tolist(), bounds.tolist()
+    ([1, 3, 0, 2], [0, 1, 2, 4])
+    """
+    order, _, bounds = _group(labels, nb, np.zeros(0, np.int64), False)
+    return order, bounds
+
+
 @njit(cache=True)
 def _group(labels, nb, values, carry):  # type: ignore[no-untyped-def]
     """Sample numbers grouped by label, in order inside each group (a counting sort), with
