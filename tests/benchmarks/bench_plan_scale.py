@@ -6,8 +6,8 @@ long-SFT-like lengths (a lognormal body, median 300 tokens, sigma 1, clipped to 
 permutation of [0, 2N), its first N values), records in (seq_len, sample_id) order, generated
 in chunks of whole length groups so the generator holds a few million rows at a time.
 
-Each input is planned with the same options (budget 16384, dp 8, grad-accum 4; curriculum, or
-``--order shuffle`` with its default ``--compose cost``) in one process (``python -m varpack plan``) and by ``mpiexec -n P python -m mpi4py -m varpack plan``
+Each input is planned with the same options (budget 16384, dp 8, grad-accum 4), in each order
+asked for (curriculum; ``--order shuffle`` with its default ``--compose cost``), in one process (``python -m varpack plan``) and by ``mpiexec -n P python -m mpi4py -m varpack plan``
 for each P, every process through a wrapper whose ``atexit`` handler writes its peak RSS
 (``ru_maxrss``) to a file named after its MPI rank. Each MPI plan must be the one-process plan
 byte for byte (every file's sha256). A first round at 100 K samples warms the numba cache and
@@ -19,7 +19,7 @@ is identical; then per-sample costs for projections (bytes of peak per sample, o
 per rank of its N/P share, also above the fixed cost; seconds per million samples).
 
     python tests/benchmarks/bench_plan_scale.py [--sizes 20M,100M] [--ranks 1,2,4] [--quick]
-        [--order curriculum|shuffle]
+        [--orders curriculum,shuffle]
     python tests/benchmarks/bench_plan.py --only scale [--quick]
 """
 
@@ -150,12 +150,12 @@ class Run:
         return max(self.peaks.values())
 
 
-def run_plan(src: Path, out: Path, ranks: int | None, work: Path) -> Run:
+def run_plan(src: Path, out: Path, ranks: int | None, work: Path, order: str) -> Run:
     """``varpack plan`` in one process (``ranks`` None) or under ``mpiexec -n ranks``."""
     res = work / "rss"
     shutil.rmtree(res, ignore_errors=True)
     res.mkdir()
-    args = ["varpack", "plan", str(src), str(out), *PLAN_ARGS]
+    args = ["varpack", "plan", str(src), str(out), *PLAN_ARGS, "--order", order]
     wrap = [sys.executable, "-c", WRAPPER, str(res)]
     mpiexec = Path(sys.executable).with_name("mpiexec")  # the venv's, else the one on PATH
     mpiexec = mpiexec if mpiexec.exists() else Path(shutil.which("mpiexec") or "mpiexec")
@@ -188,31 +188,40 @@ def differences(ref: dict[str, str], got: dict[str, str]) -> list[str]:
     return sorted(f for f in ref.keys() | got.keys() if ref.get(f) != got.get(f))
 
 
-def measure(n: int, ranks: list[int], work: Path) -> dict[str, tuple[Run, list[str]]]:
-    """Plan ``n`` samples in one process and for each P; ``{label: (run, differing files)}``."""
+def measure(
+    n: int, ranks: list[int], work: Path, orders: list[str]
+) -> dict[str, dict[str, tuple[Run, list[str]]]]:
+    """Plan ``n`` samples in one process and for each P, in each order;
+    ``{order: {label: (run, differing files)}}``."""
     src = work / f"sorted-{n}.bin"
     t0 = time.perf_counter()
     write_sorted(src, n)
     print(f"  [{n:,} samples: input written in {time.perf_counter() - t0:.1f} s, "
           f"{src.stat().st_size / GIB:.2f} GiB]", flush=True)  # fmt: skip
-    ref_dir = work / "plan-1proc"
-    got: dict[str, tuple[Run, list[str]]] = {"1 proc": (run_plan(src, ref_dir, None, work), [])}
-    ref = digests(ref_dir)
-    for p in ranks:
-        out = work / f"plan-p{p}"
-        run = run_plan(src, out, p, work)
-        got[f"P={p}"] = (run, differences(ref, digests(out)))
-        shutil.rmtree(out)
-    shutil.rmtree(ref_dir)
+    every = {}
+    for order in orders:
+        ref_dir = work / "plan-1proc"
+        got = {"1 proc": (run_plan(src, ref_dir, None, work, order), [])}
+        ref = digests(ref_dir)
+        for p in ranks:
+            out = work / f"plan-p{p}"
+            run = run_plan(src, out, p, work, order)
+            got[f"P={p}"] = (run, differences(ref, digests(out)))
+            shutil.rmtree(out)
+        shutil.rmtree(ref_dir)
+        every[order] = got
     src.unlink()
-    return got
+    return every
 
 
 # ---------------------------------------------------------------- report -------------------------
 
 
-def report(n: int, got: dict[str, tuple[Run, list[str]]], fixed: dict[str, Run]) -> None:
+def report(
+    n: int, order: str, got: dict[str, tuple[Run, list[str]]], fixed: dict[str, Run]
+) -> None:
     one = got["1 proc"][0]
+    print(f"\n{order}:", end="")
     p1 = got.get("P=1", (None, []))[0]
     print(f"\n{'N':>12} {'run':>7} {'wall s':>8} {'vs 1proc':>8} {'vs P=1':>7} "
           f"{'rank0 GiB':>9} {'others GiB':>10} {'peak/1proc':>10} identical")  # fmt: skip
@@ -249,23 +258,26 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2,4", help="MPI rank counts, e.g. 1,2,4")
     ap.add_argument("--quick", action="store_true", help="sizes 2M")
     ap.add_argument("--workdir", default=None, help="where inputs and plans go [default: /tmp]")
-    ap.add_argument("--order", default="curriculum", choices=["curriculum", "shuffle"])
+    ap.add_argument(
+        "--orders", default="curriculum,shuffle", help="orders to plan in, e.g. shuffle"
+    )
     a = ap.parse_args()
-    PLAN_ARGS.extend(["--order", a.order])
     sizes = [2_000_000] if a.quick else [count(s) for s in a.sizes.split(",")]
     ranks = [int(p) for p in a.ranks.split(",")]
-    print(f"varpack plan under MPI: budget {BUDGET}, dp 8, grad-accum 4, {a.order}; long-SFT "
-          f"lengths (median {MEDIAN:.0f}, {NEAR:.1%} near the budget); ranks {ranks}")  # fmt: skip
+    orders = a.orders.split(",")
+    print(f"varpack plan under MPI: budget {BUDGET}, dp 8, grad-accum 4, {', '.join(orders)}; "
+          f"long-SFT lengths (median {MEDIAN:.0f}, {NEAR:.1%} near the budget); ranks {ranks}")  # fmt: skip
     print("targets: per-rank peak <= 0.6x at P=2, <= 0.35x at P=4; time at P=2 no worse than P=1")
     with tempfile.TemporaryDirectory(dir=a.workdir, prefix="bench-plan-scale-") as tmp:
         work = Path(tmp)
-        warm = measure(WARM, ranks, work)
+        warm = measure(WARM, ranks, work, orders)[orders[0]]  # every order's kernels compiled
         fixed = {k: run for k, (run, _) in warm.items()}
         runs = ", ".join(f"{k} {r.top / GIB:.2f} GiB {r.wall:.1f} s" + (f" NOT IDENTICAL: "
                          f"{', '.join(d)}" if d else "") for k, (r, d) in warm.items())  # fmt: skip
         print(f"  [fixed cost at {WARM:,} samples (numba cache now warm): {runs}]", flush=True)
         for n in sizes:
-            report(n, measure(n, ranks, work), fixed)
+            for order, got in measure(n, ranks, work, orders).items():
+                report(n, order, got, fixed)
 
 
 if __name__ == "__main__":

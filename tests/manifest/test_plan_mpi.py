@@ -64,6 +64,14 @@ def _options(rng: np.random.Generator, budget: int) -> list[object]:
         args += ["--lr-scaling", "sqrt", "--base-batch-size", float(rng.integers(4, 64))]
     if rng.random() < 0.5:
         args += ["--carry", "source"]
+    if (
+        "--max-tokens" in args
+        and "padded" not in args
+        and "split" not in args
+        and rng.random() < 0.3
+    ):
+        args += ["--cp", int(rng.choice([2, 4])), "--bucket-size", budget]  # context parallel
+        args += ["--cp-batching", str(rng.choice(["gds", "greedy"]))]
     if rng.random() < 0.5:  # the two shuffle batchers: composed by cost (packed) or by tokens
         compose = "tokens" if "padded" in args or rng.random() < 0.4 else "cost"
         args += ["--order", "shuffle", "--seed", int(rng.integers(0, 99)), "--compose", compose]
@@ -137,7 +145,7 @@ def test_more_ranks_than_steps(tmp_path: Path) -> None:
             ["--max-tokens", 4096, "--order", "shuffle", "--layout", "padded"],
             "--compose cost in the padded layout is not planned across",
         ),
-        (["--max-tokens", 4096, "--cp", 2, "--bucket-size", 4096], "--cp is not planned across"),
+        (["--max-tokens", 4096, "--batching", "blocks"], "--batching blocks is not planned across"),
     ],
 )
 def test_failures_are_agreed(tmp_path: Path, args: list[object], line: str) -> None:

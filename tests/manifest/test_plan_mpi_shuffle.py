@@ -146,3 +146,26 @@ def test_a_carry_between_ranks_is_composed_in(tmp_path: Path) -> None:
         redone += got.stdout.count("carried in")
         assert _files(out) == _files(tmp_path / "one")
     assert redone > 0  # the case this test is for did occur
+
+
+CONTEXT_PARALLEL = [
+    ["--cp", 2, "--bucket-size", 4096],
+    ["--cp", 2, "--bucket-size", 4096, "--order", "shuffle", "--epochs", 2, "--seed", 3],
+    ["--cp", 4, "--bucket-size", 2048, "--cp-batching", "greedy", "--epochs", 2,
+     "--cp-placement", "round-robin"],
+    ["--cp", 2, "--bucket-size", 4096, "--cp-placement", "distributed", "--warmup", "reorder",
+     "--order", "shuffle", "--compose", "tokens"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(CONTEXT_PARALLEL)))
+def test_context_parallel_plans_are_the_one_process_plan(tmp_path: Path, case: int) -> None:
+    """``--cp``: GDS steps, the CP placement and the ``cp`` figures of plan.json, per rank."""
+    sorted_out = _sorted(tmp_path, 5000, 30 + case)
+    args = ["--max-tokens", 4096, "--dp", 2, "--grad-accum", 2, "--oversize", "drop",
+            *CONTEXT_PARALLEL[case]]  # fmt: skip
+    cli("plan", sorted_out, tmp_path / "one", *args)
+    assert '"cp"' in (tmp_path / "one" / "plan.json").read_text()
+    for ranks in (2, 3):
+        mpiexec(ranks, "plan", sorted_out, tmp_path / f"r{ranks}", *args)
+        assert _files(tmp_path / f"r{ranks}") == _files(tmp_path / "one"), (ranks, args)

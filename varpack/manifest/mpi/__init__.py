@@ -9,7 +9,9 @@ rank:
    input taken from gathered summaries;
 3. **order and pack** (:mod:`.curriculum`): the packing relayed from rank to rank, the count
    completed by the last rank, whole steps moved to the rank holding their first micro-batch
-   (:mod:`.moves`);
+   (:mod:`.moves`); shuffled (:mod:`.shuffle`): each epoch's permuted run drawn by the bucket
+   owners (:mod:`.permute`), windows whole on one rank, packed or composed by cost
+   (:mod:`.compose`) with the carry between windows relayed; ``--cp``: GDS steps (:mod:`.cp`);
 4. **stages 3-6** (:mod:`.local`, :mod:`.shapes`, :mod:`.warmup`): shapes (lengths chosen over
    every rank's histogram), ranks, the warm-up reorder and LR
    factors of its own steps; ``--carry`` values joined by id over every rank's share of the
@@ -48,6 +50,7 @@ from varpack.atomic import (
 from varpack.errors import Interrupted
 from varpack.manifest.format import write_plan_json
 from varpack.manifest.mpi.carry import join_share, read_share
+from varpack.manifest.mpi.cp import cp_block, gds_steps
 from varpack.manifest.mpi.curriculum import curriculum_epoch
 from varpack.manifest.mpi.figures import input_figures, input_share, shared_figures, whole_plan
 from varpack.manifest.mpi.local import RankPlan, local_plan
@@ -107,7 +110,7 @@ def _drop_streams(p: RankPlan) -> None:
     empty = np.zeros(0, np.int64)
     p.stream = p.offsets = p.ids = empty
     p.lens = empty
-    p.stream_lens = p.sample_offsets = p.group = p.pos2 = None
+    p.stream_lens = p.sample_offsets = p.group = p.pos2 = p.cp_placement = None
 
 
 def _clean(comm: Any, state: dict[str, Any], any_rank: bool = False) -> None:
@@ -176,8 +179,11 @@ def _run(
     else:
         del rows
         parts = [curriculum_epoch(comm, held, cfg, before)]
+    if cfg.cp > 1 and cfg.cp_batching == "gds":  # each step re-formed across the DP ranks
+        parts = [gds_steps(part, cfg) for part in parts]
+    grouped = composed or (cfg.cp > 1 and cfg.cp_batching == "gds")  # per-rank groups of steps
     lengths = lengths_after(comm, parts, cfg, before)
-    local = agree(comm, partial(local_plan, parts, cfg, notes, lengths, composed, alone))
+    local = agree(comm, partial(local_plan, parts, cfg, notes, lengths, grouped, alone))
     del parts
     if cfg.warmup == "reorder":
         reorder_ranks(comm, local)
@@ -195,6 +201,9 @@ def _run(
             comm, local.lens, local.group, cfg, int(info["total_tokens"]), dropped
         )
     shared = shared_figures(comm, local, inputs)
+    block = cp_block(comm, local)
+    if block is not None:
+        shared["cp"] = block
     _drop_streams(local)  # rank 0 gathers the micro-batches' figures only
     whole = whole_plan(comm, local, dropped)
     del local

@@ -168,12 +168,14 @@ def _assembled(
     return (taken, bounds), (handed, held)
 
 
-def _pick(own: np.ndarray, extra: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """``own`` followed by ``extra``, at ``idx`` (without joining the two)."""
+def _pick(
+    own: np.ndarray, extra: np.ndarray, idx: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``own`` followed by ``extra``, at ``idx`` (without joining the two), into ``out``."""
     n = len(own)
+    out = np.empty(len(idx), dtype=own.dtype) if out is None else out
     if len(extra) == 0 or len(idx) == 0 or int(idx.max()) < n:
-        return own[idx]
-    out = np.empty(len(idx), dtype=own.dtype)
+        return np.take(own, idx, out=out)
     mine = idx < n
     out[mine] = own[idx[mine]]
     out[~mine] = extra[idx[~mine] - n]
@@ -190,7 +192,7 @@ def _taken(rows: Rows, carried: Rows, parts: list[np.ndarray], copy: bool = Fals
         col = np.empty(total, dtype=rows[k].dtype)
         at = 0
         for x in parts:
-            col[at : at + len(x)] = _pick(rows[k], carried[k], x)
+            _pick(rows[k], carried[k], x, col[at : at + len(x)])
             at += len(x)
         out[k] = col
     return out

@@ -17,6 +17,8 @@ import numpy as np
 from varpack.manifest.mpi.moves import Rows, count
 from varpack.plan import PlanArrays, PlanConfig
 from varpack.plan.arrays import Batches
+from varpack.plan.cp.cost import CPLoad
+from varpack.plan.cp.stage import CPPlan, place_cp
 from varpack.plan.kernels.micro import Micro
 from varpack.plan.lr import lr_factors, step_totals
 from varpack.plan.stages.placement import assign
@@ -34,6 +36,7 @@ class RankPlan(PlanArrays):
     epoch_micro: list[int] = field(default_factory=list)
     repeats: bool = True
     pos2: np.ndarray | None = None
+    cp_load: CPLoad | None = None  # per micro-batch (--cp)
 
 
 def local_plan(
@@ -55,6 +58,7 @@ def local_plan(
     firsts = np.concatenate(([0], np.cumsum(spe)[:-1])).tolist()
     epochs = [{"epoch": e, "first_step": int(firsts[e]), "num_steps": spe[e]} for e in range(cfg.epochs)]  # fmt: skip
     micros, ranks, steps, index, empty = [], [], [], [], []
+    cps: list[CPPlan] = []  # the warm-up reorder spans ranks: .warmup
     for e, (rows, off, first, _) in enumerate(every):
         lens, nm = rows["lens"], len(off) - 1
         step = (first + np.arange(nm, dtype=np.int64)) // per + firsts[e]
@@ -62,7 +66,10 @@ def local_plan(
         batches = Batches(stream, off, step, epochs, stream_lens=lens,
                           group=cfg.grad_accum if grouped else 0)  # fmt: skip
         shaped = shape(batches, lens, cfg, lengths)
-        placed = assign(batches, shaped, cfg)  # the warm-up reorder spans ranks: .warmup
+        cp = place_cp(batches, shaped, cfg)
+        if cp is not None:
+            cps.append(cp)
+        placed = assign(batches, shaped, cfg, None if cp is None else cp.load.cost)
         micros.append(placed.micro)
         ranks.append(placed.rank)
         steps.append(placed.step)
@@ -102,6 +109,10 @@ def local_plan(
         epoch_micro=[len(o) - 1 for _, o, _, _ in every],
         repeats=len(parts) == 1,
         pos2=rows.get("pos2"),
+        cp_placement=np.concatenate([c.placement for c in cps]) if cps else None,
+        cp_load=CPLoad(*(np.concatenate([getattr(c.load, f) for c in cps]) for f in CPLoad._fields))
+        if cps
+        else None,
     )
 
 

@@ -1,11 +1,11 @@
 """What ``plan`` under MPI plans, and the one line that refuses the rest.
 
-The ranks plan curriculum orders with greedy batching (budget or fixed, packed or padded, any
-``--dp``/``--grad-accum``/``--epochs``, ``--oversize``, ``--cost`` levelling, ``--max-shapes``,
-``--pack-to``,
-every ``--warmup``, ``--lr-scaling``, ``--carry``) and write the one-process plan byte for
-byte. An option whose stage is not shared out yet is refused under P > 1 before any work: the
-same command without ``mpiexec`` plans it.
+The ranks plan both orders (curriculum; shuffle composed by cost in the packed layout or by
+tokens), budget or fixed batching, packed or padded, any ``--dp``/``--grad-accum``/``--epochs``,
+``--oversize``, ``--cost`` levelling, ``--max-shapes``, ``--pack-to``, every ``--warmup``,
+``--lr-scaling``, ``--carry`` and ``--cp``, and write the one-process plan byte for byte. An
+option whose stage is not shared out yet is refused under P > 1 before any work: the same command
+without ``mpiexec`` plans it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ def refusal(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bo
         (composes_by_cost(cfg) and cfg.layout == "padded", "--compose cost in the padded layout"),
         (cfg.batching == "blocks", "--batching blocks"),
         (cfg.pp > 1, "--pp"),
-        (cfg.cp > 1, "--cp"),
         (where, "--where"),
         (mix, "--mix"),
     ]

@@ -66,7 +66,7 @@ def check_cp(meta: dict[str, Any], ranks: list[RankRows], whole: AllRanks, cfg: 
             where,
             len(over),
         )
-    figures = cp_figures(whole.step, whole.rank_of, placement, load, model, cfg.dp)
+    figures = cp_figures(whole.step, whole.rank_of, len(placement), load, model, cfg.dp)
     saved = meta.get("cp")
     if not isinstance(saved, dict):
         report.add("plan.json has no cp figures (an object) although the config has --cp")

@@ -49,9 +49,10 @@ def estimated_time(step: np.ndarray, rank: np.ndarray, cost: np.ndarray, dp: int
 
 
 def cp_figures(
-    step: np.ndarray, rank: np.ndarray, placement: np.ndarray, load: CPLoad, model: CPModel, dp: int
+    step: np.ndarray, rank: np.ndarray, samples: int, load: CPLoad, model: CPModel, dp: int
 ) -> dict[str, Any]:
-    """plan.json's ``cp`` block: estimated time, distributed samples, memory and CP balance."""
+    """plan.json's ``cp`` block: estimated time, distributed samples (of ``samples`` placed),
+    memory and CP balance."""
     compute = load.compute
     mean = compute.mean(axis=1)
     imbalance = np.where(mean > 0, compute.max(axis=1) / np.where(mean > 0, mean, 1.0), 1.0)
@@ -60,7 +61,7 @@ def cp_figures(
         "bucket_size": model.bucket,
         "estimated_time": estimated_time(step, rank, load.cost, dp),
         "distributed_samples": int(load.distributed.sum()),
-        "local_samples": int(len(placement) - load.distributed.sum()),
+        "local_samples": int(samples - load.distributed.sum()),
         "memory_max": float(load.memory.max() / (model.n * model.bucket)) if len(step) else 0.0,
         "memory_mean": float(load.memory.mean() / (model.n * model.bucket)) if len(step) else 0.0,
         "cp_imbalance_mean": float(imbalance.mean()) if len(step) else 1.0,

@@ -45,8 +45,9 @@ def plan_meta(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """plan.json's content (without format/version/ranks) and each rank's extra entry (shapes);
     ``moved``: a shuffled plan's moved_* figures (against its drawn permutation). ``shared``:
-    the per-sample figures (``ideal_cost``, ``samples`` of :func:`sample_figures`, ``tokens``)
-    where the ranks of ``plan`` under MPI computed them; ``p`` then holds no samples."""
+    the per-sample figures (``ideal_cost``, ``samples`` of :func:`sample_figures`, ``tokens``,
+    and with ``--cp`` the ``cp`` block) where the ranks of ``plan`` under MPI computed them;
+    ``p`` then holds no samples."""
     cfg = p.cfg
     m = p.micro
     model = cfg.cost_model()
@@ -90,7 +91,9 @@ def plan_meta(
         "stats": stats,
         "dropped": p.dropped,
     }
-    if p.cp_placement is not None:
+    if shared and "cp" in shared:
+        meta["cp"] = shared["cp"]
+    elif p.cp_placement is not None:
         meta["cp"] = _cp_block(p)
     return meta, [{"shapes": s} for s in shapes_of]
 
@@ -154,7 +157,7 @@ def _cp_block(p: PlanArrays) -> dict[str, Any]:
     model = cp_model(p.cfg)
     lens = p.lens[p.stream] if p.stream_lens is None else p.stream_lens
     load = cp_load(p.offsets, lens, p.cp_placement, model)
-    return cp_figures(p.step, p.rank, p.cp_placement, load, model, p.cfg.dp)
+    return cp_figures(p.step, p.rank, len(p.cp_placement), load, model, p.cfg.dp)
 
 
 def plan_figures(
