@@ -262,8 +262,11 @@ def test_carried_values_from_a_source_in_many_row_groups(tmp_path: Path) -> None
     rng = np.random.default_rng(4)
     n = 5000
     ids = rng.permutation(3 * n)[:n]
-    write_shards(tmp_path / "meta", ids, rng.integers(1, 2000, n), [n // 2, n - n // 2],
+    write_shards(tmp_path / "meta", ids, rng.integers(1, 2000, n), [n // 2, 0, n - n // 2],
                  source=rng.choice(np.array(["web", "code", "books"]), n))  # fmt: skip
+    for f in sorted((tmp_path / "meta").iterdir()):  # row groups of 300 rows, one file empty
+        pq.write_table(pq.read_table(f), f, row_group_size=300)
+    assert pq.ParquetFile(tmp_path / "meta" / "shard-000.parquet").num_row_groups > 1
     mpiexec(2, "sort", tmp_path / "meta", tmp_path / "sorted", "-q")
     args = ["--max-tokens", 4096, "--dp", 4, "--oversize", "split", "--split-len", 700,
             "--carry", "source", "--carry-from", tmp_path / "meta", "-q"]  # fmt: skip

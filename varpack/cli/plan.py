@@ -289,15 +289,15 @@ def _on_ranks(
     comm.Barrier()  # every local rank has attached MPI's shared memory by now: a rank that
     unlink_shared_memory()  # fails from here on can no longer leave it in /dev/shm
 
-    def settings() -> tuple[list[str], str | None, PlanConfig]:
+    def settings() -> tuple[list[str], str | None, str | None, PlanConfig]:
         names, source, sql, column, blend, cfg = _settings(*given)
-        for value, flag in ((sql, "--where"), (blend, "--mix"), (column, "--source-column")):
+        for value, flag in ((blend, "--mix"), (column, "--source-column")):
             if value:
                 raise ConfigError(not_shared(flag))
-        return names, source, cfg
+        return names, source, sql, cfg
 
-    names, source, cfg = agree(comm, settings)
-    got = plan_ranks(comm, input, out, cfg, overwrite, names, source)
+    names, source, sql, cfg = agree(comm, settings)
+    got = plan_ranks(comm, input, out, cfg, overwrite, names, source, sql)
     if got is not None:
         _report(out, cfg, *got, quiet)
     return 0

@@ -62,13 +62,17 @@ def check_sql(sql: str) -> str:
     return text
 
 
-def where_ids(files: Sequence[str], sql: str) -> np.ndarray:
+def where_ids(
+    files: Sequence[str], sql: str, lf: Any = None, plan_only: bool = False
+) -> np.ndarray:
     """The sorted ids (``sample_id``, else ``id``) of the rows of ``files`` that satisfy the
-    condition ``sql``."""
+    condition ``sql``. ``lf``: the rows as a polars LazyFrame (a share of the row groups of
+    ``files``; default: all of them). ``plan_only``: resolve the query (its columns and types:
+    the errors a condition can have) and read nothing."""
     import polars as pl
 
     text = check_sql(sql)
-    lf = pl.scan_parquet(list(files))
+    lf = pl.scan_parquet(list(files)) if lf is None else lf
     names: list[str] = []
     try:
         names = lf.collect_schema().names()
@@ -77,6 +81,9 @@ def where_ids(files: Sequence[str], sql: str) -> np.ndarray:
         query = pl.SQLContext(metadata=lf, eager=False).execute(
             f'SELECT "{key}" FROM metadata WHERE {text}'
         )
+        if plan_only:
+            query.collect_schema()
+            return np.zeros(0, dtype=np.int64)
         ids = query.collect().get_column(key).to_numpy()
     except pl.exceptions.PolarsError as exc:
         why = _first_line(exc)
@@ -102,13 +109,27 @@ def keep(
     >>> mask.tolist(), w.kept_samples, w.kept_tokens
     ([False, True, True], 2, 50)
     """
-    pos = np.minimum(np.searchsorted(kept, ids), max(len(kept) - 1, 0))
-    mask = kept[pos] == ids if len(kept) else np.zeros(len(ids), dtype=bool)
+    mask = members(ids, kept)
     total, kept_tokens = int(lens.sum()), int(lens[mask].sum())
     n = int(mask.sum())
     if n == 0:
-        raise InputError(
-            f"--where {sql!r}: keeps none of the {len(ids):,} samples of {source}; loosen the "
-            "condition (varpack check INPUT --where ... shows what it keeps)"
-        )
+        raise none_kept(sql, len(ids), source)
     return mask, Where(sql, source, len(ids), total, n, kept_tokens)
+
+
+def members(ids: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """Which ``ids`` are in ``kept`` (sorted).
+
+    >>> members(np.array([5, 3, 9]), np.array([3, 9])).tolist()
+    [False, True, True]
+    """
+    pos = np.minimum(np.searchsorted(kept, ids), max(len(kept) - 1, 0))
+    return kept[pos] == ids if len(kept) else np.zeros(len(ids), dtype=bool)
+
+
+def none_kept(sql: str, samples: int, source: str) -> InputError:
+    """The error of a condition that keeps none of the ``samples``."""
+    return InputError(
+        f"--where {sql!r}: keeps none of the {samples:,} samples of {source}; loosen the "
+        "condition (varpack check INPUT --where ... shows what it keeps)"
+    )

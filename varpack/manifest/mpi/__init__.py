@@ -62,6 +62,7 @@ from varpack.manifest.mpi.shapes import lengths_after, lengths_before
 from varpack.manifest.mpi.shuffle import shuffle_epochs
 from varpack.manifest.mpi.support import check_supported
 from varpack.manifest.mpi.warmup import global_totals, reorder_ranks
+from varpack.manifest.mpi.where import where_share
 from varpack.manifest.mpi.write import write_rank_files
 from varpack.plan import PlanArrays, PlanConfig
 from varpack.plan.figures.plan_json import plan_meta
@@ -76,15 +77,17 @@ def plan_ranks(
     overwrite: bool = False,
     carry: Sequence[str] = (),
     carry_from: str | os.PathLike[str] | None = None,
+    where: str | None = None,
 ) -> tuple[PlanArrays, dict[str, Any]] | None:
-    """Plan ``input`` (a sort output) into ``out`` on every rank of ``comm``; rank 0 gets
+    """Plan ``input`` (a sort output) into ``out`` on every rank of ``comm`` (``where``: a
+    SQL condition over ``carry_from``, :mod:`.where`); rank 0 gets
     ``(arrays, meta)`` as :func:`varpack.manifest.make.plan` returns them (its arrays hold the
     per-step columns and the figures, not the sample ids), the other ranks ``None``."""
     state: dict[str, Any] = {"tmp": None, "made": []}
     comm.Barrier()  # every local rank has attached MPI's shared memory by now
     unlink_shared_memory()  # a rank that aborts can no longer leave it in /dev/shm
     try:
-        return _run(comm, state, input, out, cfg, overwrite, carry, carry_from)
+        return _run(comm, state, input, out, cfg, overwrite, carry, carry_from, where)
     except Agreed:
         _clean(comm, state)
         raise
@@ -129,27 +132,32 @@ def _run(
     overwrite: bool,
     carry: Sequence[str],
     carry_from: str | os.PathLike[str] | None,
+    where: str | None,
 ) -> tuple[PlanArrays, dict[str, Any]] | None:
+    from varpack.errors import ConfigError
     from varpack.manifest.carry import check_names
-    from varpack.manifest.make import carry_source, input_paths
+    from varpack.manifest.make import carry_source, input_paths, where_source
 
     rank = comm.Get_rank()
     cfg = cfg.resolved()
 
-    def prepare() -> tuple[str, str | None]:
-        check_supported(cfg, input, where=False, mix=False)
+    def prepare() -> tuple[str, str | None, str | None]:
+        check_supported(cfg, input, mix=False)
         names = check_names(carry)
         source = carry_source(input, names, None if carry_from is None else str(carry_from))
+        if carry_from is not None and not names and where is None:
+            raise ConfigError("--carry-from needs --carry COL or --where (what to read from it)")
+        wsource = None if where is None else where_source(input, carry_from)
         if rank != 0:
-            return "", source
+            return "", source, wsource
         inputs = input_paths(input) + (input_paths(carry_from) if carry_from else [])
         check_output(out, overwrite, inputs)
         token = uuid.uuid4().hex[:12]
         state["made"] = make_parents(Path(out))
         state["tmp"] = new_temp(out, token, directory=True)
-        return token, source
+        return token, source, wsource
 
-    token, source = agree(comm, prepare)
+    token, source, wsource = agree(comm, prepare)
     token = comm.bcast(token, root=0)
     tmp = state["tmp"] = temp_sibling(out, token) if rank else state["tmp"]
     names = tuple(carry)
@@ -157,6 +165,9 @@ def _run(
     total = agree(comm, lambda: num_rows(input))
     a, b = weighted_share(comm, input, total, _micro_tokens(cfg))
     ids, lens = agree(comm, lambda: read_run(input, a, b, verify=True))
+    kept_by = None  # what --where kept (plan.json's selection)
+    if where is not None and wsource is not None:
+        ids, lens, kept_by = where_share(comm, ids, lens, where, wsource)
     info = input_share(comm, ids, lens, str(input))
     given = cfg
     rows, cfg, dropped, notes = select_share(comm, ids, lens, cfg)
@@ -164,6 +175,8 @@ def _run(
 
     def again() -> Rows:  # the selected rows once more (a shuffle that must draw again)
         ids, lens = agree(comm, lambda: read_run(input, a, b, verify=False))
+        if where is not None and wsource is not None:
+            ids, lens, _ = where_share(comm, ids, lens, where, wsource)
         return select_share(comm, ids, lens, given)[0]
 
     before = lengths_before(comm, rows["lens"], cfg)
@@ -216,6 +229,8 @@ def _run(
         meta, extra = plan_meta(whole, info, moved=False, shared=shared)
         if entry is not None:
             meta["carry"] = entry
+        if kept_by is not None:
+            meta["selection"] = kept_by.entry()
         assert entries is not None
         write_plan_json(tmp, meta, entries, extra)
         publish(tmp, out, overwrite)

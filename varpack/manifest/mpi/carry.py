@@ -30,7 +30,7 @@ from varpack.manifest.carry import (
     repeated_error,
     rows_of,
 )
-from varpack.manifest.mpi.read import share
+from varpack.manifest.mpi.read import group_rows, share
 from varpack.sort.agree import agree
 
 
@@ -63,7 +63,7 @@ def read_share(comm: Any, path: str, names: Sequence[str]) -> Source:
         dataset, files = _dataset(path)
         id_col = _columns(dataset, files, names, where)
         groups = [g for f in dataset.get_fragments() for g in f.split_by_row_group()]
-        sizes = np.array([g.count_rows() for g in groups], dtype=np.int64)
+        sizes = group_rows(groups)
         a, b = share(int(sizes.sum()), comm.Get_rank(), comm.Get_size())
         ends = np.cumsum(sizes)
         first, last = np.searchsorted(ends, a, side="right"), np.searchsorted(ends, b, side="left")

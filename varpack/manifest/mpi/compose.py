@@ -175,7 +175,7 @@ def _pick(
     n = len(own)
     out = np.empty(len(idx), dtype=own.dtype) if out is None else out
     if len(extra) == 0 or len(idx) == 0 or int(idx.max()) < n:
-        return np.take(own, idx, out=out)
+        return np.take(own, idx, out=out, mode="clip")  # "raise" would buffer a copy
     mine = idx < n
     out[mine] = own[idx[mine]]
     out[~mine] = extra[idx[~mine] - n]

@@ -135,6 +135,7 @@ def move_rows(comm: Any, rows: Rows, dest: np.ndarray) -> Rows:
         for r in range(size)
     ]
     got = comm.alltoall(sends)
+    del sends  # views of the whole columns: they would keep the old columns alive below
     a, b = int(bounds[rank]), int(bounds[rank + 1])
     before = [g for g in got[:rank] if g is not None]
     after = [g for g in got[rank + 1 :] if g is not None]

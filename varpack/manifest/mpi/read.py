@@ -158,3 +158,9 @@ def _weigh(
         weight = ROW_BYTES + MICRO_BYTES * lens / max(per_micro, 1.0)
         blocks += np.bincount(at, weights=weight, minlength=nblocks)
     return blocks
+
+
+def group_rows(groups: list[Any]) -> np.ndarray:
+    """Rows of each row-group fragment (``split_by_row_group``), from the footers: a split
+    fragment's ``count_rows()`` counts its whole file."""
+    return np.array([sum(rg.num_rows for rg in g.row_groups) for g in groups], dtype=np.int64)

@@ -88,9 +88,10 @@ def _prefix(comm: Any, weight: np.ndarray) -> tuple[int, int]:
     return sum(every[: comm.Get_rank()]), sum(every)
 
 
-def _whole_windows(comm: Any, rows: Rows, window: np.ndarray) -> tuple[Rows, np.ndarray]:
-    """Rows (and their ``window`` labels) moved so that each window (a run of equal labels,
-    nondecreasing over the ranks) lies whole on the rank holding its first row."""
+def _whole_windows(comm: Any, rows: Rows) -> tuple[Rows, np.ndarray]:
+    """Rows moved so that each window (a run of equal labels ``rows["_window"]``, nondecreasing
+    over the ranks) lies whole on the rank holding its first row; the rows and their labels."""
+    window = rows["_window"]
     n, rank = count(rows), comm.Get_rank()
     ends = comm.allgather((n, int(window[0]) if n else -1, int(window[-1]) if n else -1))
     dest = np.full(n, rank, dtype=np.int64)
@@ -98,8 +99,7 @@ def _whole_windows(comm: Any, rows: Rows, window: np.ndarray) -> tuple[Rows, np.
         head = int(window[0])
         owner = min(r for r, (c, _, last) in enumerate(ends) if c and last >= head)
         dest[window == head] = owner
-    rows["_window"] = window
-    del window
+    del window  # the rows' column is replaced in place
     moved = move_rows(comm, rows, dest)
     return moved, moved.pop("_window")
 
@@ -124,8 +124,8 @@ def _greedy(
         rows = _draw(comm, held, cfg, epoch)
         weight = np.ones(count(rows), np.int64) if orule.by_samples else rows["lens"]
         before, _ = _prefix(comm, weight)
-        window = (before + np.cumsum(weight) - weight) // (orule.window * orule.step)
-        rows, window = _whole_windows(comm, rows, window)
+        rows["_window"] = (before + np.cumsum(weight) - weight) // (orule.window * orule.step)
+        rows, window = _whole_windows(comm, rows)
         del window, weight
         rows, off = _pack_epoch(comm, rows, cfg, orule, lengths)
         rows, off = complete_tail(comm, rows, off, cfg, f"epoch {epoch}")
@@ -186,8 +186,8 @@ def _costed(
     for epoch in range(cfg.epochs):
         rows = _draw(comm, held, cfg, epoch)
         window_tok, step_tok = orule.window * orule.step, orule.step
-        window = _cost_windows(comm, rows["lens"], window_tok, step_tok, cfg)
-        rows, window = _whole_windows(comm, rows, window)
+        rows["_window"] = _cost_windows(comm, rows["lens"], window_tok, step_tok, cfg)
+        rows, window = _whole_windows(comm, rows)
         starts = _starts(window)
         del window
         args = (coeffs, window_tok, step_tok, cfg.dp, cfg.grad_accum, cfg.pad_multiple,

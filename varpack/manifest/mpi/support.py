@@ -3,7 +3,7 @@
 The ranks plan both orders (curriculum; shuffle composed by cost in the packed layout or by
 tokens), budget or fixed batching, packed or padded, any ``--dp``/``--grad-accum``/``--epochs``,
 ``--oversize``, ``--cost`` levelling, ``--max-shapes``, ``--pack-to``, every ``--warmup``,
-``--lr-scaling``, ``--carry`` and ``--cp``, and write the one-process plan byte for byte. An
+``--lr-scaling``, ``--carry``, ``--where`` and ``--cp``, and write the one-process plan byte for byte. An
 option whose stage is not shared out yet is refused under P > 1 before any work: the same command
 without ``mpiexec`` plans it.
 """
@@ -18,7 +18,7 @@ from varpack.plan.stages.batching import composes_by_cost
 from varpack.sort.output import is_sorted_output
 
 
-def refusal(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bool) -> str | None:
+def refusal(cfg: PlanConfig, input: str | os.PathLike[str], mix: bool) -> str | None:
     """The option ``plan`` cannot yet share over ranks (``None``: every one can)."""
     if not is_sorted_output(input):
         return (
@@ -29,7 +29,6 @@ def refusal(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bo
         (composes_by_cost(cfg) and cfg.layout == "padded", "--compose cost in the padded layout"),
         (cfg.batching == "blocks", "--batching blocks"),
         (cfg.pp > 1, "--pp"),
-        (where, "--where"),
         (mix, "--mix"),
     ]
     for hit, name in options:
@@ -46,8 +45,8 @@ def not_shared(flag: str) -> str:
     )
 
 
-def check_supported(cfg: PlanConfig, input: str | os.PathLike[str], where: bool, mix: bool) -> None:
+def check_supported(cfg: PlanConfig, input: str | os.PathLike[str], mix: bool) -> None:
     """Raise :class:`ConfigError` with :func:`refusal`'s line, if any."""
-    line = refusal(cfg, input, where, mix)
+    line = refusal(cfg, input, mix)
     if line is not None:
         raise ConfigError(line)
