@@ -131,3 +131,58 @@ def test_find_agrees_with_a_binary_search_over_all_ids() -> None:
         present = (truth < n) & (ids[np.minimum(truth, n - 1)] == queries)
         assert np.array_equal(found, present), n
         assert np.array_equal(pos[found], truth[present]), n
+
+
+def _shard(path: Path, ids: np.ndarray, seed: int) -> dict[int, np.ndarray]:
+    """A tokenized shard of the given ids (1..40 tokens each); its tokens by id."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, 40, len(ids))
+    offsets = np.r_[0, np.cumsum(lens)].astype(np.int32)
+    values = rng.integers(0, 30_000, int(offsets[-1])).astype(np.int32)
+    tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    pq.write_table(pa.table({"sample_id": ids, "input_ids": tokens}), path, row_group_size=700)
+    return {int(i): values[offsets[k] : offsets[k + 1]] for k, i in enumerate(ids)}
+
+
+def test_copies_of_several_shards_open_through_their_indexes(tmp_path: Path) -> None:
+    """One copy per input shard (ids of disjoint ranges, in any file order): opened as one
+    through the copies' indexes, nothing built; the tokens are those of the copies opened
+    without indexes, also pieces and in a DataLoader worker."""
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    truth: dict[int, np.ndarray] = {}
+    for k, lo in enumerate([20_000, 0, 50_000]):  # the files' order is not the ids' order
+        ids = np.random.default_rng(k).permutation(3_000) * 3 + lo
+        truth |= _shard(tmp_path / f"s{k}.parquet", ids, seed=10 + k)
+        write_arrow_tokens(tmp_path / f"s{k}.parquet", copies / f"s{k}.arrow")
+    ds = ParquetTokenDataset(copies)
+    assert len(ds) == 9_000 and ds._index is not None and not isinstance(ds._tok_start, np.ndarray)
+    ids = np.random.default_rng(5).choice(np.array(list(truth)), 700, replace=False)
+    flat, lens = ds.get_flat(ids)
+    assert np.array_equal(flat, np.concatenate([truth[int(i)] for i in ids]))
+    offsets = np.minimum(lens // 2, 3)
+    pieces, _ = ds.get_flat(ids, offsets, lens - offsets)
+    want = [truth[int(i)][o:] for i, o in zip(ids, offsets, strict=True)]
+    assert np.array_equal(pieces, np.concatenate(want))
+    assert int(ids[0]) in ds and 1 not in ds  # 1: inside a copy's range, not an id
+    again = pickle.loads(pickle.dumps(ds))
+    assert np.array_equal(again.get_flat(ids)[0], flat)
+    with pytest.raises(InputError, match="is not in the tokenized dataset"):
+        ds.get_flat(np.array([40_000]))  # between two copies' ranges
+    for idx in copies.glob("*.idx"):
+        idx.unlink()
+    plain = ParquetTokenDataset(copies)
+    assert plain._index is None and np.array_equal(plain.get_flat(ids)[0], flat)
+
+
+def test_copies_with_overlapping_id_ranges_are_opened_without_indexes(tmp_path: Path) -> None:
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    truth: dict[int, np.ndarray] = {}
+    for k in range(2):  # interleaved ids: both ranges span the same values
+        truth |= _shard(tmp_path / f"s{k}.parquet", np.arange(k, 4_000, 2), seed=k)
+        write_arrow_tokens(tmp_path / f"s{k}.parquet", copies / f"s{k}.arrow")
+    ds = ParquetTokenDataset(copies)
+    assert ds._index is None  # positions built at open, as without indexes
+    ids = np.array([3, 0, 3_999, 2_000])
+    assert np.array_equal(ds.get_flat(ids)[0], np.concatenate([truth[int(i)] for i in ids]))

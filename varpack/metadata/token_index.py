@@ -15,6 +15,9 @@ counted in tokens) and ``length`` (int64), each ``rows`` long, and the *fence*: 
 :data:`BLOCK`-th id. The header ties the index to its copy: a copy rewritten since is refused in
 one line instead of read at wrong offsets.
 
+Several copies (one per input shard) open as one (:class:`Shards`) where their id ranges do not
+overlap: a lookup goes to the copy whose range holds the id.
+
 A lookup (:meth:`TokenIndex.find`) searches the fence, which the reader holds (8 bytes per 512
 samples), then the one page of ``ids`` it points to: one page per sample, where a binary search
 over the mapped ids would touch twenty (and the kernel's read-ahead many more, which the reader
@@ -213,3 +216,82 @@ def _mapped(path: Path, offset: int, rows: int) -> np.ndarray:
     if hasattr(mmap, "MADV_RANDOM"):
         raw.madvise(mmap.MADV_RANDOM)
     return np.frombuffer(raw, dtype="<i8", count=rows, offset=offset)
+
+
+class _Joined:
+    """Several mapped arrays read as one (``joined[positions]``), none copied."""
+
+    def __init__(self, parts: list[np.ndarray], base: np.ndarray) -> None:
+        self.parts, self.base = parts, base
+
+    def __len__(self) -> int:
+        return int(self.base[-1])
+
+    def __getitem__(self, pos: np.ndarray) -> np.ndarray:
+        pos = np.asarray(pos, dtype=np.int64)
+        part = np.searchsorted(self.base, pos, side="right") - 1
+        out = np.empty(len(pos), dtype=np.int64)
+        for k in np.unique(part).tolist():
+            sel = part == k
+            out[sel] = self.parts[k][pos[sel] - self.base[k]]
+        return out
+
+
+@dataclass
+class Shards:
+    """The indexes of several copies (one per input shard) as one: positions run on from copy
+    to copy (``base``), and a lookup goes to the one copy whose id range holds the id, so each
+    costs what it costs in one copy. Only for copies whose id ranges do not overlap
+    (:meth:`of`)."""
+
+    parts: list[TokenIndex]
+    base: np.ndarray  # first position of each copy, and the end
+    lows: np.ndarray  # the copies' smallest ids, ascending
+    order: np.ndarray  # the copy of each entry of ``lows``
+
+    @classmethod
+    def of(cls, parts: list[TokenIndex]) -> Shards | None:
+        """The copies as one, or None where two copies' id ranges overlap.
+
+        >>> one = TokenIndex(np.array([1, 5]), None, None, np.array([1]), None)
+        >>> two = TokenIndex(np.array([7, 9]), None, None, np.array([7]), None)
+        >>> Shards.of([two, one]).find(np.array([5, 9, 6]))[0].tolist()
+        [3, 1, 3]
+        >>> Shards.of([one, TokenIndex(np.array([4]), None, None, np.array([4]), None)]) is None
+        True
+        """
+        sizes = [len(p.ids) for p in parts]
+        base = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        held = [k for k, n in enumerate(sizes) if n]
+        lows = np.array([int(parts[k].ids[0]) for k in held], dtype=np.int64)
+        highs = np.array([int(parts[k].ids[-1]) for k in held], dtype=np.int64)
+        by_low = np.argsort(lows, kind="stable")
+        if (highs[by_low][:-1] >= lows[by_low][1:]).any():
+            return None
+        return cls(parts, base, lows[by_low], np.asarray(held, dtype=np.int64)[by_low])
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(position, found)`` of each id over the copies (:meth:`TokenIndex.find`)."""
+        q = np.asarray(ids, dtype=np.int64)
+        pos = np.zeros(len(q), dtype=np.int64)
+        found = np.zeros(len(q), dtype=bool)
+        if len(self.lows) == 0 or len(q) == 0:
+            return pos, found
+        copy = self.order[np.maximum(np.searchsorted(self.lows, q, side="right") - 1, 0)]
+        for k in np.unique(copy).tolist():
+            sel = np.flatnonzero(copy == k)
+            at, hit = self.parts[k].find(q[sel])
+            pos[sel], found[sel] = at + self.base[k], hit
+        return pos, found
+
+    @property
+    def ids(self) -> _Joined:
+        return _Joined([p.ids for p in self.parts], self.base)
+
+    @property
+    def start(self) -> _Joined:
+        return _Joined([p.start for p in self.parts], self.base)
+
+    @property
+    def length(self) -> _Joined:
+        return _Joined([p.length for p in self.parts], self.base)

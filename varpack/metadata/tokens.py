@@ -20,8 +20,9 @@ the schema metadata carries ``varpack.format = tokens``, ``varpack.version = 1``
 
 :class:`varpack.torch.ParquetTokenDataset` opens a path ending in ``.arrow`` (or a directory of
 them) as such a copy: it memory-maps the file and the location index written beside it
-(:mod:`varpack.metadata.token_index`, ``PATH.idx``), and fetches a micro-batch with one vectorised
-gather from the page cache.
+(:mod:`varpack.metadata.token_index`, ``PATH.idx``; several copies through theirs, as one, where
+their id ranges do not overlap), and fetches a micro-batch with one vectorised gather from the
+page cache.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ class ParquetTokenDataset:
         self._views: dict[int, np.ndarray] = {}  # IPC: each file's mapping as tokens (ditto)
         self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._row_of: np.ndarray | None = None  # sorted position -> global row (None: the same)
-        self._index: token_index.TokenIndex | None = None
+        self._index: token_index.TokenIndex | token_index.Shards | None = None
         if self._open_index():
             return
         # Row-group table: file index and first global row of every row group (plus the end).
@@ -181,17 +181,37 @@ class ParquetTokenDataset:
 
     # -- opening ---------------------------------------------------------------------------
     def _open_index(self) -> bool:
-        """Open a single token copy through its offline index (:mod:`~varpack.metadata.token_index`,
-        written by ``varpack lengths --arrow-copy``): nothing proportional to the dataset is read
-        or built; the sorted ids and positions stay memory-mapped. False: no index to use."""
-        if not self.ipc or len(self.files) != 1 or self.id_column != tokens.ID:
+        """Open the token copies through their offline indexes (:mod:`~varpack.metadata.
+        token_index`, written by ``varpack lengths --arrow-copy``): nothing proportional to the
+        dataset is read or built; the sorted ids and positions stay memory-mapped. Several
+        copies (one per input shard) are opened as one where their id ranges do not overlap.
+        False: no index to use (a copy without one, or overlapping copies)."""
+        if not self.ipc or self.id_column != tokens.ID:
             return False
-        index = token_index.open_index(self.files[0])
-        if index is None:
+        indexes = [token_index.open_index(f) for f in self.files]
+        if any(index is None for index in indexes):
             return False
-        self._check_columns(self.files[0], pa.ipc.open_file(pa.memory_map(self.files[0])).schema)
-        self._index, self._sorted_ids, self._row_of = index, index.ids, None
-        self._tok_start, self._tok_len, self._dtype = index.start, index.length, index.dtype
+        parts = [index for index in indexes if index is not None]
+        if len(parts) == 1:
+            one: token_index.TokenIndex | token_index.Shards = parts[0]
+            starts: Any = parts[0].start  # mapped arrays; over several copies, joined views
+            lens: Any = parts[0].length
+            ids: Any = parts[0].ids
+        else:
+            shards = token_index.Shards.of(parts)
+            if shards is None:
+                return False
+            one, starts, lens, ids = shards, shards.start, shards.length, shards.ids
+            self._file_start = shards.base
+        for name, index in zip(self.files, parts, strict=True):
+            self._check_columns(name, pa.ipc.open_file(pa.memory_map(name)).schema)
+            if index.dtype != parts[0].dtype:
+                raise InputError(
+                    f"{name}: column {self.column!r} holds another token type than the first "
+                    "file's; rewrite it with `varpack lengths ... --arrow-copy PATH`"
+                )
+        self._index, self._sorted_ids, self._row_of = one, ids, None
+        self._tok_start, self._tok_len, self._dtype = starts, lens, parts[0].dtype
         return True
 
     def _schema_names(self, name: str) -> list[str]:
@@ -306,6 +326,8 @@ class ParquetTokenDataset:
     def __contains__(self, sample_id: object) -> bool:
         if not isinstance(sample_id, (int, np.integer)):
             return False
+        if self._index is not None:
+            return bool(self._index.find(np.array([sample_id], dtype=np.int64))[1][0])
         pos = np.searchsorted(self._sorted_ids, sample_id)
         return bool(pos < len(self._sorted_ids) and self._sorted_ids[pos] == sample_id)
 
