@@ -32,6 +32,7 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -295,3 +296,39 @@ class Shards:
     @property
     def length(self) -> _Joined:
         return _Joined([p.length for p in self.parts], self.base)
+
+
+@dataclass
+class Opened:
+    """Token copies opened through their indexes: the lookup, the sorted ids, each sample's
+    start and length (mapped arrays, or joined views over several copies), the first position
+    of each copy (several copies), and the token type."""
+
+    index: TokenIndex | Shards
+    ids: Any
+    start: Any
+    length: Any
+    base: np.ndarray | None
+    dtype: np.dtype
+
+
+def open_copies(files: list[str]) -> Opened | None:
+    """The copies at ``files`` through their indexes, as one; None where one has no index, or
+    two copies' id ranges overlap. Copies of different token types are refused in one line."""
+    found = [open_index(f) for f in files]
+    parts = [index for index in found if index is not None]
+    if len(parts) < len(files):
+        return None
+    for name, index in zip(files, parts, strict=True):
+        if index.dtype != parts[0].dtype:
+            raise InputError(
+                f"{name}: holds another token type ({index.dtype}) than {files[0]} "
+                f"({parts[0].dtype}); rewrite it with `varpack lengths ... --arrow-copy PATH`"
+            )
+    if len(parts) == 1:
+        one = parts[0]
+        return Opened(one, one.ids, one.start, one.length, None, one.dtype)
+    shards = Shards.of(parts)
+    if shards is None:
+        return None
+    return Opened(shards, shards.ids, shards.start, shards.length, shards.base, parts[0].dtype)

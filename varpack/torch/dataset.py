@@ -16,10 +16,9 @@ The ids must be the ones ``varpack lengths`` gave the samples: ``lengths --id-co
 With ``id_column=None`` the ids are the global row positions in the stable file order of
 :func:`varpack.metadata.resolve_files`, the same rule ``varpack lengths`` uses without ``--id-column``.
 
-An uncompressed Arrow IPC copy (``*.arrow``: :mod:`varpack.metadata.tokens`, written by
-``varpack lengths --arrow-copy``) is memory-mapped instead: opening records where every sample's
-tokens lie in the mapping, and a micro-batch is one vectorised gather, however many record
-batches its samples come from. :func:`write_arrow_tokens` is re-exported here for compatibility.
+An uncompressed Arrow IPC copy (``*.arrow``, or a directory of them, written by ``varpack lengths
+--arrow-copy``) is memory-mapped instead, with its location index (:mod:`~varpack.metadata.
+token_index`); a micro-batch is one vectorised gather. :func:`write_arrow_tokens` is re-exported.
 
 Any map-style dataset keyed by sample id (a dict, or anything with ``__getitem__``) works too:
 :func:`fetch_flat` falls back to one lookup per sample there.
@@ -181,37 +180,19 @@ class ParquetTokenDataset:
 
     # -- opening ---------------------------------------------------------------------------
     def _open_index(self) -> bool:
-        """Open the token copies through their offline indexes (:mod:`~varpack.metadata.
-        token_index`, written by ``varpack lengths --arrow-copy``): nothing proportional to the
-        dataset is read or built; the sorted ids and positions stay memory-mapped. Several
-        copies (one per input shard) are opened as one where their id ranges do not overlap.
-        False: no index to use (a copy without one, or overlapping copies)."""
+        """Open the copies through their offline indexes (:func:`~varpack.metadata.token_index.
+        open_copies`): nothing read or built per sample. False: no index to use."""
         if not self.ipc or self.id_column != tokens.ID:
             return False
-        indexes = [token_index.open_index(f) for f in self.files]
-        if any(index is None for index in indexes):
+        got = token_index.open_copies(self.files)
+        if got is None:
             return False
-        parts = [index for index in indexes if index is not None]
-        if len(parts) == 1:
-            one: token_index.TokenIndex | token_index.Shards = parts[0]
-            starts: Any = parts[0].start  # mapped arrays; over several copies, joined views
-            lens: Any = parts[0].length
-            ids: Any = parts[0].ids
-        else:
-            shards = token_index.Shards.of(parts)
-            if shards is None:
-                return False
-            one, starts, lens, ids = shards, shards.start, shards.length, shards.ids
-            self._file_start = shards.base
-        for name, index in zip(self.files, parts, strict=True):
+        for name in self.files:
             self._check_columns(name, pa.ipc.open_file(pa.memory_map(name)).schema)
-            if index.dtype != parts[0].dtype:
-                raise InputError(
-                    f"{name}: column {self.column!r} holds another token type than the first "
-                    "file's; rewrite it with `varpack lengths ... --arrow-copy PATH`"
-                )
-        self._index, self._sorted_ids, self._row_of = one, ids, None
-        self._tok_start, self._tok_len, self._dtype = starts, lens, parts[0].dtype
+        self._index, self._sorted_ids, self._row_of = got.index, got.ids, None
+        self._tok_start, self._tok_len, self._dtype = got.start, got.length, got.dtype
+        if got.base is not None:
+            self._file_start = got.base
         return True
 
     def _schema_names(self, name: str) -> list[str]:
@@ -328,8 +309,8 @@ class ParquetTokenDataset:
             return False
         if self._index is not None:
             return bool(self._index.find(np.array([sample_id], dtype=np.int64))[1][0])
-        pos = np.searchsorted(self._sorted_ids, sample_id)
-        return bool(pos < len(self._sorted_ids) and self._sorted_ids[pos] == sample_id)
+        pos = min(int(np.searchsorted(self._sorted_ids, sample_id)), len(self) - 1)
+        return bool(self._sorted_ids[pos] == sample_id)
 
     def rows(self, sample_ids: np.ndarray) -> np.ndarray:
         """Global row of each id (vectorised); :class:`InputError` names the first unknown id."""
