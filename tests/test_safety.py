@@ -316,3 +316,30 @@ def test_a_file_written_during_removal_does_not_keep_the_temporary(
     monkeypatch.setattr(shutil, "rmtree", racing)
     remove(tmp)
     assert not tmp.exists() and len(passes) == 2
+
+
+def test_a_signal_swallowed_by_a_c_callback_is_raised_at_the_next_agreement(capfd) -> None:  # type: ignore[no-untyped-def]
+    """numba compiles through llvmlite's ctypes callbacks: a SIGTERM that arrives there raises
+    inside the callback, where ctypes swallows it. The next agreement raises it again, and the
+    swallowed one prints no traceback."""
+    import ctypes
+    import os
+
+    from varpack.atomic import interruptible
+    from varpack.errors import Interrupted
+    from varpack.sort.agree import agree
+
+    class One:  # agree's collectives on a communicator of one rank
+        def Get_rank(self) -> int:
+            return 0
+
+        def allgather(self, value):  # type: ignore[no-untyped-def]
+            return [value]
+
+    callback = ctypes.CFUNCTYPE(None)(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    with pytest.raises(Interrupted, match="SIGTERM"), interruptible():
+        callback()  # the handler's exception is swallowed here
+        time.sleep(0.05)
+        agree(One(), lambda: None)
+    assert "Traceback" not in capfd.readouterr().err
+    assert agree(One(), lambda: 7) == 7  # outside the block: nothing pending

@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -399,10 +400,35 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         drop_temp(tmp)
 
 
+#: signals raised as :class:`Interrupted` in this block; one raised inside a C callback (numba
+#: compiling, through llvmlite's ctypes hooks) is swallowed there: :func:`check_interrupted`
+#: raises it again at the next safe point
+_PENDING: list[int] = []
+
+
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     for name in _SIGNALS:  # a second signal must not interrupt the cleanup of the first
         signal.signal(getattr(signal, name), signal.SIG_IGN)
+    _PENDING.append(signum)
     raise Interrupted(signum)
+
+
+def check_interrupted() -> None:
+    """Raise :class:`Interrupted` for a signal that arrived where its exception could not
+    propagate (a C callback swallowed it)."""
+    if _PENDING:
+        raise Interrupted(_PENDING[0])
+
+
+def _unraisable(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An unraisable-exception hook that drops a swallowed :class:`Interrupted` (it is raised
+    again by :func:`check_interrupted`) and passes anything else on."""
+
+    def hook(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, Interrupted):
+            previous(unraisable)
+
+    return hook
 
 
 @contextlib.contextmanager
@@ -414,6 +440,8 @@ def interruptible() -> Iterator[None]:
         }
     except ValueError:  # not the main thread: leave the handlers alone
         saved = {}
+    hook = sys.unraisablehook
+    sys.unraisablehook = _unraisable(hook)
     try:
         yield
     except Interrupted:
@@ -422,3 +450,5 @@ def interruptible() -> Iterator[None]:
     finally:
         for name, old in saved.items():
             signal.signal(getattr(signal, name), old)
+        sys.unraisablehook = hook
+        _PENDING.clear()

@@ -101,7 +101,11 @@ def agree(comm: Any, fn: Callable[[], T]) -> T:
     bug's traceback is printed by the rank that hit it) travels to all ranks, which raise it as
     :class:`Agreed` with its exit code: a check that stops a one-process run at its first
     failure reports the same one when its work is shared out in order. Collectives belong
-    outside ``fn``: every rank reaches each ``agree``, or none does."""
+    outside ``fn``: every rank reaches each ``agree``, or none does. A signal whose exception a
+    C callback swallowed on this rank is raised here (:func:`varpack.atomic.check_interrupted`)."""
+    from varpack.atomic import check_interrupted
+
+    check_interrupted()
     result, error = caught(fn)
     if isinstance(error, Bug):
         print(f"rank {comm.Get_rank()}: {error}", file=sys.stderr, flush=True)
