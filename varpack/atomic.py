@@ -400,10 +400,7 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         drop_temp(tmp)
 
 
-#: signals raised as :class:`Interrupted` in this block; one raised inside a C callback (numba
-#: compiling, through llvmlite's ctypes hooks) is swallowed there: :func:`check_interrupted`
-#: raises it again at the next safe point
-_PENDING: list[int] = []
+_PENDING: list[int] = []  # signals raised (one raised in a C callback was swallowed there)
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
@@ -421,8 +418,7 @@ def check_interrupted() -> None:
 
 
 def _unraisable(previous: Callable[[Any], None]) -> Callable[[Any], None]:
-    """An unraisable-exception hook that drops a swallowed :class:`Interrupted` (it is raised
-    again by :func:`check_interrupted`) and passes anything else on."""
+    """An unraisable hook that drops a swallowed :class:`Interrupted` (raised again later)."""
 
     def hook(unraisable: Any) -> None:
         if not isinstance(unraisable.exc_value, Interrupted):
