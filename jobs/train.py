@@ -113,6 +113,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="id column (auto: sample_id, else id); 'none' if varpack lengths numbered the rows",
     )
+    p.add_argument(
+        "--read",
+        choices=["pread", "mmap"],
+        default="pread",
+        help="how an Arrow token copy is read: pread (RSS grows by the batch) or mmap",
+    )
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     p.add_argument(
         "--vocab-size", type=count(1), default=None, help="override the preset's vocabulary"
@@ -200,7 +206,9 @@ def prepare(args: Any, world: int, device: torch.device) -> SimpleNamespace:
     torch.manual_seed(args.seed)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     id_column = None if args.id_column.lower() == "none" else args.id_column
-    dataset = ParquetTokenDataset(args.data, column=args.column, id_column=id_column)
+    dataset = ParquetTokenDataset(
+        args.data, column=args.column, id_column=id_column, read=args.read
+    )
     ckpt = out / "checkpoint.pt"
     check_world(args.plan, world // args.cp, ckpt if args.resume else None)
     loader = PlanLoader(args.plan, dataset, collate=args.collate, num_workers=args.workers,

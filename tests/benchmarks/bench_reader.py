@@ -7,7 +7,8 @@ Data: ``varpack synth --tokenized`` long-tail lengths (capped), ``varpack length
 
 - collate only: tokens already in memory (flat arrays), the cost of building the batch;
 - Parquet: fetch from the tokenized Parquet through ``ParquetTokenDataset`` (row-group LRU);
-- Arrow IPC: the same data copied once to an uncompressed Arrow file and memory-mapped;
+- Arrow IPC: the same data copied once to an uncompressed Arrow file, read by ``pread`` (the
+  default) and memory-mapped (``read="mmap"``);
 - DataLoader, 2 workers (end-to-end; this machine has 2 cores);
 - overhead: synchronous fetch+collate time of a micro-batch / a training micro-step (forward and
   backward) of the example model on the same micro-batch, both medians.
@@ -153,6 +154,7 @@ def main() -> None:
         arrow = write_arrow_tokens(root / "tok", root / "tok.arrow")
         convert_s = time.perf_counter() - t
         ipc_ds = ParquetTokenDataset(arrow)
+        mmap_ds = ParquetTokenDataset(arrow, read="mmap")
         mem_ds = InMemoryTokens(ipc_ds)
         total = int(mem_ds.offsets[-1])
         print(
@@ -161,7 +163,8 @@ def main() -> None:
         print(f"{'source':<22}{'layout':<8}{'M tokens/s/worker':>18}{'us/micro-batch':>16}")
         for name, ds in (
             ("collate only (RAM)", mem_ds),
-            ("Arrow IPC (mmap)", ipc_ds),
+            ("Arrow IPC (pread)", ipc_ds),
+            ("Arrow IPC (mmap)", mmap_ds),
             ("Parquet (LRU 16 rg)", pq_ds),
         ):
             for layout in ("packed", "padded"):

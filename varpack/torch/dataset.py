@@ -17,8 +17,10 @@ With ``id_column=None`` the ids are the global row positions in the stable file 
 :func:`varpack.metadata.resolve_files`, the same rule ``varpack lengths`` uses without ``--id-column``.
 
 An uncompressed Arrow IPC copy (``*.arrow``, or a directory of them, written by ``varpack lengths
---arrow-copy``) is memory-mapped instead, with its location index (:mod:`~varpack.metadata.
-token_index`); a micro-batch is one vectorised gather. :func:`write_arrow_tokens` is re-exported.
+--arrow-copy``) is read at the byte offsets of its location index (:mod:`~varpack.metadata.
+token_index`), nothing built at open: ``read="pread"`` (default) copies each micro-batch's bytes,
+so the process grows by the batch, not by the pages of the copy it touched; ``read="mmap"`` maps
+the copy and gathers (:mod:`~varpack.torch.copy_read`). :func:`write_arrow_tokens` is re-exported.
 
 Any map-style dataset keyed by sample id (a dict, or anything with ``__getitem__``) works too:
 :func:`fetch_flat` falls back to one lookup per sample there.
@@ -45,6 +47,7 @@ from varpack.metadata.contract import first_duplicate, resolve_files
 from varpack.metadata.footer import check_pages, check_read, footer_rows
 from varpack.metadata.lengths import ID_COLUMNS, write_arrow_tokens
 from varpack.metadata.tokens import SUFFIXES as IPC_SUFFIXES
+from varpack.torch.copy_read import CopyFiles
 from varpack.torch.gather import fetch_flat, segment_gather_index, slice_pieces
 
 __all__ = [
@@ -122,6 +125,7 @@ class ParquetTokenDataset:
         column: str = AUTO,
         id_column: str | None = AUTO,
         cache_row_groups: int = 16,
+        read: str = "pread",
     ) -> None:
         self.files = [str(p) for p in _resolve(path)]
         self.ipc = all(f.endswith(IPC_SUFFIXES) for f in self.files)
@@ -131,7 +135,7 @@ class ParquetTokenDataset:
         id_column = self.id_column
         self.cache_row_groups = max(1, cache_row_groups)
         self._files: dict[int, Any] = {}  # open handles, per process (dropped when pickled)
-        self._views: dict[int, np.ndarray] = {}  # IPC: each file's mapping as tokens (ditto)
+        self._copies = CopyFiles(self.files, read)  # IPC: read by pread or mapped (ditto)
         self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._row_of: np.ndarray | None = None  # sorted position -> global row (None: the same)
         self._index: token_index.TokenIndex | token_index.Shards | None = None
@@ -252,16 +256,6 @@ class ParquetTokenDataset:
         starts.append(start)
         lens.append(length)
 
-    def _view(self, f: int) -> np.ndarray:
-        """File ``f``'s whole mapping as an array of tokens (per process, zero-copy)."""
-        view = self._views.get(f)
-        if view is None:
-            assert self._dtype is not None
-            buf = _whole(pa.memory_map(self.files[f]))
-            count = buf.size // self._dtype.itemsize
-            view = self._views[f] = np.frombuffer(buf, dtype=self._dtype, count=count)
-        return view
-
     def _read_ids(self, name: str) -> np.ndarray:
         assert self.id_column is not None
         if self.ipc:
@@ -289,7 +283,7 @@ class ParquetTokenDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_files"], state["_cache"], state["_views"] = {}, OrderedDict(), {}
+        state["_files"], state["_cache"] = {}, OrderedDict()
         if self._index is not None:  # mapped again, not copied, in a worker
             state["_sorted_ids"] = state["_tok_start"] = state["_tok_len"] = None
             state["_index"] = None
@@ -421,15 +415,16 @@ class ParquetTokenDataset:
         starts, lens = self._tok_start[rows], self._tok_len[rows].astype(np.int64)
         if piece is not None:
             starts, lens = slice_pieces(starts, lens, piece[:3], piece[3])
+        assert self._dtype is not None
         if len(self.files) == 1:
-            return self._view(0)[segment_gather_index(starts, lens)], lens
+            return self._copies.gather(0, self._dtype, starts, lens), lens
         files = np.searchsorted(self._file_start, rows, side="right") - 1
         dst = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lens, out=dst[1:])
-        out = np.empty(int(dst[-1]), dtype=self._view(0).dtype)
+        out = np.empty(int(dst[-1]), dtype=self._dtype)
         for f in np.unique(files):
             sel = np.flatnonzero(files == f)
-            src = self._view(int(f))[segment_gather_index(starts[sel], lens[sel])]
+            src = self._copies.gather(int(f), self._dtype, starts[sel], lens[sel])
             out[segment_gather_index(dst[sel], lens[sel])] = src
         return out, lens
 
@@ -440,11 +435,3 @@ class ParquetTokenDataset:
 
     def __getitem__(self, sample_id: int) -> np.ndarray:
         return self.get_flat(np.asarray([sample_id]))[0]
-
-
-def _whole(mapped: pa.MemoryMappedFile) -> pa.Buffer:
-    """The whole mapping as one buffer, without copying."""
-    mapped.seek(0)
-    buf = mapped.read_buffer(mapped.size())
-    mapped.seek(0)
-    return buf
