@@ -43,6 +43,24 @@ def join(parts: list[Rows], like: Rows) -> Rows:
     return {k: np.concatenate([p[k] for p in parts]) for k in like}
 
 
+def join_into(parts: list[Rows], into: Rows) -> Rows:
+    """:func:`join` that replaces the columns of ``into`` one at a time, dropping ``parts``'
+    references to each old column as it goes (parts may be ``into`` or views of it), so that a
+    share is never held twice: only one column's old and new arrays at a time."""
+    parts = [p for p in parts if p and len(next(iter(p.values())))]
+    for k in list(into):
+        if len(parts) == 1:  # one part (a view, or the columns themselves): no copy
+            column = parts[0][k]
+        elif parts:
+            column = np.concatenate([p[k] for p in parts])
+            for p in parts:
+                p[k] = column[:0]  # the old column (or a view of it) let go
+        else:
+            column = np.empty(0, into[k].dtype)
+        into[k] = column
+    return into
+
+
 def count(rows: Rows) -> int:
     return len(next(iter(rows.values())))
 
@@ -84,7 +102,7 @@ def relay_pack(
     last = comm.Get_rank() == comm.Get_size() - 1
 
     def work(before: Rows | None) -> tuple[tuple[Rows, np.ndarray], Rows]:
-        mine = rows if before is None else join([before, rows], rows)
+        mine = rows if before is None else join_into([before, rows], rows)
         off = pack_rows(mine) if count(mine) else np.zeros(1, np.int64)
         if last or len(off) < 2:
             return (mine, off), take(mine, 0, 0)
@@ -107,15 +125,14 @@ def move_micro(comm: Any, rows: Rows, off: np.ndarray, dest: np.ndarray) -> tupl
         )
     kept, sends[rank] = sends[rank], None  # this rank's own part stays as it is (no copy)
     got = comm.alltoall(sends)
+    del sends  # views of the whole columns: they would keep the old columns alive below
     got[rank] = kept
     parts = [g for g in got if g is not None]
-    if not parts:
-        return take(rows, 0, 0), np.zeros(1, np.int64)
     offs, at = [np.zeros(1, np.int64)], 0
     for _, part_off in parts:
         offs.append(part_off[1:] + at)
         at += int(part_off[-1])
-    return join([p[0] for p in parts], rows), np.concatenate(offs)
+    return join_into([p[0] for p in parts], rows), np.concatenate(offs)
 
 
 def owners(first: np.ndarray, index: np.ndarray) -> np.ndarray:

@@ -149,14 +149,20 @@ def weighted_share(
 def _weigh(
     path: str | os.PathLike[str], a: int, b: int, block: int, nblocks: int, per_micro: float
 ) -> np.ndarray:
-    """The weight of each block's rows among rows ``a:b``, read a chunk at a time."""
+    """The weight of each block's rows among rows ``a:b``, read a chunk at a time (sums per
+    block, no per-row temporaries: this runs before the shares, on the whole input)."""
     blocks = np.zeros(nblocks, dtype=np.float64)
-    for lo in range(a, b, _CHUNK * 4):
-        hi = min(b, lo + _CHUNK * 4)
+    for lo in range(a, b, _CHUNK):
+        hi = min(b, lo + _CHUNK)
         _, lens = read_run(path, lo, hi, verify=False)
-        at = (lo + np.arange(hi - lo, dtype=np.int64)) // block
-        weight = ROW_BYTES + MICRO_BYTES * lens / max(per_micro, 1.0)
-        blocks += np.bincount(at, weights=weight, minlength=nblocks)
+        edges = np.arange(lo // block * block, hi, block, dtype=np.int64)
+        edges[0] = lo
+        tokens = np.add.reduceat(lens, edges - lo).astype(np.float64)
+        rows = np.diff(np.append(edges, hi)).astype(np.float64)
+        first = lo // block
+        blocks[first : first + len(edges)] += ROW_BYTES * rows + MICRO_BYTES * tokens / max(
+            per_micro, 1.0
+        )
     return blocks
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from varpack.manifest.mpi.compose import compose_share
 from varpack.manifest.mpi.curriculum import complete_tail, whole_units
 from varpack.manifest.mpi.moved import Tally, moved_tally
-from varpack.manifest.mpi.moves import Rows, count, join, move_rows, relay_pack, relayed
+from varpack.manifest.mpi.moves import Rows, count, join_into, move_rows, relay_pack, relayed
 from varpack.manifest.mpi.permute import permuted_share
 from varpack.plan import PlanConfig
 from varpack.plan.cost import cost_coefficients
@@ -147,7 +147,7 @@ def _pack_epoch(
 
     def work(before: Rows | None) -> tuple[tuple[Rows, np.ndarray], Rows]:
         carried = 0 if before is None else count(before)
-        mine = rows if before is None else join([before, rows], rows)
+        mine = rows if before is None else join_into([before, rows], rows)
         perm, off, carry = pack_steps(_view(mine, cfg, lengths), bounds + carried, mine["alone"],
                                       rule, cap, mine.get("group"), carried, final)  # fmt: skip
         return (take_index(mine, perm), off.copy()), take_index(mine, carry)
