@@ -17,7 +17,7 @@ from varpack.manifest.tables import plan_tables
 from varpack.manifest.validate import validate_plan
 from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig, make_plan, plan_arrays
-from varpack.plan.kernels.compose import compose_epoch
+from varpack.plan.kernels.compose import compose_run
 from varpack.plan.stages.batching import batcher_name
 
 FLOPS = dict(cost="flops", model_preset="qwen2.5-0.5b")
@@ -195,7 +195,7 @@ def test_too_few_samples_fall_back_to_token_composition():
     lens = _sorted([40] * 5)
     cfg = PlanConfig(max_tokens=64, dp=2, grad_accum=2, order="shuffle")
     none = np.zeros(5, bool)
-    assert compose_epoch(lens, none, (1.0, 0.0), 64, 60, 2, 2, 1, 64) is None
+    assert compose_run(lens, none, (1.0, 0.0), 64, 60, 2, 2, 1, 64) is None
     with pytest.raises(ConfigError, match="cannot be split"):  # the token composition's error
         plan_arrays(np.arange(5), lens, cfg)
 

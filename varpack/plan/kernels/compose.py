@@ -216,37 +216,6 @@ def _compose_epoch(
     return stream[:out], starts[: nmb + 1], True, buf[:nc].copy(), kept
 
 
-def compose_epoch(
-    plens: np.ndarray,
-    alone: np.ndarray,
-    coeffs: tuple[float, float],
-    window_tokens: int,
-    step_tokens: int,
-    dp: int,
-    k: int,
-    multiple: int,
-    budget: int,
-    fill: float = 0.0,
-    sources: tuple[np.ndarray, np.ndarray, float] | None = None,
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """One epoch composed by cost: ``(stream, offsets)``, or None where it cannot be.
-
-    ``plens`` and ``alone`` are the samples in the epoch's permuted order (gathered once, so the
-    kernel reads windows in sequence); ``stream`` holds positions in that order. ``coeffs``:
-    the cost of a sample of ``x`` tokens as ``lin * x + quad * x^2``. Every ``dp * k``
-    consecutive micro-batches form a step, and every ``k`` consecutive ones of a step one rank's
-    share (a *slot*). ``fill``: the budget fill a step of heavy samples keeps at least
-    (``--balance-fill``). ``sources``: a blend's ``(source of each sample, in the permuted
-    order; weight of each source; tolerance)``, whose shares every step keeps within the
-    tolerance where like-sized swaps can reach it. None: the last window could
-    not place every sample (too few samples for whole steps); the caller composes by tokens
-    instead.
-    """
-    got = compose_run(plens, alone, coeffs, window_tokens, step_tokens, dp, k, multiple, budget,
-                      fill, sources)  # fmt: skip
-    return None if got is None else (got.stream, got.starts)
-
-
 class Composed(NamedTuple):
     """A run of a permuted stream composed by cost (:func:`compose_run`): ``stream`` (positions
     in the run, carried items first) cut into micro-batches at ``starts``; the items it hands on
@@ -272,11 +241,24 @@ def compose_run(
     sources: tuple[np.ndarray, np.ndarray, float] | None = None,
     run: tuple[int, int, int, int, np.ndarray] | None = None,
 ) -> Composed | None:
-    """:func:`compose_epoch` over a run of the permuted stream that starts at a window: ``run``
-    is ``(carried, cum0, rest_tok, rest_n, held)``: the first ``carried`` items come from the
-    run before (``held``: their held flags), ``cum0`` tokens precede the run's own positions,
-    ``rest_tok`` tokens in ``rest_n`` positions follow them (``rest_n`` 0: the run ends the
-    epoch). Windows must not cross runs. None: the epoch's last window could not be composed."""
+    """A run of the permuted stream composed by cost, or None where it cannot be.
+
+    ``plens`` and ``alone`` are the samples in the epoch's permuted order (gathered once, so the
+    kernel reads windows in sequence); the result's ``stream`` holds positions in that order,
+    cut into micro-batches at ``starts``. ``coeffs``: the cost of a sample of ``x`` tokens as
+    ``lin * x + quad * x^2``. Every ``dp * k`` consecutive micro-batches form a step, and every
+    ``k`` consecutive ones of a step one rank's share (a *slot*). ``fill``: the budget fill a
+    step of heavy samples keeps at least (``--balance-fill``). ``sources``: a blend's ``(source
+    of each sample, in the permuted order; weight of each source; tolerance)``, whose shares
+    every step keeps within the tolerance where like-sized swaps can reach it.
+
+    ``run`` (default: the whole epoch) is ``(carried, cum0, rest_tok, rest_n, held)`` for a run
+    that starts at a window: the first ``carried`` items come from the run before (``held``:
+    their held flags), ``cum0`` tokens precede the run's own positions, ``rest_tok`` tokens in
+    ``rest_n`` positions follow them (``rest_n`` 0: the run ends the epoch). Windows must not
+    cross runs. None: the epoch's last window could not place every sample (too few samples
+    for whole steps); the caller composes by tokens instead.
+    """
     if run is None:
         run = (0, 0, 0, 0, np.zeros(0, dtype=np.bool_))
     nc0, cum0, rest_tok, rest_n, held = run

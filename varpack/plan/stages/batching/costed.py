@@ -4,7 +4,7 @@ The strategy for ``--order shuffle`` with ``--batching budget`` in the packed la
 ``--pp`` too, where a rank's micro-batches are never underfilled: they are padded alike). Per
 epoch the shuffle order's permutation comes with the lengths moved along
 (:func:`varpack.plan.kernels.permute.permuted`), and
-:func:`varpack.plan.kernels.compose.compose_epoch` deals each window of it to steps, ranks and
+:func:`varpack.plan.kernels.compose.compose_run` deals each window of it to steps, ranks and
 micro-batches by cost: heavy samples one per rank of a step, the rest filled to each rank's
 level within the budget. Every ``grad_accum`` consecutive micro-batches of a step are one rank's
 share, so the assign stage moves them whole (``Batches.group``). Where an epoch cannot be
@@ -19,7 +19,7 @@ import numpy as np
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import cost_coefficients
-from varpack.plan.kernels.compose import compose_epoch
+from varpack.plan.kernels.compose import compose_run
 from varpack.plan.kernels.order import MovedTally
 from varpack.plan.kernels.permute import permuted
 from varpack.plan.mix import blend_sources
@@ -59,7 +59,7 @@ def build(
     blend = blend_sources()  # a blend (--mix): every step keeps its sources' weights
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)  # the shuffle order's permutation
-        got = compose_epoch(
+        got = compose_run(
             plens,
             alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
             coeffs,
@@ -74,7 +74,7 @@ def build(
         )
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
-        pos, off = got
+        pos, off = got.stream, got.starts
         joined.add(epoch, perm[pos], off, per_step)
         tally.add_epoch(pos, off, plens, per_step)
         slens.append(plens[pos])
