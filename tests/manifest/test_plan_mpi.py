@@ -75,6 +75,11 @@ def _options(rng: np.random.Generator, budget: int) -> list[object]:
     if rng.random() < 0.5:  # the two shuffle batchers: composed by cost (packed) or by tokens
         compose = "tokens" if "padded" in args or rng.random() < 0.4 else "cost"
         args += ["--order", "shuffle", "--seed", int(rng.integers(0, 99)), "--compose", compose]
+    piped = rng.random() < 0.3  # pipeline parallel (packed): a rank's steps padded alike
+    if piped and "padded" not in args and "--cp" not in args and "alone" not in args:
+        k = args.index("--grad-accum") + 1
+        args[k] = 2 * -(-int(args[k]) // 2)  # type: ignore[call-overload]
+        args += ["--pp", 2]
     return args
 
 
@@ -122,6 +127,33 @@ def test_plans_are_the_one_process_plan(tmp_path: Path, seed: int) -> None:
         )
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert leftovers == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--grad-accum", 4, "--pp", 2, "--warmup", "reorder", "--oversize", "split", "--dp", 2],
+        ["--grad-accum", 2, "--pp", 2, "--warmup", "reorder", "--order", "shuffle", "--seed", 5],
+        ["--grad-accum", 4, "--pp", 4, "--order", "shuffle", "--compose", "tokens", "--epochs", 2],
+        ["--grad-accum", 2, "--pp", 2, "--warmup", "reorder", "--max-shapes", 6, "--epochs", 2],
+    ],
+)
+def test_pipeline_parallel_plans_are_the_one_process_plan(
+    tmp_path: Path, args: list[object]
+) -> None:
+    """``--pp`` (packed): each (step, rank) padded to its largest micro-batch on the rank that
+    holds the step; the warm-up reorder moves whole (step, rank) groups."""
+    rng = np.random.default_rng(11)
+    n = 4000
+    write_shards(tmp_path / "meta", rng.permutation(3 * n)[:n], _lengths(rng, n, "tail", 4096),
+                 [n // 2, n - n // 2])  # fmt: skip
+    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
+    args = ["--max-tokens", 4096, "--dp", 3, "--oversize", "drop", "--cost", "flops", "--model-preset",
+            "qwen2.5-0.5b", *args, "-q"]  # fmt: skip
+    cli("plan", tmp_path / "sorted", tmp_path / "one", *args)
+    for ranks in (2, 4):
+        mpiexec(ranks, "plan", tmp_path / "sorted", tmp_path / f"r{ranks}", *args)
+        assert _files(tmp_path / f"r{ranks}") == _files(tmp_path / "one"), (ranks, args)
 
 
 def test_more_ranks_than_steps(tmp_path: Path) -> None:

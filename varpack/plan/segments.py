@@ -47,6 +47,8 @@ def group_max(step: np.ndarray, rank: np.ndarray, values: np.ndarray, dp: int) -
     [5, 5, 4, 1]
     """
     key = step * dp + rank
+    if len(key) == 0:  # a share of no micro-batches (a rank under MPI)
+        return values.copy()
     top = np.zeros(int(key.max()) + 1, dtype=values.dtype)
     np.maximum.at(top, key, values)
     return top[key]

@@ -33,6 +33,7 @@ from varpack.plan.kernels.order import OrderRule, regroup
 from varpack.plan.kernels.pack import pack, pack_steps
 from varpack.plan.stages.batching import composes_by_cost
 from varpack.plan.stages.batching.common import effective_lengths, order_rule
+from varpack.plan.stages.batching.costed import step_fill, step_tokens
 
 Epoch = tuple[Rows, np.ndarray, int, int]  # (rows, off, first micro-batch, epoch's count)
 
@@ -185,13 +186,13 @@ def _costed(
     epochs, tallies = [], []
     for epoch in range(cfg.epochs):
         rows = _draw(comm, held, cfg, epoch)
-        window_tok, step_tok = orule.window * orule.step, orule.step
+        window_tok, step_tok = orule.window * orule.step, step_tokens(orule.step, cfg)
         rows["_window"] = _cost_windows(comm, rows["lens"], window_tok, step_tok, cfg)
         rows, window = _whole_windows(comm, rows)
         starts = _starts(window)
         del window
         args = (coeffs, window_tok, step_tok, cfg.dp, cfg.grad_accum, cfg.pad_multiple,
-                cfg.max_tokens, cfg.balance_fill)  # fmt: skip
+                cfg.max_tokens, step_fill(cfg))  # fmt: skip
         got = compose_share(comm, rows, starts, args)
         if not comm.allreduce(got is not None, op=_land(comm)):
             return None

@@ -3,9 +3,9 @@
 The ranks plan both orders (curriculum; shuffle composed by cost in the packed layout or by
 tokens), budget or fixed batching, packed or padded, any ``--dp``/``--grad-accum``/``--epochs``,
 ``--oversize``, ``--cost`` levelling, ``--max-shapes``, ``--pack-to``, every ``--warmup``,
-``--lr-scaling``, ``--carry``, ``--where`` and ``--cp``, and write the one-process plan byte for byte. An
-option whose stage is not shared out yet is refused under P > 1 before any work: the same command
-without ``mpiexec`` plans it.
+``--lr-scaling``, ``--carry``, ``--where``, ``--cp`` and ``--pp`` in the packed layout, and write
+the one-process plan byte for byte. An option whose stage is not shared out yet is refused under
+P > 1 before any work: the same command without ``mpiexec`` plans it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def refusal(cfg: PlanConfig, input: str | os.PathLike[str], mix: bool) -> str | 
     options = [
         (composes_by_cost(cfg) and cfg.layout == "padded", "--compose cost in the padded layout"),
         (cfg.batching == "blocks", "--batching blocks"),
-        (cfg.pp > 1, "--pp"),
+        (cfg.pp > 1 and cfg.layout == "padded", "--pp in the padded layout"),
         (mix, "--mix"),
     ]
     for hit, name in options:

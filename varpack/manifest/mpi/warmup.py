@@ -5,7 +5,8 @@ warmup_order`): the first micro-batch of every distinct shape goes to the front,
 first, the others follow in plan order. Here each MPI rank finds the first micro-batch of each
 (data-parallel rank, shape) among its own steps; the ranks gather those few candidates and keep
 the earliest, so all know which micro-batches lead; each then renumbers its own micro-batches: a
-leader takes its slot, any other moves back by the leaders that came from behind it. Micro-
+leader takes its slot, any other moves back by the leaders that came from behind it (with
+``--pp``, whole (step, rank) groups move, as one process moves them). Micro-
 batches change steps but not MPI ranks: the rank files' owners sort their rows by step
 (:mod:`.write`), and each step's totals are summed over the ranks (:func:`global_totals`).
 """
@@ -21,15 +22,36 @@ from varpack.plan.lr import lr_factors, step_totals
 
 
 def reorder_ranks(comm: Any, p: PlanArrays) -> None:
-    """Renumber ``p``'s micro-batches (step, micro index) and flag the warm-up prefix, in place."""
+    """Renumber ``p``'s micro-batches (step, micro index) and flag the warm-up prefix, in place.
+    With ``--pp`` whole (step, rank) groups move, so that each step keeps one shape (their
+    first micro-batch stands for them); a rank holds whole steps, so a group never spans ranks."""
     k, dp = p.cfg.grad_accum, p.cfg.dp
-    pos = p.step * k + p.micro_index  # position in its data-parallel rank's order
     rows, pad_to = p.micro.rows.astype(np.int64), p.micro.pad_to.astype(np.int64)
-    first = np.lexsort((pos, pad_to, rows, p.rank))
+    if p.cfg.pp == 1:
+        new, count = _reordered(comm, p.rank, p.step * k + p.micro_index, rows, pad_to, dp)
+        p.step, p.micro_index = new // k, new % k
+        p.warmup = new < count[p.rank]
+        return
+    lead = np.flatnonzero(p.micro_index == 0)
+    new, count = _reordered(comm, p.rank[lead], p.step[lead], rows[lead], pad_to[lead], dp)
+    span = int(p.step.max()) + 1 if len(p.step) else 1
+    key = p.rank[lead] * span + p.step[lead]
+    order = np.argsort(key)
+    group = order[np.searchsorted(key[order], p.rank * span + p.step)]  # each one's lead
+    p.step = new[group]
+    p.warmup = p.step < count[p.rank]
+
+
+def _reordered(
+    comm: Any, rank: np.ndarray, pos: np.ndarray, rows: np.ndarray, pad_to: np.ndarray, dp: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """New position of each item (at ``pos`` in its data-parallel ``rank``'s order, of shape
+    ``(rows, pad_to)``) and each data-parallel rank's count of leaders (its warm-up prefix)."""
+    first = np.lexsort((pos, pad_to, rows, rank))
     head = np.ones(len(first), dtype=bool)
-    key = np.stack((p.rank[first], rows[first], pad_to[first]))
+    key = np.stack((rank[first], rows[first], pad_to[first]))
     head[1:] = (key[:, 1:] != key[:, :-1]).any(axis=0)
-    mine = np.stack((p.rank[first][head], rows[first][head], pad_to[first][head], pos[first][head]))
+    mine = np.stack((rank[first][head], rows[first][head], pad_to[first][head], pos[first][head]))
     every = np.concatenate(comm.allgather(mine), axis=1)
     # earliest per (rank, shape): sorted by position, the first of each key wins
     o = np.lexsort((every[3], every[2], every[1], every[0]))
@@ -43,20 +65,19 @@ def reorder_ranks(comm: Any, p: PlanArrays) -> None:
     start = np.searchsorted(r, np.arange(dp + 1))
     slot = np.arange(len(r)) - start[r]
     count = np.diff(start)
-    # leaders by (rank, position) to find each micro-batch's own and those before it
+    # leaders by (rank, position) to find each item's own and those before it
     span = int(pos.max()) + 1 if len(pos) else 1
     span = max(span, int(spos.max()) + 1 if len(spos) else 1)
     span = max(comm.allgather(span))
     lkey = r * span + spos
     order = np.argsort(lkey)
     lkey, lslot = lkey[order], slot[order]
-    q = p.rank * span + pos
+    q = rank * span + pos
     at = np.searchsorted(lkey, q)
     is_lead = (at < len(lkey)) & (lkey[np.minimum(at, len(lkey) - 1)] == q)
-    before = at - start[p.rank]  # leaders of this rank at earlier positions
-    new = np.where(is_lead, lslot[np.minimum(at, len(lkey) - 1)], pos + count[p.rank] - before)
-    p.step, p.micro_index = new // k, new % k
-    p.warmup = new < count[p.rank]
+    before = at - start[rank]  # leaders of this rank at earlier positions
+    new = np.where(is_lead, lslot[np.minimum(at, len(lkey) - 1)], pos + count[rank] - before)
+    return new, count
 
 
 def global_totals(comm: Any, p: PlanArrays) -> None:

@@ -33,13 +33,19 @@ from varpack.plan.stages.batching.common import EpochJoiner, order_rule, tokens_
 PP_FILL = 0.96
 
 
-def _step_tokens(sorted_step: int, cfg: PlanConfig) -> int:
+def step_tokens(sorted_step: int, cfg: PlanConfig) -> int:
     """Tokens a step is composed from: what sorted packing puts in one; with ``--pp`` near the
     whole budget, as every micro-batch of a rank is padded to its fullest."""
     if cfg.pp == 1:
         return sorted_step
     full = cfg.micro_per_step * capacity(cfg.pad_multiple, cfg.max_tokens or 0)
     return max(sorted_step, int(PP_FILL * full))
+
+
+def step_fill(cfg: PlanConfig) -> float:
+    """The budget fill a step of heavy samples keeps at least: ``--balance-fill``, or all of
+    it with ``--pp`` (a rank's micro-batches are padded alike)."""
+    return 1.0 if cfg.pp > 1 else cfg.balance_fill
 
 
 def build(
@@ -64,12 +70,12 @@ def build(
             alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
             coeffs,
             orule.window * orule.step,
-            _step_tokens(orule.step, cfg),
+            step_tokens(orule.step, cfg),
             cfg.dp,
             cfg.grad_accum,
             cfg.pad_multiple,
             cfg.max_tokens,
-            1.0 if cfg.pp > 1 else cfg.balance_fill,  # --pp pads a rank's micro-batches alike
+            step_fill(cfg),
             None if blend is None else (blend[0][perm], blend[1], blend[2]),
         )
         if got is None:
