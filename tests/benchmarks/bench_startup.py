@@ -7,8 +7,9 @@ For 1 M and 10 M samples (``--quick``: 100 K and 1 M) of 1..16 tokens: ``varpack
 plans it. A fresh process then opens ``PlanLoader(plan, ParquetTokenDataset(copy), rank=0)`` and
 takes its first micro-batch: what a trainer process does before its first step, then 200 more
 (the steady read rate). Rows: with the offline index, the copy read by ``pread`` (the default)
-and through a map (``read="mmap"``); without the index (the index file moved away: positions
-built at open, the baseline). Printed: RSS growth (max RSS after - before, MB; with a map it
+and through a map (``read="mmap"``); 16 copies, one per input shard (the rows split by id
+range, each copied with its index by its own ``varpack lengths``, opened as one directory);
+without the index (the index file moved away: positions built at open, the baseline). Printed: RSS growth (max RSS after - before, MB; with a map it
 counts the pages of the copy this process touched, which the processes of a node share in the
 page cache), anonymous memory growth (this process's own), open + first batch time, the next
 200 micro-batches' time, and the ratios to the baseline.
@@ -67,6 +68,25 @@ def tokenized(path: Path, n: int, seed: int = 0) -> None:
     pq.write_table(pa.table({"sample_id": ids, "input_ids": tokens}), path, row_group_size=65_536)
 
 
+#: token copies of the sharded row (one per input shard)
+SHARDS = 16
+
+
+def shard_copies(src: Path, out: Path, shards: int) -> None:
+    """One token copy per input shard, as a corpus of many files is copied: the rows of
+    ``src`` split by id range into ``shards`` Parquet files, each copied by its own ``varpack
+    lengths --arrow-copy`` (its index beside it; its metadata is not needed here)."""
+    table = pq.read_table(src)
+    ids = table.column("sample_id").to_numpy()
+    edges = np.linspace(0, int(ids.max()) + 1, shards + 1).astype(np.int64)
+    out.mkdir()
+    for k in range(shards):
+        keep = np.flatnonzero((ids >= edges[k]) & (ids < edges[k + 1]))
+        part = out.parent / f"shard-{k}.parquet"
+        pq.write_table(table.take(keep), part, row_group_size=65_536)
+        vp("lengths", part, out.parent / f"meta-{k}", "--arrow-copy", out / f"part-{k:03d}.arrow")
+
+
 def vp(*args: object) -> None:
     subprocess.run([sys.executable, "-m", "varpack", *map(str, args), "-q"], check=True)
 
@@ -86,7 +106,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     sizes = (100_000, 1_000_000) if ap.parse_args().quick else (1_000_000, 10_000_000)
     print(
-        f"{'samples':>12}{'read':>10}{'RSS +MB':>10}{'anon +MB':>13}{'open s':>9}{'next 200 s':>12}"
+        f"{'samples':>12}{'read':>11}{'RSS +MB':>10}{'anon +MB':>13}{'open s':>9}{'next 200 s':>12}"
     )
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         for n in sizes:
@@ -98,17 +118,19 @@ def main() -> None:
             vp("plan", root / "meta", root / "plan", "--dp", 64, "--max-tokens", 4096)
             rows = {"pread": open_once(root / "plan", copy)}
             rows["mmap"] = open_once(root / "plan", copy, "mmap")
+            shard_copies(root / "tok.parquet", root / "copies", SHARDS)
+            rows[f"{SHARDS} copies"] = open_once(root / "plan", root / "copies")
             Path(f"{copy}.idx").rename(root / "moved.idx")
             rows["built"] = built = open_once(root / "plan", copy)
             for name, r in rows.items():
                 print(
-                    f"{n:>12,}{name:>10}{r['mb']:>10.1f}{r['anon_mb']:>13.1f}{r['s']:>9.3f}"
+                    f"{n:>12,}{name:>11}{r['mb']:>10.1f}{r['anon_mb']:>13.1f}{r['s']:>9.3f}"
                     f"{r['next_s']:>12.3f}"
                 )
             for name in ("pread", "mmap"):
                 r = rows[name]
                 print(
-                    f"{'':>12}{'ratio':>10}{r['mb'] / max(built['mb'], 1e-9):>10.3f}"
+                    f"{'':>12}{'ratio':>11}{r['mb'] / max(built['mb'], 1e-9):>10.3f}"
                     f"{'':>13}{r['s'] / built['s']:>9.3f}   ({name} / built)"
                 )
 
