@@ -105,7 +105,7 @@ def carry_type(name: str, typ: pa.DataType, where: str) -> str:
     )
 
 
-def _dataset(path: str | os.PathLike[str]) -> tuple[ds.Dataset, list[Path]]:
+def source_dataset(path: str | os.PathLike[str]) -> tuple[ds.Dataset, list[Path]]:
     """The Parquet files of ``path`` as one dataset (footers only)."""
     from varpack.metadata.contract import first_line, resolve_files
 
@@ -116,7 +116,9 @@ def _dataset(path: str | os.PathLike[str]) -> tuple[ds.Dataset, list[Path]]:
         raise InputError(f"{path}: cannot read as Parquet ({first_line(exc)})") from None
 
 
-def _columns(dataset: ds.Dataset, files: list[Path], names: Sequence[str], where: str) -> str:
+def source_id_column(
+    dataset: ds.Dataset, files: list[Path], names: Sequence[str], where: str
+) -> str:
     """Check every file holds an id column and the carried columns; the id column's name."""
     for frag, path in zip(dataset.get_fragments(), files, strict=True):
         schema = frag.physical_schema
@@ -144,8 +146,8 @@ def read_carry_source(
 ) -> tuple[np.ndarray, pa.Table]:
     """The id column (int64) and the carried columns of the metadata at ``path``, nulls refused."""
     where = str(path)
-    dataset, files = _dataset(path)
-    id_col = _columns(dataset, files, names, where)
+    dataset, files = source_dataset(path)
+    id_col = source_id_column(dataset, files, names, where)
     table = dataset.to_table(columns=[id_col, *names])
     ids = table.column(id_col).cast(pa.int64()).to_numpy()
     for name in names:

@@ -21,14 +21,14 @@ import pyarrow.compute as pc
 
 from varpack.manifest.carry import (
     Carried,
-    _columns,
-    _dataset,
     empty_error,
     join,
     missing_error,
     null_error,
     repeated_error,
     rows_of,
+    source_dataset,
+    source_id_column,
 )
 from varpack.manifest.mpi.read import group_rows, share
 from varpack.sort.agree import agree
@@ -60,8 +60,8 @@ def read_share(comm: Any, path: str, names: Sequence[str]) -> Source:
     where = str(path)
 
     def read() -> tuple[str, np.ndarray, pa.Table]:
-        dataset, files = _dataset(path)
-        id_col = _columns(dataset, files, names, where)
+        dataset, files = source_dataset(path)
+        id_col = source_id_column(dataset, files, names, where)
         groups = [g for f in dataset.get_fragments() for g in f.split_by_row_group()]
         sizes = group_rows(groups)
         a, b = share(int(sizes.sum()), comm.Get_rank(), comm.Get_size())
