@@ -5,7 +5,8 @@ to a multiple of ``dp x grad_accum`` micro-batches by splitting the costliest on
 (:func:`varpack.plan.kernels.pack.complete`) and, with ``--cost flops/time``, ordered by cost in
 windows of ``--shuffle-window`` steps. Under MPI:
 
-1. the packing is relayed from rank to rank (:func:`~.moves.relay_pack`);
+1. every rank finds where packing would cut after each of its rows, then the packing is relayed
+   from rank to rank, a step per micro-batch (:func:`~.moves.relay_pack`);
 2. the last rank takes the last few steps' micro-batches and completes the count as one process
    would (it takes more, up to all of them, in the rare case that completing reaches further
    back);
@@ -25,6 +26,7 @@ import numpy as np
 
 from varpack.manifest.mpi.moves import Rows, count, move_micro, owners, relay_pack
 from varpack.plan import PlanConfig
+from varpack.plan.kernels.cuts import next_cuts
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete, pack
 from varpack.plan.stages.batching.common import effective_lengths
@@ -45,14 +47,19 @@ def curriculum_epoch(
     rule = cfg.pack_rule()
     rows = held.pop("rows")
 
-    def pack_rows(r: Rows) -> np.ndarray:
-        view = r["lens"]
+    def view(r: Rows) -> np.ndarray:
         if lengths is not None and cfg.layout == "padded":
-            view = effective_lengths(view, cfg, lengths)
-        starts = pack(view, np.array([0, count(r)]), r["alone"], rule, 0, r.get("group"))[1]
+            return effective_lengths(r["lens"], cfg, lengths)
+        return r["lens"]
+
+    def pack_rows(r: Rows) -> np.ndarray:
+        starts = pack(view(r), np.array([0, count(r)]), r["alone"], rule, 0, r.get("group"))[1]
         return starts.copy()  # a view of one entry per sample: keep only the micro-batches
 
-    rows, off = relay_pack(comm, rows, pack_rows)
+    def cuts(r: Rows) -> np.ndarray:
+        return next_cuts(view(r), r["alone"], rule, r.get("group"))
+
+    rows, off = relay_pack(comm, rows, pack_rows, cuts)
     rows, off = complete_tail(comm, rows, off, cfg, "epoch 0")
     unit = cfg.micro_per_step * (cfg.shuffle_window if levels(cfg.cost, cfg.order) else 1)
     rows, off = whole_units(comm, rows, off, unit)

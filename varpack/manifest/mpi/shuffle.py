@@ -29,6 +29,7 @@ from varpack.manifest.mpi.moves import Rows, count, join_into, move_rows, relay_
 from varpack.manifest.mpi.permute import permuted_share
 from varpack.plan import PlanConfig
 from varpack.plan.cost import cost_coefficients
+from varpack.plan.kernels.cuts import next_cuts
 from varpack.plan.kernels.order import OrderRule, regroup
 from varpack.plan.kernels.pack import pack, pack_steps
 from varpack.plan.stages.batching import composes_by_cost
@@ -78,7 +79,10 @@ def _sorted_micro(comm: Any, base: Rows, cfg: PlanConfig, view: np.ndarray) -> f
     def pack_rows(r: Rows) -> np.ndarray:  # as one process: split pieces not kept apart
         return pack(r["view"], np.array([0, count(r)]), r["alone"], rule)[1].copy()
 
-    _, off = relay_pack(comm, {"view": view, "alone": base["alone"]}, pack_rows)
+    def cuts(r: Rows) -> np.ndarray:
+        return next_cuts(r["view"], r["alone"], rule)
+
+    _, off = relay_pack(comm, {"view": view, "alone": base["alone"]}, pack_rows, cuts)
     micro = comm.allreduce(len(off) - 1)
     return float(comm.allreduce(int(view.sum()))) / micro
 
