@@ -32,12 +32,12 @@ READS = ("pread", "mmap")
 GAP = 8 * 1024
 
 
-def check_read(read: str) -> str:
+def check_read_mode(read: str) -> str:
     """``read`` if it is one of :data:`READS`.
 
-    >>> check_read("mmap")
+    >>> check_read_mode("mmap")
     'mmap'
-    >>> check_read("direct")
+    >>> check_read_mode("direct")
     Traceback (most recent call last):
     varpack.errors.InputError: read='direct' is not a way to read a token copy; pass one of: pread, mmap
     """
@@ -69,7 +69,7 @@ class CopyFiles:
     """The token copies ``files``, read by ``read`` (one of :data:`READS`)."""
 
     def __init__(self, files: list[str], read: str = "pread") -> None:
-        self.files, self.read = files, check_read(read)
+        self.files, self.read = files, check_read_mode(read)
         self._open: dict[int, Any] = {}  # per process: file objects or mapped arrays
 
     def __getstate__(self) -> dict[str, Any]:

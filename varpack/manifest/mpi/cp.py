@@ -18,7 +18,7 @@ from varpack.manifest.mpi.moves import Rows
 from varpack.plan import PlanConfig
 from varpack.plan.cp.cost import CPLoad, cp_model
 from varpack.plan.cp.stage import cp_figures
-from varpack.plan.stages.batching import gds
+from varpack.plan.stages.batching.gds import regroup_steps
 
 Part = tuple[Rows, np.ndarray, int, int]
 
@@ -26,11 +26,7 @@ Part = tuple[Rows, np.ndarray, int, int]
 def gds_steps(part: Part, cfg: PlanConfig) -> Part:
     """A rank's whole steps of an epoch re-formed by GDS (``--cp-batching gds``)."""
     rows, off, first, total = part
-    model = cp_model(cfg)
-    perm, new_off, _ = gds._regroup(
-        np.ascontiguousarray(rows["lens"], dtype=np.int64), off.astype(np.int64), cfg.dp,
-        cfg.grad_accum, model.bucket * model.n, model.lin, model.quad,
-    )  # fmt: skip
+    perm, new_off = regroup_steps(rows["lens"], off, cfg)
     return {k: v[perm] for k, v in rows.items()}, new_off, first, total
 
 

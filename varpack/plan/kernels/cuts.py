@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from varpack.plan.kernels.pack import PackRule, _fits_more
+from varpack.plan.kernels.pack import PackRule, fits_more
 
 
 def next_cuts(
@@ -72,7 +72,7 @@ def _next_cuts(lens, alone, codes, longest, ring, fixed, bsize, layout, multiple
         while j < n and not alone[i] and not alone[j]:
             x = lens[j]
             mx = lens[ring[head & mask]] if longest else x
-            if not _fits_more(j - i, tok, mx, x, fixed, bsize, layout, multiple, budget):
+            if not fits_more(j - i, tok, mx, x, fixed, bsize, layout, multiple, budget):
                 break
             if grouped and codes[j] >= 0 and held[codes[j]] > 0:
                 break

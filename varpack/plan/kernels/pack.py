@@ -63,7 +63,7 @@ def oversize_mask(lens: np.ndarray, rule: PackRule) -> np.ndarray:
 
 
 @njit(cache=True)
-def _fits_more(cnt, tok, mx, x, fixed, bsize, layout, multiple, budget):  # type: ignore[no-untyped-def]
+def fits_more(cnt, tok, mx, x, fixed, bsize, layout, multiple, budget):  # type: ignore[no-untyped-def]
     """May sample ``x`` join a micro-batch of ``cnt`` samples, ``tok`` tokens, longest ``mx``?"""
     if fixed:
         return cnt + 1 <= bsize
@@ -116,7 +116,7 @@ def _greedy(lens, alone, group, buf, m, cap, fixed, bsize, layout, multiple, bud
         i += 1
         while i < m and not lone and not alone[buf[i]]:
             x = np.int64(lens[buf[i]])
-            if not _fits_more(cnt, tok, mx, x, fixed, bsize, layout, multiple, budget):
+            if not fits_more(cnt, tok, mx, x, fixed, bsize, layout, multiple, budget):
                 break
             if grouped:
                 if _clash(group, buf[i], seen, ns):
@@ -252,7 +252,7 @@ def _pack_free(lens, alone, group, bounds, fixed, bsize, layout, multiple, budge
         if cnt > 0 and (
             lone
             or alone[i]
-            or not _fits_more(cnt, tok, mx, x, fixed, bsize, layout, multiple, budget)
+            or not fits_more(cnt, tok, mx, x, fixed, bsize, layout, multiple, budget)
             or (grouped and _clash(group, i, seen, ns))
         ):
             cnt = np.int64(0)

@@ -136,6 +136,20 @@ def _regroup(lens, offsets, dp, k, cap, lin, quad):  # type: ignore[no-untyped-d
     return perm, new_off, kept
 
 
+def regroup_steps(
+    lens: np.ndarray, offsets: np.ndarray, cfg: PlanConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every whole step of micro-batches ``offsets`` over ``lens`` (in stream order) re-formed
+    by GDS: ``(permutation of the stream, new offsets)``."""
+    model = cp_model(cfg)
+    cap = model.bucket * model.n  # memory, not --max-tokens: a lower budget leaves GDS room
+    perm, new_off, _ = _regroup(
+        np.ascontiguousarray(lens, dtype=np.int64), offsets.astype(np.int64), cfg.dp,
+        cfg.grad_accum, cap, model.lin, model.quad,
+    )  # fmt: skip
+    return perm, new_off
+
+
 def build(
     lens: np.ndarray,
     alone: np.ndarray,
@@ -146,12 +160,7 @@ def build(
     """Greedy steps, each re-formed by GDS (module doc); micro-batches grouped per rank."""
     batches = greedy.build(lens, alone, cfg, lengths)
     assert batches.stream_lens is not None and cfg.max_tokens is not None
-    model = cp_model(cfg)
-    slens = np.ascontiguousarray(batches.stream_lens, dtype=np.int64)
-    cap = model.bucket * model.n  # memory, not --max-tokens: a lower budget leaves GDS room
-    perm, offsets, _ = _regroup(
-        slens, batches.offsets.astype(np.int64), cfg.dp, cfg.grad_accum, cap, model.lin, model.quad
-    )
+    perm, offsets = regroup_steps(batches.stream_lens, batches.offsets, cfg)
     batches.stream = batches.stream[perm]
     batches.stream_lens = batches.stream_lens[perm]
     batches.offsets = offsets
