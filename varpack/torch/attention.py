@@ -56,11 +56,27 @@ def _optional(module: str, name: str) -> Any:
         return None
 
 
-# Module attributes, looked up at call time, so tests can stand fake kernels in for them.
-flash_attn_varlen_func: Any = _optional("flash_attn", "flash_attn_varlen_func")
-varlen_attn: Any = _optional("torch.nn.attention.varlen", "varlen_attn")
-flex_attention: Any = _optional("torch.nn.attention.flex_attention", "flex_attention")
+# Module attributes, looked up at call time, so tests can stand fake kernels in for them. Each
+# is imported on first use: FlexAttention's module loads torch._dynamo, which costs every
+# process (each DataLoader worker, each torchrun rank) seconds of start-up it may never need.
+_LAZY = object()
+_KERNELS = {
+    "flash_attn_varlen_func": ("flash_attn", "flash_attn_varlen_func"),
+    "varlen_attn": ("torch.nn.attention.varlen", "varlen_attn"),
+    "flex_attention": ("torch.nn.attention.flex_attention", "flex_attention"),
+}
+flash_attn_varlen_func: Any = _LAZY
+varlen_attn: Any = _LAZY
+flex_attention: Any = _LAZY
 _COMPILED_FLEX: Any = None
+
+
+def _kernel(name: str) -> Any:
+    """The kernel ``name`` (one of :data:`_KERNELS`), imported on first use; ``None`` if absent."""
+    got = globals()[name]
+    if got is _LAZY:
+        got = globals()[name] = _optional(*_KERNELS[name])
+    return got
 
 
 class BackendUnavailableError(ConfigError):
@@ -154,16 +170,16 @@ def cuda_capability(device: torch.device) -> tuple[int, int]:
 
 
 def _flash_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
-    if flash_attn_varlen_func is None:
+    if _kernel("flash_attn_varlen_func") is None:
         return "flash-attn is not installed (pip install flash-attn)"
     return _cuda_half(device, dtype)
 
 
 def _varlen_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
-    if varlen_attn is None:
+    if _kernel("varlen_attn") is None:
         return f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)"
     try:
-        varlen_causal_kwargs(varlen_attn)
+        varlen_causal_kwargs(_kernel("varlen_attn"))
     except (TypeError, ValueError) as exc:
         return f"unrecognised varlen_attn signature: {exc}"
     reason = _cuda_half(device, dtype)
@@ -173,7 +189,7 @@ def _varlen_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def _flex_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
-    if flex_attention is None:
+    if _kernel("flex_attention") is None:
         return f"torch {torch.__version__} has no FlexAttention (torch >= 2.5)"
     return None
 
@@ -200,7 +216,7 @@ def _repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch
 def _run_flash(q: Any, k: Any, v: Any, meta: AttentionMeta, scale: float | None) -> Any:
     b, _, t, _ = q.shape
     cu = meta.cu_seqlens
-    y = flash_attn_varlen_func(
+    y = _kernel("flash_attn_varlen_func")(
         _flat(q), _flat(k), _flat(v), cu, cu, meta.max_seqlen, meta.max_seqlen,
         dropout_p=0.0, softmax_scale=scale, causal=meta.causal,
     )  # fmt: skip
@@ -217,7 +233,8 @@ def _run_varlen(q: Any, k: Any, v: Any, meta: AttentionMeta, scale: float | None
         else:
             q, k, v = _repeat_kv(q, k, v)
     cu, longest = meta.cu_seqlens, meta.max_seqlen
-    y = varlen_attn(_flat(q), _flat(k), _flat(v), cu, cu, longest, longest, scale=scale, **kwargs)
+    kernel = _kernel("varlen_attn")
+    y = kernel(_flat(q), _flat(k), _flat(v), cu, cu, longest, longest, scale=scale, **kwargs)
     return _unflat(y, b, t)
 
 
@@ -225,19 +242,19 @@ def compiled_flex_attention() -> Callable[..., Any]:
     """``torch.compile(flex_attention)``, compiled once per process (module-level cache)."""
     global _COMPILED_FLEX
     if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention)
+        _COMPILED_FLEX = torch.compile(_kernel("flex_attention"))
     return _COMPILED_FLEX
 
 
 def _run_flex(q: Any, k: Any, v: Any, meta: AttentionMeta, scale: float | None) -> Any:
     kwargs = {"block_mask": meta.block_mask, "scale": scale, "enable_gqa": k.shape[1] != q.shape[1]}
     if torch.compiler.is_compiling():  # inside a compiled model: dynamo traces flex itself
-        return flex_attention(q, k, v, **kwargs)
+        return _kernel("flex_attention")(q, k, v, **kwargs)
     if q.is_cuda:
         return compiled_flex_attention()(q, k, v, **kwargs)
     with warnings.catch_warnings():  # the CPU's eager path materialises the scores: a test path
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
-        return flex_attention(q, k, v, **kwargs)
+        return _kernel("flex_attention")(q, k, v, **kwargs)
 
 
 def _sdpa(q: Any, k: Any, v: Any, scale: float | None, **kwargs: Any) -> Any:
@@ -306,8 +323,9 @@ def resolve_backend(
 
 
 def _varlen_kwargs(causal: bool) -> dict[str, Any]:
-    kwargs = varlen_causal_kwargs(varlen_attn, causal)
-    if "enable_gqa" in inspect.signature(varlen_attn).parameters:
+    kernel = _kernel("varlen_attn")
+    kwargs = varlen_causal_kwargs(kernel, causal)
+    if "enable_gqa" in inspect.signature(kernel).parameters:
         kwargs["enable_gqa"] = True  # used only when k/v have fewer heads than q
     return kwargs
 
