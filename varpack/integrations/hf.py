@@ -14,8 +14,7 @@ What the plan decides, the Trainer must not decide again. :class:`VarpackTrainer
   Trainer's (:func:`~varpack.integrations.world.check_world`);
 - vocabulary: this rank's token ids are checked against the model's vocabulary before anything
   is built (:func:`~varpack.torch.vocab.check_vocab`, as ``jobs/train.py`` does);
-- steps: ``max_steps`` is the plan's steps (a smaller one stops early; the LR schedule still
-  spans the plan's steps, so a stopped run resumes onto the same curve);
+- steps: ``max_steps`` is the plan's steps (a smaller one stops early);
 - loss: ``get_batch_samples`` takes ``num_items_in_batch`` from the plan
   (``batch.label_tokens``, no all-gather) and ``compute_loss`` returns
   :func:`~varpack.integrations.loss.plan_loss`: the micro-batch's summed token loss over the
@@ -24,9 +23,11 @@ What the plan decides, the Trainer must not decide again. :class:`VarpackTrainer
   ``average_tokens_across_devices`` (``loss *= num_processes``), and ``loss_is_scaled_for_ga``
   stops ``training_step`` dividing it by the accumulation steps again. The logged ``loss`` (with
   ``logging_steps=1``) is then each step's exact token-mean loss over all ranks;
-- LR: ``create_scheduler`` wraps Trainer's schedule (``lr_scheduler_type``, or the scheduler
-  passed in ``optimizers=``) in :class:`~varpack.torch.lr.VariableBatchSizeLR` with the plan's LR
-  factors;
+- LR: ``create_scheduler`` wraps Trainer's schedule (``lr_scheduler_type`` over ``max_steps``,
+  as in any Trainer run, or the scheduler passed in ``optimizers=``) in
+  :class:`~varpack.torch.lr.VariableBatchSizeLR` with the plan's LR factor of each step (indexed
+  by the global step, which is the plan's step). A run resumed with another ``max_steps``
+  follows the new schedule from its first step;
 - checkpoints: ``_save_checkpoint`` writes the loader's cursor to ``checkpoint-N/``
   :data:`LOADER_STATE`, ``train(resume_from_checkpoint=...)`` restores it, and
   ``ignore_data_skip`` is forced on (the cursor already stands at the next micro-batch; Trainer's
@@ -295,11 +296,13 @@ class VarpackTrainerMixin(_Base):
 
     # -- LR --------------------------------------------------------------------------------
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
-        """Trainer's schedule (or the one given in ``optimizers=``) over the plan's steps, times
-        the plan's LR factor of each step."""
+        """Trainer's schedule over ``num_training_steps`` (``max_steps``: the plan's steps unless
+        fewer were given), or the one given in ``optimizers=``, times the plan's LR factor of each
+        step. Resumed, the base schedule is Trainer's new one (another ``max_steps`` gives
+        another curve) and :class:`VariableBatchSizeLR` takes its LR at the restored step."""
         if isinstance(self.lr_scheduler, VariableBatchSizeLR):
             return self.lr_scheduler
-        base = super().create_scheduler(self.plan_loader.num_steps, optimizer)
+        base = super().create_scheduler(num_training_steps, optimizer)
         if isinstance(base, torch.optim.lr_scheduler.ReduceLROnPlateau):
             raise ConfigError(
                 "ReduceLROnPlateau has no per-step schedule for the plan's LR factors"
