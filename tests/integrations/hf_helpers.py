@@ -1,4 +1,5 @@
-"""Shared by test_hf_trainer.py and hf_ddp_worker.py: the reference recipe and reference loop.
+"""Shared by the tests of ``varpack.integrations`` and their torchrun workers: the data and
+plans, the reference recipe and reference loop, the README's Trainer arguments and Llama.
 
 The recipe is ``jobs/train.py``'s: TinyGPT (``tiny`` preset) seeded with ``torch.manual_seed``,
 ``AdamW(lr, weight_decay=0, foreach=False)``, ``LambdaLR(lr_lambda(warmup, steps))`` (train.py's
@@ -9,10 +10,12 @@ token loss of ``token_losses`` over ``model_inputs(batch, "auto", max_seqlen="ba
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -27,6 +30,47 @@ from varpack.torch.model import PRESETS, TinyGPT, model_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 LR, WARMUP, SEED = 3e-4, 2, 0
+sys.path.insert(0, str(ROOT / "tests" / "torch"))  # plan_helpers (workers run outside pytest)
+
+
+def make_plans(tmp: Path) -> dict[str, Path]:
+    """Tokens (ids 1..255) and two real plans (``varpack plan``): dp 1 and dp 2, grad-accum 2,
+    shuffled, an LR factor per step (its tokens / 160)."""
+    from plan_helpers import random_lengths, write_tokens
+    from testkit import cli, write_metadata
+
+    lens = random_lengths(np.random.default_rng(5), 48, 2, 40)
+    write_tokens(tmp / "tok.parquet", list(lens), list(lens.values()))
+    write_metadata(tmp / "meta" / "m.parquet", list(lens), list(lens.values()))
+    out = {"tmp": tmp, "tokens": tmp / "tok.parquet"}
+    for dp in (1, 2):
+        out[f"dp{dp}"] = tmp / f"plan-dp{dp}"
+        cli("plan", tmp / "meta", out[f"dp{dp}"], "--dp", dp, "--grad-accum", 2,
+            "--max-tokens", 96, "--pad-multiple", 16, "--order", "shuffle", "--seed", 3,
+            "--lr-scaling", "linear", "--base-unit", "tokens", "--base-batch-size", 160,
+            "-q")  # fmt: skip
+    return out
+
+
+def readme_args(out: Path, **kw: Any) -> Any:
+    """The README's ``TrainingArguments`` ("Train with Hugging Face Trainer"), nothing added."""
+    from transformers import TrainingArguments
+
+    base = dict(learning_rate=1e-3, lr_scheduler_type="cosine", logging_steps=1, save_steps=2,
+                report_to="none", disable_tqdm=True)  # fmt: skip
+    return TrainingArguments(str(out), **{**base, **kw})
+
+
+def readme_llama(vocab_size: int = 512, seed: int = 1) -> Any:
+    """The README's Llama (sdpa), seeded."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=4096, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg)
 
 
 def train_py() -> Any:

@@ -34,14 +34,14 @@ from hf_helpers import (  # noqa: E402
     ROOT,
     gpt_loss,
     gpt_micro,
+    make_plans,
     reference,
     tiny_gpt,
     train_py,
     train_py_recipe,
     trainer_losses,
 )
-from plan_helpers import random_lengths, torchrun, write_tokens  # noqa: E402
-from testkit import cli, write_metadata  # noqa: E402
+from plan_helpers import torchrun  # noqa: E402
 
 from varpack.errors import ConfigError, InputError  # noqa: E402
 from varpack.integrations.accelerate import micro_step  # noqa: E402
@@ -58,18 +58,7 @@ RTOL = 1e-5
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tokens and two real plans (``varpack plan``): dp 1 and dp 2, grad-accum 2, shuffled, an
     LR factor per step (its tokens / 160)."""
-    tmp = tmp_path_factory.mktemp("hf_trainer")
-    lens = random_lengths(np.random.default_rng(5), 48, 2, 40)
-    write_tokens(tmp / "tok.parquet", list(lens), list(lens.values()))
-    write_metadata(tmp / "meta" / "m.parquet", list(lens), list(lens.values()))
-    out = {"tmp": tmp, "tokens": tmp / "tok.parquet"}
-    for dp in (1, 2):
-        out[f"dp{dp}"] = tmp / f"plan-dp{dp}"
-        cli("plan", tmp / "meta", out[f"dp{dp}"], "--dp", dp, "--grad-accum", 2,
-            "--max-tokens", 96, "--pad-multiple", 16, "--order", "shuffle", "--seed", 3,
-            "--lr-scaling", "linear", "--base-unit", "tokens", "--base-batch-size", 160,
-            "-q")  # fmt: skip
-    return out
+    return make_plans(tmp_path_factory.mktemp("hf_trainer"))
 
 
 def _loader(data: dict[str, Path], dp: int = 1, **kw: Any) -> PlanLoader:
@@ -202,20 +191,26 @@ def test_trainer_matches_the_readme_loop_on_a_hf_llama(data: dict[str, Path]) ->
 
 @pytest.mark.slow
 def test_trainer_resume_is_exact(data: dict[str, Path]) -> None:
-    """Stopped after 3 steps with a checkpoint, resumed by a new Trainer (another initial model):
-    the later losses and the final weights are the uninterrupted run's. (The stopped run's
-    schedule must span the plan's steps, not its max_steps, for its third step to match.)"""
+    """Interrupted after 3 steps with a checkpoint (a callback stops it; its max_steps, hence its
+    schedule, is the full run's), resumed by a new Trainer (another initial model): the later
+    losses and the final weights are the uninterrupted run's."""
     kw = dict(optim="adamw_torch", learning_rate=LR, lr_scheduler_type="cosine", warmup_steps=1)
 
-    def run(out: Path, seed: int, resume: bool = False, **more: Any) -> VarpackTrainer:
-        trainer = VarpackTrainer(tiny_gpt(seed), _args(out, **kw, **more),
-                                 plan_loader=_loader(data), loss_fn=gpt_loss)  # fmt: skip
+    class StopAt(transformers.TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            control.should_training_stop = state.global_step == 3
+
+    def run(out: Path, seed: int, resume: bool = False, stop: bool = False) -> VarpackTrainer:
+        more = dict(save_strategy="steps", save_steps=3) if stop else {}
+        trainer = VarpackTrainer(tiny_gpt(seed), _args(out, **kw, **more), plan_loader=_loader(data),
+                                 loss_fn=gpt_loss, callbacks=[StopAt()] if stop else None)  # fmt: skip
         trainer.train(resume_from_checkpoint=True if resume else None)
         return trainer
 
     full = run(data["tmp"] / "full", 0)
     out = data["tmp"] / "stopped"
-    run(out, 0, max_steps=3, save_strategy="steps", save_steps=3)
+    stopped = run(out, 0, stop=True)
+    assert stopped.state.global_step == 3
     state = json.loads((out / "checkpoint-3" / LOADER_STATE).read_text())
     assert (state["step"], state["micro"]) == (3, 0)
     resumed = run(out, 7, resume=True)  # another init: the checkpoint's weights must be loaded

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -59,6 +61,32 @@ def test_lr_is_base_times_factor_at_every_step_and_after_resume(name) -> None:
         assert np.allclose(got, np.array(want) * factors[s], rtol=1e-12, atol=0), (s, got, want)
     assert lr.get_last_lr() == [g["lr"] for g in opt.param_groups]  # past the end: factor 1
     assert np.allclose(lr.get_last_lr(), lr.get_unscaled_lr())
+
+
+def test_a_lambda_schedule_built_anew_is_followed_from_the_resumed_step() -> None:
+    """A run resumed with a longer schedule (Trainer's larger max_steps) takes the new curve's LR
+    at the restored step, not the saved one of the old curve (0 at the old end)."""
+    factors = np.array([1.0, 2.0, 0.5, 4.0, 1.5, 3.0])
+
+    def decay(total: int) -> Callable[[int], float]:
+        return lambda s: max(0.0, 1 - s / total)
+
+    opt = _optimizer()
+    lr = VariableBatchSizeLR(S.LambdaLR(opt, decay(3)), factors)
+    for _ in range(3):
+        opt.step()
+        lr.step()
+    assert [g["lr"] for g in opt.param_groups] == [0.0, 0.0]  # the 3-step curve's end
+    state_opt, state_lr = opt.state_dict(), lr.state_dict()
+    opt = _optimizer()
+    lr = VariableBatchSizeLR(S.LambdaLR(opt, decay(6)), factors)
+    opt.load_state_dict(state_opt)
+    lr.load_state_dict(state_lr)
+    for s in (3, 4):
+        want = [0.1 * (1 - s / 6) * factors[s], 0.3 * (1 - s / 6) * factors[s]]
+        assert np.allclose([g["lr"] for g in opt.param_groups], want, rtol=1e-12, atol=0), s
+        opt.step()
+        lr.step()
 
 
 def test_factors_from_a_plan(tmp_path, rng) -> None:

@@ -9,7 +9,9 @@ decisions to a framework's training loop without letting it re-batch, re-shard o
   ``SFTTrainer``);
 - ``accelerate``: :func:`~varpack.integrations.accelerate.micro_step` for a plain ``accelerate``
   loop (``accelerator.prepare(model, optimizer)`` only, never the loader);
-- ``loss``: :func:`~varpack.integrations.loss.plan_loss`, the micro-batch loss both use.
+- ``loss``: :func:`~varpack.integrations.loss.plan_loss`, the micro-batch loss both use;
+- ``world``: :func:`~varpack.integrations.world.settle_world`, the Trainer's processes made the
+  launcher's (one model over every process, or one line).
 
 Like ``varpack.torch``, which it builds on (and the metadata and manifest rooms), this package
 imports torch, and ``transformers`` / ``accelerate`` too (the ``hf`` extra); nothing else in

@@ -9,8 +9,12 @@ What the plan decides, the Trainer must not decide again. :class:`VarpackTrainer
 - gradient accumulation: ``gradient_accumulation_steps`` is the plan's micro-batches per step
   (every step of the rank must hold exactly that many; one error line otherwise), so Trainer
   synchronises DDP gradients and steps the optimizer exactly at ``batch.is_last_micro``;
-- steps: ``max_steps`` is the plan's steps (a smaller one stops early; the LR schedule still
-  spans the plan's steps, so a stopped run resumes onto the same curve);
+- processes: :func:`~varpack.integrations.world.settle_world` makes the Trainer's world the
+  launcher's (on the CPU by ``use_cpu=True``, else one line), and the loader's rank must be the
+  Trainer's (:func:`~varpack.integrations.world.check_world`);
+- vocabulary: this rank's token ids are checked against the model's vocabulary before anything
+  is built (:func:`~varpack.torch.vocab.check_vocab`, as ``jobs/train.py`` does);
+- steps: ``max_steps`` is the plan's steps (a smaller one stops early);
 - loss: ``get_batch_samples`` takes ``num_items_in_batch`` from the plan
   (``batch.label_tokens``, no all-gather) and ``compute_loss`` returns
   :func:`~varpack.integrations.loss.plan_loss`: the micro-batch's summed token loss over the
@@ -19,9 +23,11 @@ What the plan decides, the Trainer must not decide again. :class:`VarpackTrainer
   ``average_tokens_across_devices`` (``loss *= num_processes``), and ``loss_is_scaled_for_ga``
   stops ``training_step`` dividing it by the accumulation steps again. The logged ``loss`` (with
   ``logging_steps=1``) is then each step's exact token-mean loss over all ranks;
-- LR: ``create_scheduler`` wraps Trainer's schedule (``lr_scheduler_type``, or the scheduler
-  passed in ``optimizers=``) in :class:`~varpack.torch.lr.VariableBatchSizeLR` with the plan's LR
-  factors;
+- LR: ``create_scheduler`` wraps Trainer's schedule (``lr_scheduler_type`` over ``max_steps``,
+  as in any Trainer run, or the scheduler passed in ``optimizers=``) in
+  :class:`~varpack.torch.lr.VariableBatchSizeLR` with the plan's LR factor of each step (indexed
+  by the global step, which is the plan's step). A run resumed with another ``max_steps``
+  follows the new schedule from its first step;
 - checkpoints: ``_save_checkpoint`` writes the loader's cursor to ``checkpoint-N/``
   :data:`LOADER_STATE`, ``train(resume_from_checkpoint=...)`` restores it, and
   ``ignore_data_skip`` is forced on (the cursor already stands at the next micro-batch; Trainer's
@@ -47,8 +53,11 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from varpack.errors import ConfigError, InputError
 from varpack.integrations.loss import LossFn, plan_loss, unwrapped
+from varpack.integrations.world import check_world, settle_world
+from varpack.torch.job import all_or_none
 from varpack.torch.loader import PlanLoader
 from varpack.torch.lr import VariableBatchSizeLR
+from varpack.torch.vocab import check_vocab
 
 #: the loader cursor's file in each ``checkpoint-N/`` directory
 LOADER_STATE = "varpack_loader.json"
@@ -59,7 +68,10 @@ _Base: Any = Trainer if TYPE_CHECKING else object
 
 
 def configure_args(args: Any, loader: PlanLoader) -> None:
-    """Set the ``TrainingArguments`` the plan decides (in place), refusing contradictions."""
+    """Set the ``TrainingArguments`` the plan decides (in place), refusing contradictions; the
+    Trainer's processes are the launcher's and the loader's (:mod:`varpack.integrations.world`)."""
+    settle_world(args)
+    check_world(args, loader)
     ga = loader.grad_accum
     counts = np.bincount(loader.rows.step, minlength=loader.plan.num_steps)
     if len(counts) and (counts.min() != ga or counts.max() != ga):
@@ -78,26 +90,49 @@ def configure_args(args: Any, loader: PlanLoader) -> None:
             f"max_steps={args.max_steps}: the plan has {loader.num_steps} steps; leave it out "
             "(the plan's steps) or give fewer to stop early"
         )
-    if getattr(args, "n_gpu", 0) > 1:
-        raise ConfigError(
-            f"{args.n_gpu} GPUs in one process (DataParallel): launch one process per GPU "
-            "with torchrun, each replaying its own rank of the plan"
-        )
-    if args.world_size > 1 and (args.world_size, args.process_index) != (
-        loader.world_size,
-        loader.rank,
-    ):
-        raise ConfigError(
-            f"this process is rank {args.process_index} of {args.world_size}, its PlanLoader "
-            f"reads rank {loader.rank} of {loader.world_size}: create the loader without "
-            "rank= / world_size= under torchrun"
-        )
     if loader.cp_size > 1:
         raise ConfigError("a --cp plan needs varpack.torch.cp inputs; Trainer is not supported")
     args.gradient_accumulation_steps = ga
     if args.max_steps <= 0:
         args.max_steps = loader.num_steps
     args.ignore_data_skip = True
+
+
+def model_vocab(model: nn.Module | None) -> tuple[int, str] | None:
+    """The token ids ``model`` takes (``0 .. n-1``) and where that number is set; ``None`` when
+    the model does not say. A ``transformers`` model: the smaller of its input embedding's rows
+    and its output head's width (labels index the logits); else ``config.vocab_size`` or
+    ``cfg.vocab_size``."""
+    if model is None:
+        return None
+    inner = unwrapped(model)
+    sizes = []
+    for get in ("get_input_embeddings", "get_output_embeddings"):
+        try:
+            layer = getattr(inner, get)() if callable(getattr(inner, get, None)) else None
+        except NotImplementedError:  # a PreTrainedModel without such a layer
+            layer = None
+        if isinstance(layer, nn.Embedding):
+            sizes.append(layer.num_embeddings)
+        elif isinstance(layer, nn.Linear):
+            sizes.append(layer.out_features)
+    if sizes:
+        how = "the model's vocabulary (config.vocab_size; model.resize_token_embeddings)"
+        return min(sizes), how
+    for holder in ("config", "cfg"):
+        size = getattr(getattr(inner, holder, None), "vocab_size", None)
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size, f"model.{holder}.vocab_size"
+    return None
+
+
+def check_model_vocab(model: nn.Module | None, loader: PlanLoader, vocab_size: int | None) -> None:
+    """This rank's token ids against the model's vocabulary (``vocab_size``, else
+    :func:`model_vocab`): one line before anything is built, not an ``IndexError`` (a
+    device-side assert on CUDA) in the embedding. Nothing is checked when neither says."""
+    found = (vocab_size, "vocab_size=") if vocab_size is not None else model_vocab(model)
+    if found is not None:
+        check_vocab(loader, found[0], found[1])
 
 
 class PlanBatches:
@@ -165,8 +200,10 @@ class VarpackTrainerMixin(_Base):
     ``plan_loader``: this rank's :class:`PlanLoader` (under torchrun, made without ``rank=``).
     ``loss_fn``: for a module that is not a ``transformers`` model, ``(model, batch) -> summed
     token loss``. ``attn_implementation``: overrides ``model.config._attn_implementation`` for
-    :func:`~varpack.torch.hf.hf_inputs`. ``args`` (``TrainingArguments``) is required and set in
-    place (:func:`configure_args`).
+    :func:`~varpack.torch.hf.hf_inputs`. ``vocab_size``: the token ids the model takes, for a
+    model that does not say (:func:`model_vocab`). ``args`` (``TrainingArguments``) is required
+    and set in place (:func:`configure_args`). A refusal on one rank is raised on every rank
+    (:func:`~varpack.torch.job.all_or_none`), so no rank waits for another in a collective.
     """
 
     #: compute_loss already normalises over the whole step: training_step must not divide by GA
@@ -181,11 +218,18 @@ class VarpackTrainerMixin(_Base):
         plan_loader: PlanLoader,
         loss_fn: LossFn | None = None,
         attn_implementation: str | None = None,
+        vocab_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         if args is None:
             raise ConfigError("give args= (TrainingArguments): the plan sets some of them")
-        configure_args(args, plan_loader)
+        settle_world(args)  # the same on every rank; from here on the ranks agree on errors
+
+        def check() -> None:
+            configure_args(args, plan_loader)
+            check_model_vocab(model, plan_loader, vocab_size)
+
+        all_or_none(check)
         self.plan_loader = plan_loader
         self.loss_fn = loss_fn
         self.attn_implementation = attn_implementation
@@ -252,11 +296,13 @@ class VarpackTrainerMixin(_Base):
 
     # -- LR --------------------------------------------------------------------------------
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
-        """Trainer's schedule (or the one given in ``optimizers=``) over the plan's steps, times
-        the plan's LR factor of each step."""
+        """Trainer's schedule over ``num_training_steps`` (``max_steps``: the plan's steps unless
+        fewer were given), or the one given in ``optimizers=``, times the plan's LR factor of each
+        step. Resumed, the base schedule is Trainer's new one (another ``max_steps`` gives
+        another curve) and :class:`VariableBatchSizeLR` takes its LR at the restored step."""
         if isinstance(self.lr_scheduler, VariableBatchSizeLR):
             return self.lr_scheduler
-        base = super().create_scheduler(self.plan_loader.num_steps, optimizer)
+        base = super().create_scheduler(num_training_steps, optimizer)
         if isinstance(base, torch.optim.lr_scheduler.ReduceLROnPlateau):
             raise ConfigError(
                 "ReduceLROnPlateau has no per-step schedule for the plan's LR factors"
@@ -320,6 +366,8 @@ __all__ = [
     "PlanBatches",
     "VarpackTrainer",
     "VarpackTrainerMixin",
+    "check_model_vocab",
     "configure_args",
+    "model_vocab",
     "read_loader_state",
 ]

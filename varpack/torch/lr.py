@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from varpack.manifest.format import Plan
 
@@ -101,5 +101,19 @@ class VariableBatchSizeLR:
             )
         self.scheduler.load_state_dict(state["scheduler"])
         self.last_step = int(state["last_step"])
-        self._unscaled = [float(x) for x in state["unscaled"]]
+        self._unscaled = self._closed_form() or [float(x) for x in state["unscaled"]]
         self._apply()
+
+    def _closed_form(self) -> list[float] | None:
+        """A ``LambdaLR``'s LRs at its restored step, from its own lambdas (what its next
+        ``step`` computes too): a resumed run whose schedule was built anew with another length
+        (Trainer's ``max_steps``, a re-planned run's steps) follows its new curve from the first
+        step, not the saved LR of the old one. The same schedule gives the saved values exactly.
+        ``None`` for other schedulers, which keep the saved LRs."""
+        base = self.scheduler
+        if type(base) is not LambdaLR:
+            return None
+        return [
+            float(lr * f(base.last_epoch))
+            for f, lr in zip(base.lr_lambdas, base.base_lrs, strict=True)
+        ]
