@@ -190,7 +190,8 @@ def _selected(
     if not isinstance(entry, dict) or not isinstance(entry.get("where"), str):
         return reference
     source = carry_from if carry_from is not None else where_source(metadata, None)
-    ids, lens, _ = select_input(*reference, entry["where"], source)
+    flag = f"{plan}: plan.json's selection where"  # checked as --where was when planning
+    ids, lens, _ = select_input(*reference, entry["where"], source, flag)
     return ids, lens
 
 
