@@ -217,7 +217,7 @@ def _report(out: str, cfg: PlanConfig, arrays: Any, meta: dict[str, Any], quiet:
     if "selection" in meta and not quiet:
         from varpack.metadata.where import Where
 
-        click.echo(Where(**_where_fields(meta["selection"])).line())
+        click.echo(Where.from_entry(meta["selection"]).line())
     if not quiet:
         from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 
@@ -380,13 +380,6 @@ def outside_line(m: dict[str, Any]) -> None:
         )
 
 
-def _where_fields(entry: dict[str, Any]) -> dict[str, Any]:
-    """plan.json's ``selection`` as :class:`~varpack.metadata.where.Where` fields."""
-    return {
-        ("sql" if k == "where" else "source" if k == "from" else k): v for k, v in entry.items()
-    }
-
-
 def bound_text(s: dict[str, Any]) -> str:
     """`` (bound B)``: the best any composition of the plan's windows could reach, if known."""
     b = s.get("time_vs_ideal_bound")
@@ -397,8 +390,13 @@ def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig, arrays: Any = 
     """The one-line summary of a new plan (thousands separators; budget fill when known): the
     samples as in ``validate`` (pieces after splitting, epochs), the tokens planned (epochs x
     tokens kept), and with ``arrays`` (the plan's) the LR factors' range and median."""
-    from varpack.manifest.inspect import token_line
-    from varpack.plan.figures.words import lr_text, samples_text, tokens_text
+    from varpack.plan.figures.words import (
+        layout_text,
+        lr_text,
+        samples_text,
+        token_line,
+        tokens_text,
+    )
 
     s = meta["stats"]
     fill = s.get("budget_fill")
@@ -414,7 +412,7 @@ def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig, arrays: Any = 
     )
     return (
         f"{out}: {samples_text(meta['input']['num_samples'], s['dropped'], epochs, t, drawn)} -> "
-        f"{meta['num_steps']:,} steps x {cfg.dp} ranks x {cfg.grad_accum} micro-batches; "
+        f"{layout_text(meta['num_steps'], cfg.dp, cfg.grad_accum)}; "
         f"{tokens_text(s['real_tokens'], epochs, t, mix is not None)}, {fill_text}"
         f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal{bound_text(s)}, "
         f"imbalance max {s['imbalance_max']:.3f}, mixing {s['mixing']:.3f}{lr}; {token_line(t)}"

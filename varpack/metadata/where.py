@@ -53,6 +53,12 @@ class Where:
             "kept_tokens": self.kept_tokens,
         }
 
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any]) -> Where:
+        """The record plan.json's ``selection`` holds (:meth:`entry`)."""
+        return cls(entry["where"], entry["from"], entry["samples"], entry["tokens"],
+                   entry["kept_samples"], entry["kept_tokens"])  # fmt: skip
+
     def line(self) -> str:
         """``where SQL: selected N of M samples (x %), T of U tokens (y %)`` (the condition on
         one line, shortened past :data:`SHOWN` characters).
