@@ -26,7 +26,7 @@ def test_plan_split_summary_validate_inspect(meta, tmp_path):
     out = tmp_path / "plan"
     res = cli("plan", meta, out, "--max-tokens", 100, "--oversize", "split")
     assert (
-        "tokens kept 1,520 (100.00%), split 1,400 (92.11%: 2 documents in 14 pieces), "
+        "tokens kept 1,520 of 1,520 (100.00%), split 1,400 (92.11%: 2 documents in 14 pieces), "
         "dropped 0 (0.00%)" in res.stdout
     )
     plan = load_plan(out)
@@ -35,13 +35,16 @@ def test_plan_split_summary_validate_inspect(meta, tmp_path):
     res = cli("validate", out, "--metadata", meta, "--replay")
     assert res.stdout.startswith("OK ") and "split 1,400 (92.11%" in res.stdout
     res = cli("inspect", out)
-    assert "kept 1,520 (100.00%), split 1,400 (92.11%: 2 documents in 14 pieces)" in res.stdout
+    assert (
+        "kept 1,520 of 1,520 (100.00%), split 1,400 (92.11%: 2 documents in 14 pieces)"
+        in res.stdout
+    )
     assert "pieces of <= 100 tokens, positions restart" in res.stdout
 
 
 def test_plan_drop_reports_dropped_share(meta, tmp_path):
     res = cli("plan", meta, tmp_path / "p", "--max-tokens", 100, "--oversize", "drop")
-    assert "tokens kept 120 (7.89%), split 0 (0.00%" in res.stdout
+    assert "tokens kept 120 of 1,520 (7.89%), split 0 (0.00%" in res.stdout
     assert "dropped 1,400 (92.11%)" in res.stdout
     res = cli("validate", tmp_path / "p")
     assert "dropped 1,400 (92.11%)" in res.stdout

@@ -63,7 +63,7 @@ def test_selections_are_the_one_process_plan(tmp_path: Path, sql: str, extra: li
     "sql, carry_from, line",
     [
         ("nope > 1", True, "--where 'nope > 1'"),
-        ("score > 2", True, "keeps none of the 6,000 samples"),
+        ("score > 2", True, "selects none of the 6,000 samples"),
         ("score > 0.5", False, "add --carry-from PATH"),
     ],
 )

@@ -95,9 +95,9 @@ class _Col(np.ndarray):
 @pytest.mark.parametrize(
     ("sql", "words"),
     [
-        ("scor > 0.5", 'unable to find column "scor"'),
+        ("scor > 0.5", "no column 'scor' in the metadata (columns: sample_id, seq_len, score"),
         ("score >> 1", "--where 'score >> 1'"),
-        ("score > 2", "keeps none of the 3,100 samples"),
+        ("score > 2", "selects none of the 3,100 samples"),
         ("  ", "the condition is empty"),
         ("1 = 1; DROP TABLE metadata", "no ';'"),
     ],

@@ -217,7 +217,7 @@ def _report(out: str, cfg: PlanConfig, arrays: Any, meta: dict[str, Any], quiet:
     if "selection" in meta and not quiet:
         from varpack.metadata.where import Where
 
-        click.echo(Where(**_where_fields(meta["selection"])).line())
+        click.echo(Where.from_entry(meta["selection"]).line())
     if not quiet:
         from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 
@@ -245,11 +245,16 @@ def _settings(
     from varpack.manifest.make import CARRY_KEYS, load_toml
 
     values: dict[str, Any] = load_toml(config_file) if config_file else {}
-    names = list(carry) or values.pop("carry", [])  # flags override the config file
-    source = carry_from or values.pop("carry_from", None)
-    where = where or values.pop("where", None)
-    mix = mix or values.pop("mix", None)
-    source_column = source_column or values.pop("source_column", None)
+
+    def given(flag: Any, key: str) -> Any:  # a flag given (even "") overrides the config file
+        return values.pop(key, None) if flag is None else flag
+
+    names = list(carry) or values.pop("carry", [])
+    where = _condition(where, values, config_file)
+    source, mix, source_column = (
+        _not_empty(given(v, k), f"--{k.replace('_', '-')}")
+        for v, k in ((carry_from, "carry_from"), (mix, "mix"), (source_column, "source_column"))
+    )
     sources = sources or tuple(values.pop("sources", ()))
     if mix_unit is None:
         mix_unit = values.pop("mix_unit", "tokens")
@@ -257,9 +262,9 @@ def _settings(
             raise ConfigError(
                 f"--config {config_file}: mix_unit is tokens or samples, not {mix_unit!r}"
             )
-    mix_tolerance = mix_tolerance or values.pop("mix_tolerance", None)
-    total_tokens = total_tokens or values.pop("total_tokens", None)
-    total_samples = total_samples or values.pop("total_samples", None)
+    mix_tolerance = given(mix_tolerance, "mix_tolerance")
+    total_tokens = given(total_tokens, "total_tokens")
+    total_samples = given(total_samples, "total_samples")
     values = {k: v for k, v in values.items() if k not in CARRY_KEYS}
     values.update({k: v for k, v in options.items() if v is not None})
     cfg = PlanConfig.from_mapping(values).resolved()
@@ -274,6 +279,25 @@ def _settings(
     elif total_tokens is not None or total_samples is not None or mix_tolerance is not None:
         raise click.UsageError("--total-tokens, --total-samples and --mix-tolerance need --mix")
     return names, source, where, source_column, blend, cfg
+
+
+def _condition(where: str | None, values: dict[str, Any], config_file: str | None) -> str | None:
+    """``--where`` (even ""), else the config file's ``where``, checked before any work
+    (:func:`varpack.metadata.where.check_sql`) and named as given."""
+    from varpack.metadata.where import check_sql
+
+    if where is None and "where" in values:
+        return check_sql(values.pop("where"), f"--config {config_file}: where")
+    return None if where is None else check_sql(where)
+
+
+def _not_empty(value: Any, flag: str) -> Any:
+    """A text option given empty is refused, never read as not given."""
+    if isinstance(value, str) and not value.strip():
+        from varpack.errors import ConfigError
+
+        raise ConfigError(f"{flag} is empty; give a value or leave the option out")
+    return value
 
 
 def _on_ranks(
@@ -356,13 +380,6 @@ def outside_line(m: dict[str, Any]) -> None:
         )
 
 
-def _where_fields(entry: dict[str, Any]) -> dict[str, Any]:
-    """plan.json's ``selection`` as :class:`~varpack.metadata.where.Where` fields."""
-    return {
-        ("sql" if k == "where" else "source" if k == "from" else k): v for k, v in entry.items()
-    }
-
-
 def bound_text(s: dict[str, Any]) -> str:
     """`` (bound B)``: the best any composition of the plan's windows could reach, if known."""
     b = s.get("time_vs_ideal_bound")
@@ -373,8 +390,13 @@ def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig, arrays: Any = 
     """The one-line summary of a new plan (thousands separators; budget fill when known): the
     samples as in ``validate`` (pieces after splitting, epochs), the tokens planned (epochs x
     tokens kept), and with ``arrays`` (the plan's) the LR factors' range and median."""
-    from varpack.manifest.inspect import token_line
-    from varpack.plan.figures.words import lr_text, samples_text, tokens_text
+    from varpack.plan.figures.words import (
+        layout_text,
+        lr_text,
+        samples_text,
+        token_line,
+        tokens_text,
+    )
 
     s = meta["stats"]
     fill = s.get("budget_fill")
@@ -390,7 +412,7 @@ def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig, arrays: Any = 
     )
     return (
         f"{out}: {samples_text(meta['input']['num_samples'], s['dropped'], epochs, t, drawn)} -> "
-        f"{meta['num_steps']:,} steps x {cfg.dp} ranks x {cfg.grad_accum} micro-batches; "
+        f"{layout_text(meta['num_steps'], cfg.dp, cfg.grad_accum)}; "
         f"{tokens_text(s['real_tokens'], epochs, t, mix is not None)}, {fill_text}"
         f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal{bound_text(s)}, "
         f"imbalance max {s['imbalance_max']:.3f}, mixing {s['mixing']:.3f}{lr}; {token_line(t)}"

@@ -143,12 +143,12 @@ def _carry_source(metadata: str | None, carry_from: str | None) -> str | None:
 
 def _verdict(plan: str, report: Any, replay: bool) -> int:
     """Print the violations (exit code 1) or the OK line (0)."""
-    from varpack.manifest.inspect import token_line
+    from varpack.plan.figures.words import counted, layout_text, token_line
 
     if report.problems:
         for line in report.problems:
             click.echo(f"violation: {' '.join(line.split())}")
-        click.echo(f"{plan}: {len(report.problems)} violation(s)", err=True)
+        click.echo(f"{plan}: {counted(len(report.problems), 'violation')}", err=True)
         return 1
     from varpack.cli.plan import bound_text
 
@@ -163,8 +163,8 @@ def _verdict(plan: str, report: Any, replay: bool) -> int:
     fill_text = "" if fill is None else f"budget fill {100 * fill:.1f}%, "
     samples, tokens = ok_counts(f)
     click.echo(
-        f"OK {plan}: {samples} -> {f['steps']:,} steps x {f['dp']} ranks x "
-        f"{f['grad_accum']} micro-batches; {tokens}, {fill_text}padding {100 * f['padding_ratio']:.2f}%, "
+        f"OK {plan}: {samples} -> {layout_text(f['steps'], f['dp'], f['grad_accum'])}; "
+        f"{tokens}, {fill_text}padding {100 * f['padding_ratio']:.2f}%, "
         f"time {f['time_vs_ideal']:.3f}x ideal{bound_text(f)}; "
         f"{token_line(f['tokens'])}{replayed}"
     )
@@ -190,7 +190,8 @@ def _selected(
     if not isinstance(entry, dict) or not isinstance(entry.get("where"), str):
         return reference
     source = carry_from if carry_from is not None else where_source(metadata, None)
-    ids, lens, _ = select_input(*reference, entry["where"], source)
+    flag = f"{plan}: plan.json's selection where"  # checked as --where was when planning
+    ids, lens, _ = select_input(*reference, entry["where"], source, flag)
     return ids, lens
 
 
@@ -198,12 +199,14 @@ def ok_counts(f: dict[str, Any]) -> tuple[str, str]:
     """The OK line's samples and tokens, worded as ``plan`` words them (samples, pieces after
     splitting, epochs; tokens planned = epochs x tokens kept), recomputed from the manifests:
     ``f['samples']`` counts their rows, a piece of a split document one each."""
-    from varpack.plan.figures.words import samples_text, tokens_text
+    from varpack.plan.figures.words import counted, samples_text, tokens_text
 
     rows, epochs, t = f["samples"], f["epochs"], f["tokens"]
     if f["replanned"]:  # its steps hold part of the run: no input count to word them against
-        what = "pieces after splitting" if t and t.get("pieces") else "samples"
-        return f"{rows:,} {what} in its steps", f"{f['real_tokens']:,} tokens"
+        what = f"{counted(rows, 'piece')} after splitting" if t and t.get("pieces") else None
+        return f"{what or counted(rows, 'sample')} in its steps", tokens_text(
+            f["real_tokens"], 1, None
+        )
     if f["mix"]:
         samples = samples_text(f["input_samples"], f["dropped"], 1, None, drawn=rows)
     else:

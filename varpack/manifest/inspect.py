@@ -18,12 +18,14 @@ from varpack.errors import VarpackError
 from varpack.manifest.format import Plan, load_plan, read_meta
 from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
 from varpack.plan.figures.words import (
+    counted,
     lr_note,
     lr_spread,
     plan_epochs,
     samples_text,
     shape_text,
-    tokens_text,
+    token_line,
+    tokens_how,
 )
 
 
@@ -123,27 +125,6 @@ def _lineage_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
         f"{lay['grad_accum']}; {p['num_steps']:,} steps in the parent; {tokens}"
     )
     return [("parent", row), ("", changed)]
-
-
-def token_line(t: dict[str, Any] | None, lead: str = "tokens ") -> str:
-    """Tokens kept, split and dropped, as counts and shares of all input tokens.
-
-    >>> token_line({"total": 10, "kept": 9, "split": 4, "dropped": 1, "kept_share": 0.9,
-    ...     "split_share": 0.4, "dropped_share": 0.1, "documents_split": 1, "pieces": 2})
-    'tokens kept 9 (90.00%), split 4 (40.00%: 1 documents in 2 pieces), dropped 1 (10.00%)'
-    """
-    if not t:
-        return f"{lead}kept ? (plan made before these figures)"
-    pieces = (
-        f": {t['documents_split']:,} documents in {t['pieces']:,} pieces"
-        if t["documents_split"]
-        else ""
-    )
-    return (
-        f"{lead}kept {t['kept']:,} ({100 * t['kept_share']:.2f}%), split {t['split']:,} "
-        f"({100 * t['split_share']:.2f}%{pieces}), dropped {t['dropped']:,} "
-        f"({100 * t['dropped_share']:.2f}%)"
-    )
 
 
 def _shape_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
@@ -310,6 +291,45 @@ def _carry_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     return [("carried", f"{cols} from {c['from']}; manifest columns carry.NAME, batch.carry")]
 
 
+def _input_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """The input's samples and tokens, and what ``--where`` selected of them (the plan's
+    ``input`` then counts the selected samples)."""
+    i, w = info["input"], info.get("selection")
+    if not w:
+        return [("input", f"{counted(i['num_samples'], 'sample')}, "
+                          f"{counted(i['total_tokens'], 'token')} ({i['source']})")]  # fmt: skip
+    from varpack.metadata.where import Where
+
+    return [
+        ("input", f"{counted(w['samples'], 'sample')}, {counted(w['tokens'], 'token')} "
+                  f"({i['source']})"),
+        ("selection", f"{Where.from_entry(w).line()} (columns read from {w['from']})"),
+    ]  # fmt: skip
+
+
+def _real_tokens(info: dict[str, Any]) -> str:
+    """The real tokens planned, and how (epochs, a mix) when more than one epoch's kept."""
+    s = info["stats"]
+    how = tokens_how(s["real_tokens"], info["epochs"], s.get("tokens"), "mix" in info)
+    return f"{s['real_tokens']:,}" + (f" ({how.removeprefix('= ')})" if how else "")
+
+
+def _oversize_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """What ``--oversize`` did with the samples longer than the budget: the samples dropped
+    (``drop``) or planned alone (``alone``); nothing for ``error`` and ``split`` (the split
+    row and the token figures say it)."""
+    s, mode = info["stats"], info["config"].get("oversize")
+    rows = []
+    if info["dropped"] or mode == "drop":  # their tokens: the token figures' dropped
+        why = " (--oversize drop)" if mode == "drop" else ""
+        rows.append(("dropped", f"{counted(info['dropped'], 'sample')}{why}"))
+    if mode == "alone":
+        alone = len(s.get("oversize_alone", []))
+        rows.append(("alone", f"{counted(alone, 'sample')} longer than the budget, each in a "
+                              "micro-batch of its own (--oversize alone)"))  # fmt: skip
+    return rows
+
+
 def _planned_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     """What the plan trains on, in samples, pieces and epochs (a replanned plan: its parent's)."""
     if "parent" in info:
@@ -355,13 +375,10 @@ def render(info: dict[str, Any]) -> str:
     rows = [
         ("plan", info["plan"]),
         *_lineage_rows(info),
-        (
-            "input",
-            f"{info['input']['num_samples']:,} samples, {info['input']['total_tokens']:,} tokens ({info['input']['source']})",
-        ),
+        *_input_rows(info),
         (
             "layout",
-            f"dp {lay['dp']} x grad-accum {lay['grad_accum']} (pp {lay['pp']}, cp {lay['cp']}); {info['num_steps']:,} steps",
+            f"dp {lay['dp']} x grad-accum {lay['grad_accum']} (pp {lay['pp']}, cp {lay['cp']}); {counted(info['num_steps'], 'step')}",
         ),
         (
             "batching",
@@ -369,12 +386,7 @@ def render(info: dict[str, Any]) -> str:
         ),
         *_planned_rows(info),
         ("micro-batches", f"{s['num_micro_batches']:,} ({s['micro_batches_per_rank']:,} per rank)"),
-        (
-            "real tokens",
-            tokens_text(
-                s["real_tokens"], info["epochs"], s.get("tokens"), "mix" in info
-            ).removesuffix(" tokens"),  # the plain count alone; epochs or a mix worded
-        ),
+        ("real tokens", _real_tokens(info)),
         _fill_row(s),
         ("padded tokens", f"{s['padded_tokens']:,} (padding {100 * s['padding_ratio']:.3f}%)"),
         ("time vs ideal", f"{s['time_vs_ideal']:.4f} (cost {s['cost']})"),
@@ -391,23 +403,10 @@ def render(info: dict[str, Any]) -> str:
         *_lr_rows(info),
         *_shape_rows(info),
         *_cp_rows(info),
-        (
-            "dropped",
-            f"{info['dropped']:,} samples; {len(s.get('oversize_alone', [])):,} in a micro-batch "
-            "alone (--oversize alone)",
-        ),
+        *_oversize_rows(info),
         ("tokens", token_line(s.get("tokens"), lead="")),
     ]
     rows.extend(_carry_rows(info))
-    if "selection" in info:
-        w = info["selection"]
-        rows.append(
-            (
-                "selection",
-                f"where {w['where']}: kept {w['kept_samples']:,} of {w['samples']:,} samples, "
-                f"{w['kept_tokens']:,} of {w['tokens']:,} tokens ({w['from']})",
-            )
-        )
     if cfg.get("oversize") == "split":
         rows.append(
             (

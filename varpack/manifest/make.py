@@ -174,15 +174,15 @@ def where_source(input: str | os.PathLike[str], carry_from: str | os.PathLike[st
 
 
 def select_input(
-    ids: np.ndarray, lens: np.ndarray, sql: str, source: str
+    ids: np.ndarray, lens: np.ndarray, sql: str, source: str, flag: str = "--where"
 ) -> tuple[np.ndarray, np.ndarray, Where]:
-    """The samples whose metadata row satisfies the SQL condition ``sql`` (order kept)."""
+    """The samples whose metadata row satisfies the SQL condition ``sql`` (order kept);
+    ``flag`` names where the condition came from in an error."""
     from varpack.metadata.contract import resolve_files
 
-    text = check_sql(sql)
-    mask, where = keep(
-        ids, lens, where_ids([str(f) for f in resolve_files(source)], text), text, source
-    )
+    text = check_sql(sql, flag)
+    kept = where_ids([str(f) for f in resolve_files(source)], text, flag=flag)
+    mask, where = keep(ids, lens, kept, text, source)
     return ids[mask], lens[mask], where
 
 
@@ -234,6 +234,7 @@ def plan(
     inputs += [Path(p) for p in (source_paths or {}).values()]
     check_output(out, overwrite, inputs)
     cfg = cfg.resolved()
+    where = None if where is None else check_sql(where)  # refused before the input is read
     if source_paths:
         if source_column is not None:
             raise ConfigError("--source NAME=PATH and --source-column: give one of them")

@@ -1,25 +1,35 @@
 """Selection by SQL: ``--where "score > 0.5 AND lang = 'en'"`` over the metadata, lazily.
 
-The condition is a SQL ``WHERE`` clause over the metadata's columns, evaluated by polars over
-every shard at once: ``scan_parquet`` of the file list, one ``SQLContext`` query ``SELECT
-sample_id FROM metadata WHERE ...``, so polars reads only the columns the condition names (and
-``sample_id``) and pushes the predicate into the scan. What comes back is the set of kept ids;
-the caller reads the metadata itself, with every contract check (:mod:`.contract`), and keeps
-the rows whose id is in the set (:func:`keep`). An unknown column or a SQL error is one line
-naming it and the columns there are; a condition that keeps nothing is refused.
+The condition is a SQL ``WHERE`` clause over the metadata's columns, checked first by
+:mod:`.condition` (an expression over one row, bounded in size: no subquery, file, aggregate
+or clock reaches polars), then evaluated by polars over every shard at once: ``scan_parquet``
+of the file list, one ``SQLContext`` query ``SELECT sample_id FROM metadata WHERE ...``, so
+polars reads only the columns the condition names (and ``sample_id``) and pushes the predicate
+into the scan. What comes back is the set of kept ids; the caller reads the metadata itself,
+with every contract check (:mod:`.contract`), and keeps the rows whose id is in the set
+(:func:`keep`). An unknown column or a SQL error is one line naming it and the columns there
+are; a condition that selects nothing is refused.
+
+polars runs in a worker thread while the main thread waits where a signal still raises
+(:func:`varpack.atomic.interruptible`): a long evaluation ends on SIGTERM or Ctrl-C at once,
+not when polars returns.
 
 polars is imported here only, when a condition is given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from varpack.errors import ConfigError, InputError
+from varpack.metadata.condition import check_columns, parse
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -43,27 +53,53 @@ class Where:
             "kept_tokens": self.kept_tokens,
         }
 
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any]) -> Where:
+        """The record plan.json's ``selection`` holds (:meth:`entry`)."""
+        return cls(entry["where"], entry["from"], entry["samples"], entry["tokens"],
+                   entry["kept_samples"], entry["kept_tokens"])  # fmt: skip
+
     def line(self) -> str:
-        """``where SQL: kept N of M samples (x %), T of U tokens (y %)``."""
+        """``where SQL: selected N of M samples (x %), T of U tokens (y %)`` (the condition on
+        one line, shortened past :data:`SHOWN` characters).
+
+        >>> Where("lang = 'en'", "m", 600, 7000, 1, 5).line()
+        "where lang = 'en': selected 1 of 600 samples (0.17%), 5 of 7,000 tokens (0.07%)"
+        """
         return (
-            f"where {self.sql}: kept {self.kept_samples:,} of {self.samples:,} samples "
-            f"({100 * self.kept_samples / max(self.samples, 1):.2f}%), {self.kept_tokens:,} of "
-            f"{self.tokens:,} tokens ({100 * self.kept_tokens / max(self.tokens, 1):.2f}%)"
+            f"where {shown(self.sql)}: selected {self.kept_samples:,} of {self.samples:,} "
+            f"sample{'s' * (self.samples != 1)} ({100 * self.kept_samples / max(self.samples, 1):.2f}%), "
+            f"{self.kept_tokens:,} of {self.tokens:,} token{'s' * (self.tokens != 1)} "
+            f"({100 * self.kept_tokens / max(self.tokens, 1):.2f}%)"
         )
 
 
-def check_sql(sql: str) -> str:
-    """The condition, stripped; refused when empty or holding a statement separator."""
-    text = " ".join(sql.split())
-    if not text:
-        raise ConfigError("--where: the condition is empty; give a SQL condition (score > 0.5)")
-    if ";" in text:
-        raise ConfigError(f"--where {sql!r}: one condition, no ';' (a WHERE clause, not a query)")
-    return text
+#: a condition longer than this is shortened in a summary line (plan.json keeps it whole)
+SHOWN = 200
+
+
+def shown(sql: str) -> str:
+    r"""The condition as a summary line shows it: one line, at most :data:`SHOWN` characters.
+
+    >>> print(shown("lang = 'a\nb'"), shown("x" * 300)[-5:])
+    lang = 'a\nb' x ...
+    """
+    one = sql.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return one if len(one) <= SHOWN else one[:SHOWN] + " ..."
+
+
+def check_sql(sql: str, flag: str = "--where") -> str:
+    """The condition's text, checked (:func:`.condition.parse`: not empty, bounded, an
+    expression over one row); ``flag`` names where it came from in an error."""
+    return parse(sql, flag).text
 
 
 def where_ids(
-    files: Sequence[str], sql: str, lf: Any = None, plan_only: bool = False
+    files: Sequence[str],
+    sql: str,
+    lf: Any = None,
+    plan_only: bool = False,
+    flag: str = "--where",
 ) -> np.ndarray:
     """The sorted ids (``sample_id``, else ``id``) of the rows of ``files`` that satisfy the
     condition ``sql``. ``lf``: the rows as a polars LazyFrame (a share of the row groups of
@@ -71,27 +107,54 @@ def where_ids(
     the errors a condition can have) and read nothing."""
     import polars as pl
 
-    text = check_sql(sql)
+    cond = parse(sql, flag)
     lf = pl.scan_parquet(list(files)) if lf is None else lf
     names: list[str] = []
     try:
         names = lf.collect_schema().names()
+        check_columns(cond, names, flag)
         # metadata names its ids sample_id; tokenized data (a --carry-from source) may say id
         key = next((c for c in ("sample_id", "id") if c in names), "sample_id")
         query = pl.SQLContext(metadata=lf, eager=False).execute(
-            f'SELECT "{key}" FROM metadata WHERE {text}'
+            f'SELECT "{key}" FROM metadata WHERE {cond.text}'
         )
         if plan_only:
             query.collect_schema()
             return np.zeros(0, dtype=np.int64)
-        ids = query.collect().get_column(key).to_numpy()
+        ids = in_thread(lambda: query.collect().get_column(key).to_numpy())
     except pl.exceptions.PolarsError as exc:
         why = _first_line(exc)
         have = "" if "valid columns" in why else f" (columns: {', '.join(names)})"
         raise ConfigError(
-            f"--where {text!r}: {why}{have}; write a SQL condition over the metadata's columns"
+            f"{flag} {cond.text!r}: {why}{have}; write a SQL condition over the metadata's columns"
         ) from None
     return np.sort(np.asarray(ids, dtype=np.int64))
+
+
+def in_thread(work: Callable[[], T], poll: float = 0.1) -> T:
+    """``work()`` run in a daemon thread while this thread waits in short joins, so that a
+    signal's handler runs here at once (a call into polars would hold it until polars returns)
+    and its exception leaves the wait; the abandoned thread ends with the process.
+
+    >>> in_thread(lambda: 6 * 7)
+    42
+    """
+    done: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            done.append((True, work()))
+        except BaseException as exc:  # handed to the waiting thread
+            done.append((False, exc))
+
+    worker = threading.Thread(target=run, name="varpack-where", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(poll)
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
 def _first_line(exc: Exception) -> str:
@@ -130,6 +193,6 @@ def members(ids: np.ndarray, kept: np.ndarray) -> np.ndarray:
 def none_kept(sql: str, samples: int, source: str) -> InputError:
     """The error of a condition that keeps none of the ``samples``."""
     return InputError(
-        f"--where {sql!r}: keeps none of the {samples:,} samples of {source}; loosen the "
-        "condition (varpack check INPUT --where ... shows what it keeps)"
+        f"--where {shown(sql)!r}: selects none of the {samples:,} samples of {source}; loosen "
+        "the condition (varpack check INPUT --where ... shows what it selects)"
     )

@@ -1,9 +1,11 @@
 """How ``plan``, ``validate`` and ``inspect`` name a plan's figures, one way everywhere.
 
-* samples and pieces: a plan's samples are the input's documents; ``--oversize split`` makes
-  pieces of the long ones (a sample that fits is one piece), and the epochs repeat them
-  (:func:`samples_text`); tokens planned are the kept tokens times the epochs
-  (:func:`tokens_text`); a shape is rows × tokens per row (:func:`shape_text`).
+* samples and pieces: a plan's samples are the input's documents (those ``--where``
+  selected); ``--oversize split`` makes pieces of the long ones (a sample that fits is one
+  piece), and the epochs repeat them (:func:`samples_text`); tokens planned are the kept
+  tokens times the epochs (:func:`tokens_text`), tokens kept are what ``--oversize`` kept of
+  the input's, or of the selected (:func:`token_line`); a shape is rows × tokens per row
+  (:func:`shape_text`). Each count names its noun, singular or plural (:func:`counted`).
 * LR factors: the factor of a step is ``scaling(realised batch / --base-batch-size)``
   (:mod:`varpack.plan.lr`). A base batch far from what a step really holds moves every factor the
   same way: ``--base-batch-size 64`` with steps of 4 to 10 samples and ``--lr-scaling sqrt``
@@ -79,6 +81,28 @@ def lr_note(
     )
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and its noun, singular or plural.
+
+    >>> counted(1, "rank"), counted(2, "micro-batch"), counted(1_000, "step"), counted(0, "piece")
+    ('1 rank', '2 micro-batches', '1,000 steps', '0 pieces')
+    """
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n:,} {noun}{'es' if noun.endswith(('ch', 'sh', 's', 'x')) else 's'}"
+
+
+def layout_text(steps: int, dp: int, grad_accum: int) -> str:
+    """``S steps x R ranks x M micro-batches``, as ``plan`` and ``validate`` say it.
+
+    >>> layout_text(1, 1, 1), layout_text(5_110, 2, 4)
+    ('1 step x 1 rank x 1 micro-batch', '5,110 steps x 2 ranks x 4 micro-batches')
+    """
+    return (
+        f"{counted(steps, 'step')} x {counted(dp, 'rank')} x {counted(grad_accum, 'micro-batch')}"
+    )
+
+
 def samples_text(
     samples: int, dropped: int, epochs: int, t: dict[str, Any] | None, drawn: int | None = None
 ) -> str:
@@ -92,33 +116,70 @@ def samples_text(
     '10 samples (15 pieces after splitting) x 2 epochs'
     >>> samples_text(10, 3, 1, None), samples_text(10, 0, 1, None, drawn=4)
     ('10 samples (3 dropped)', '4 samples drawn by --mix from 10')
+    >>> samples_text(1, 0, 1, {"documents_split": 1, "pieces": 1}), samples_text(1, 0, 1, None, 1)
+    ('1 sample (1 piece after splitting)', '1 sample drawn by --mix from 1')
     """
     extra = [f"{dropped:,} dropped"] if dropped else []
     if drawn is not None:
-        return f"{drawn:,} samples drawn by --mix from {samples:,}" + "".join(
+        return f"{counted(drawn, 'sample')} drawn by --mix from {samples:,}" + "".join(
             f" ({e})" for e in extra
         )
     if t and t.get("pieces"):
         pieces = samples - dropped - int(t["documents_split"]) + int(t["pieces"])
-        extra.append(f"{pieces:,} pieces after splitting")
-    text = f"{samples:,} samples" + (f" ({', '.join(extra)})" if extra else "")
+        extra.append(f"{counted(pieces, 'piece')} after splitting")
+    text = counted(samples, "sample") + (f" ({', '.join(extra)})" if extra else "")
     return text + (f" x {epochs} epochs" if epochs > 1 else "")
 
 
 def tokens_text(real: int, epochs: int, t: dict[str, Any] | None, mixed: bool = False) -> str:
-    """The tokens a plan trains on, with the epochs that multiply them (``t``: the token
-    figures, whose ``kept`` counts one epoch) or the ``--mix`` that drew them.
+    """The tokens a plan trains on, ``tokens planned``, with the epochs that multiply them
+    (``t``: the token figures, whose ``kept`` counts one epoch) or the ``--mix`` that drew them.
 
     >>> tokens_text(20, 2, {"kept": 10, "total": 10}), tokens_text(9, 1, {"kept": 9})
-    ('20 tokens planned = 2 epochs x 10', '9 tokens')
+    ('20 tokens planned = 2 epochs x 10', '9 tokens planned')
     >>> tokens_text(4, 1, {"kept": 10, "total": 12}, mixed=True)  # from the tokens kept
     '4 tokens drawn by --mix from 10'
     """
+    how = tokens_how(real, epochs, t, mixed)
     if mixed and t:
-        return f"{real:,} tokens drawn by --mix from {int(t['kept']):,}"
+        return f"{counted(real, 'token')} {how}"
+    return f"{counted(real, 'token')} planned" + (f" {how}" if how else "")
+
+
+def tokens_how(real: int, epochs: int, t: dict[str, Any] | None, mixed: bool = False) -> str:
+    """How the tokens planned came about, when more than the tokens kept once: ``= 2 epochs x
+    10``, ``drawn by --mix from 10``, ``over 3 epochs`` (an empty string otherwise).
+
+    >>> tokens_how(20, 2, {"kept": 10}), tokens_how(9, 1, {"kept": 9}), tokens_how(7, 3, None)
+    ('= 2 epochs x 10', '', 'over 3 epochs')
+    """
+    if mixed and t:
+        return f"drawn by --mix from {int(t['kept']):,}"
     if epochs > 1 and t and real == epochs * int(t["kept"]):
-        return f"{real:,} tokens planned = {epochs} epochs x {int(t['kept']):,}"
-    return f"{real:,} tokens" + (f" over {epochs} epochs" if epochs > 1 else "")
+        return f"= {epochs} epochs x {int(t['kept']):,}"
+    return f"over {epochs} epochs" if epochs > 1 else ""
+
+
+def token_line(t: dict[str, Any] | None, lead: str = "tokens ") -> str:
+    """Tokens kept (of the input's, or of those ``--where`` selected), split and dropped, as
+    counts and shares; one epoch's.
+
+    >>> token_line({"total": 10, "kept": 9, "split": 4, "dropped": 1, "kept_share": 0.9,
+    ...     "split_share": 0.4, "dropped_share": 0.1, "documents_split": 1, "pieces": 2})
+    'tokens kept 9 of 10 (90.00%), split 4 (40.00%: 1 document in 2 pieces), dropped 1 (10.00%)'
+    """
+    if not t:
+        return f"{lead}kept ? (plan made before these figures)"
+    pieces = (
+        f": {counted(int(t['documents_split']), 'document')} in {counted(int(t['pieces']), 'piece')}"
+        if t["documents_split"]
+        else ""
+    )
+    return (
+        f"{lead}kept {t['kept']:,} of {t['total']:,} ({100 * t['kept_share']:.2f}%), split "
+        f"{t['split']:,} ({100 * t['split_share']:.2f}%{pieces}), dropped {t['dropped']:,} "
+        f"({100 * t['dropped_share']:.2f}%)"
+    )
 
 
 def plan_epochs(meta: dict[str, Any]) -> int:
