@@ -70,6 +70,8 @@ class LazyGroup(click.Group):
             fail(f"{exc}; the partial output was removed", exc.exit_code)
         except click.UsageError as exc:
             usage_error(exc)
+        except BrokenPipeError:
+            closed_pipe()
         except OSError as exc:
             fail(os_error_text(exc), 1)
 
@@ -129,6 +131,15 @@ def error_line(message: str) -> str:
     """``varpack: error: <message>`` on one line."""
     one_line = " ".join(str(message).split("\n")).replace("\r", " ")
     return f"varpack: error: {one_line}"
+
+
+def closed_pipe() -> None:
+    """Standard output was closed by its reader (``varpack validate ... | head -1``): not an
+    error of a path. Exit as a shell tool killed by SIGPIPE does, 141, quietly; stdout goes to
+    ``/dev/null`` so the interpreter's last flush does not complain."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(141)
 
 
 def os_error_text(exc: OSError) -> str:
