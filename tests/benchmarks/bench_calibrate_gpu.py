@@ -13,7 +13,8 @@ the ``100m`` reference model on micro-batches of three kinds:
 
 The packed kinds come from plans at budgets of 1 K to 32 K (``gpu_ranks_plans.py``: shuffled,
 pad multiple 64), a few micro-batches of each spread over the plan. Each micro-batch: the median
-step time of ``--reps`` passes (CUDA events) and, on CUDA, the peak memory above the idle model.
+step time of ``--reps`` passes (CUDA events; no pass after the first starts past
+``--time-budget``, counted from the start) and, on CUDA, the peak memory above the idle model.
 Writes OUT.csv (``tokens,samples,flops,peak_memory,step_time``; FLOPs as ``--cost flops`` counts
 them), then runs ``varpack calibrate OUT.csv OUT.json --holdout 3``: the rows ordered by kind and
 size, every third held out of the fit. OUT.json is a calibration file a plan takes
@@ -76,10 +77,12 @@ def micro_batches(sizes: list[int], per_budget: int, dims: ModelDims) -> list[di
     return out
 
 
-def measure(stepper: Stepper, micro: list[dict[str, Any]], reps: int, dims: ModelDims) -> list[dict[str, Any]]:  # fmt: skip
-    """Each micro-batch's median step time, peak memory (CUDA) and FLOPs."""
+def measure(stepper: Stepper, micro: list[dict[str, Any]], reps: int, dims: ModelDims,
+            deadline: float | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Each micro-batch's median step time (no pass after the first starts past ``deadline``),
+    peak memory (CUDA) and FLOPs."""
     batches = [stepper.batch(m["lens"], m["pad_to"]) for m in micro]
-    secs = stepper.time(batches, reps=reps)
+    secs = stepper.time(batches, reps=reps, deadline=deadline)
     rows = []
     for m, b, sec in zip(micro, batches, secs, strict=True):
         lin, att = flops_parts(m["lens"], m["pad_to"], dims)
@@ -173,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="passes per micro-batch (5; quick: 1)")
     ap.add_argument("--per-budget", type=int, default=None, help="micro-batches per budget")
     ap.add_argument("--quick", action="store_true", help="fewer sizes: a smoke run")
+    ap.add_argument("--time-budget", type=float, default=150.0,
+                    help="s from the start; no repetition starts after it (one always runs)")  # fmt: skip
     args = ap.parse_args(argv)
+    start = time.perf_counter()
     device = pick_device(args.device)
     if device is None:
         print("bench_calibrate_gpu: no CUDA device here; nothing measured (--device cpu runs it)")
@@ -191,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     stepper = Stepper(preset, device, args.dtype)
     with steady(device):
         stepper.warm_up(sizes[-1])
-        rows = measure(stepper, micro, reps, dims)
+        rows = measure(stepper, micro, reps, dims, start + args.time_budget)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out.with_suffix(".csv"), out.with_suffix(".json")

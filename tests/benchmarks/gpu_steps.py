@@ -114,15 +114,22 @@ class Stepper:
             torch.cuda.synchronize(self.device)
 
     def time(
-        self, batches: Sequence[PackedBatch], new_step: Sequence[bool] | None = None, reps: int = 1
+        self,
+        batches: Sequence[PackedBatch],
+        new_step: Sequence[bool] | None = None,
+        reps: int = 1,
+        deadline: float | None = None,
     ) -> np.ndarray:
-        """Seconds of each micro-batch's step (the median of ``reps`` passes over the list).
+        """Seconds of each micro-batch's step (the median of ``reps`` passes over the list; no
+        pass after the first starts past ``deadline``, a ``time.perf_counter`` value).
 
         ``new_step[i]``: gradients are dropped before micro-batch ``i`` (outside the timing), as
         at the start of an optimizer step; by default before every one.
         """
         fresh = [True] * len(batches) if new_step is None else list(new_step)
-        passes = [self._pass(batches, fresh) for _ in range(max(1, reps))]
+        passes = [self._pass(batches, fresh)]
+        while len(passes) < reps and (deadline is None or time.perf_counter() < deadline):
+            passes.append(self._pass(batches, fresh))
         return np.array([statistics.median(p[i] for p in passes) for i in range(len(batches))])
 
     def _pass(self, batches: Sequence[PackedBatch], fresh: list[bool]) -> list[float]:

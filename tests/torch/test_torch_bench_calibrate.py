@@ -69,7 +69,7 @@ def _law(monkeypatch, per_sample: float) -> None:
     """Step times that follow a * flops + b (+ per_sample * samples) exactly."""
     dims = gpu_steps.dims_of("tiny")
 
-    def fake(self, batches, new_step=None, reps=1):  # type: ignore[no-untyped-def]
+    def fake(self, batches, new_step=None, reps=1, deadline=None):  # type: ignore[no-untyped-def]
         out = []
         for b in batches:
             lens = b.seq_lens.numpy()
@@ -112,3 +112,14 @@ def test_without_cuda_it_says_so(tmp_path, capsys) -> None:
     assert bench.main(["--out", str(tmp_path / "x")]) == 0
     assert "no CUDA device" in capsys.readouterr().out
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_no_repetition_starts_past_the_deadline(monkeypatch) -> None:
+    passes = []
+    monkeypatch.setattr(gpu_steps.Stepper, "_pass", lambda self, b, f: passes.append(1) or [1.0])
+    stepper = gpu_steps.Stepper("tiny", torch.device("cpu"))
+    batch = stepper.batch(np.array([3, 4]), 64)
+    stepper.time([batch], reps=5, deadline=0.0)  # long past: the first pass only
+    assert len(passes) == 1
+    stepper.time([batch], reps=5)
+    assert len(passes) == 6
