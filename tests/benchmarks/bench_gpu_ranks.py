@@ -136,18 +136,17 @@ def run(args: argparse.Namespace, device: torch.device, start: float) -> dict[st
     print(f"bench_gpu_ranks: plans in {time.perf_counter() - start:.1f}s", flush=True)
     stepper.warm_up(args.budget)
     model = time_model(args, stepper, dims)
-    rows: list[dict[str, Any]] = []
-    for shape, by_name in plans.items():
-        for name, sched in by_name.items():
-            row: dict[str, Any] = {"shape": shape, "plan": name}
-            rows.append(row)
-            if time.perf_counter() - start > args.time_budget:
-                row["status"] = "skipped: time budget"
-                continue
-            k = int(sched.slot.max()) + 1
-            print(f"bench_gpu_ranks: {shape}: {name} ...", flush=True)
-            row.update(measure_row(stepper, sched.take(-(-args.slots // k)), args, dims, model))
-            row["status"] = "ok"
+    rows = [{"shape": shape, "plan": name} for shape, by in plans.items() for name in by]
+    # run plan by plan, the shapes in turn: a time budget that ends early cuts both shapes alike
+    for row in sorted(rows, key=lambda r: list(plans[r["shape"]]).index(r["plan"])):
+        if time.perf_counter() - start > args.time_budget:
+            row["status"] = "skipped: time budget"
+            continue
+        sched = plans[row["shape"]][row["plan"]]
+        k = int(sched.slot.max()) + 1
+        print(f"bench_gpu_ranks: {row['shape']}: {row['plan']} ...", flush=True)
+        row.update(measure_row(stepper, sched.take(-(-args.slots // k)), args, dims, model))
+        row["status"] = "ok"
     return {"device": device_name(device), "torch": torch.__version__, "preset": args.preset,
             "dtype": str(stepper.dtype).removeprefix("torch."), "budget": args.budget,
             "dp": args.dp, "slots": args.slots, "reps": args.reps, "time_model": model,
