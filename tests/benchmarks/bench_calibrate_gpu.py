@@ -144,6 +144,8 @@ def markdown(report: dict[str, Any]) -> str:
              "", f"Model {report['preset']}, {report['rows']} micro-batches "
              f"({', '.join(f'{n} {k}' for k, n in report['kinds'].items())}), median of "
              f"{report['reps']}; every third row (by kind and size) held out.", ""]  # fmt: skip
+    if "error" in cal:
+        lines += [f"{cal['error']}: no calibration file.", ""]
     mem = cal.get("memory_error_held_out")
     if mem:
         lines += [f"Memory A*S + B: {cal['memory_per_token']:,.0f} B/token + "
@@ -204,16 +206,19 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(rows, csv_path, cuda)
     from varpack.cli import main as cli
 
+    calibration: dict[str, Any] = {}
     try:
         cli.main(["calibrate", str(csv_path), str(json_path), "--holdout", "3", "--overwrite"],
                  prog_name="varpack")  # fmt: skip
-    except SystemExit as exc:
+    except SystemExit as exc:  # a fit varpack refuses is a result too (its line is printed above)
         if exc.code:
-            return int(exc.code)
+            calibration = {"error": f"varpack calibrate refused the fit (exit {exc.code})"}
+    if not calibration:
+        calibration = json.loads(json_path.read_text())
     report = {"device": device_name(device), "torch": torch.__version__, "preset": preset,
               "reps": reps, "rows": len(rows),
               "kinds": {k: sum(r["kind"] == k for r in rows) for k in KINDS},
-              "calibration": json.loads(json_path.read_text()), "fits": fit_candidates(rows),
+              "calibration": calibration, "fits": fit_candidates(rows),
               "measured": rows}  # fmt: skip
     out.with_name(out.name + "-fits.json").write_text(json.dumps(report, indent=2))
     out.with_suffix(".md").write_text(markdown(report))

@@ -123,3 +123,18 @@ def test_no_repetition_starts_past_the_deadline(monkeypatch) -> None:
     assert len(passes) == 1
     stepper.time([batch], reps=5)
     assert len(passes) == 6
+
+
+def test_a_fit_varpack_refuses_is_reported(tmp_path, monkeypatch, capsys) -> None:
+    """Times that shrink with the work (noise on a shared CPU): varpack calibrate refuses them in
+    one line; the bench says so, writes no calibration file and still compares the candidates."""
+    monkeypatch.setattr(gpu_steps.Stepper, "time", lambda self, batches, *a, **k: np.array(
+        [1.0 / b.input_ids.shape[1] for b in batches]))  # fmt: skip
+    out = tmp_path / "calib"
+    assert bench.main(["--device", "cpu", "--quick", "--out", str(out)]) == 0
+    assert "does not grow with the work" in capsys.readouterr().err
+    assert not out.with_suffix(".json").exists()
+    report = json.loads(out.with_name("calib-fits.json").read_text())
+    assert report["calibration"]["error"].startswith("varpack calibrate refused the fit")
+    assert set(bench.CANDIDATES) <= set(report["fits"])
+    assert "refused the fit (exit" in out.with_suffix(".md").read_text()

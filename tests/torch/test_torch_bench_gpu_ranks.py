@@ -170,3 +170,21 @@ def test_a_calibration_file_gives_the_time_model(tmp_path, monkeypatch) -> None:
     assert row["time_model_s"]["ideal"] == pytest.approx(
         (2e-12 * row["flops"]["ideal"] * report["dp"] + 0.25 * row["micro_batches"]) / report["dp"]
     )
+
+
+def test_a_refused_time_fit_falls_back_to_the_origin(tmp_path, monkeypatch) -> None:
+    """Noisy calibration times that varpack's fit refuses: seconds per FLOP on average instead,
+    and the source says so."""
+
+    def refuse(*a, **k):  # type: ignore[no-untyped-def]
+        raise bench.InputError("calibrate: step time does not grow with the work")
+
+    monkeypatch.setattr(bench, "calibrate", refuse)
+    monkeypatch.setattr(bench, "SHAPES", {"RL rollouts": plans.rollouts})
+    monkeypatch.setattr(bench, "all_plans", lambda lens, b, dp, dims: {
+        "peer: sorted greedy packing, ga 4": plans.peer_sorted_greedy(lens, b, dp, 4)})  # fmt: skip
+    out = tmp_path / "ranks"
+    assert bench.main(["--quick", "--device", "cpu", "--out", str(out)]) == 0
+    model = json.loads(out.with_suffix(".json").read_text())["time_model"]
+    assert model["time_fixed"] == 0 and model["time_per_flop"] > 0
+    assert "does not grow with the work; through the origin" in model["source"]
