@@ -16,17 +16,24 @@ into: packed with a 16K-token budget and grad-accum 4; the same with ``--max-sha
 
 Each row: real (unpadded) tokens/s, padded fraction, peak GPU memory, model FLOPs utilisation
 (useful FLOPs of the real tokens, causal attention counted per sample, over the GPU's bf16 peak),
-graphs compiled after warm-up, and tokens/s as a share of the ceiling: the same model on
-full-length causal rows of the budget (no sample boundaries, no padding, one shape). Then the best
-varpack row against the padded baselines, and the reader's share: the best row's model steps with
-the batches already on the GPU against the full loop (target <= 2 %). Results: OUT.md, OUT.json.
-A row that cannot run here (a missing kernel) says why; one that fails records its error.
+graphs compiled after warm-up, and tokens/s against the reference of the same compile mode: the
+same model on full-length causal rows of the budget (no sample boundaries, no padding, one
+shape), eager for the eager rows, ``torch.compile`` (static) for the compiled ones. A reference,
+not a bound: short samples cost less attention per token than full rows, so a packed row may pass
+it. Then the best varpack row against the padded baselines, and the reader's share: the best
+eager row's model steps with the batches already on the GPU against the full loop (target <= 2 %;
+DataLoader workers by default from the CPUs per GPU, ``varpack.torch.workers``). Results: OUT.md,
+OUT.json. A row that cannot run here (a missing kernel) says why; one that runs out of memory says
+"OOM at this budget"; one that fails otherwise records its error. ``--time-budget`` counts from
+the start (data and plans included): rows not started within it are skipped and say so.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import sys
 import tempfile
 import time
@@ -49,6 +56,7 @@ from varpack.torch import (
 )
 from varpack.torch.attention import BackendUnavailableError
 from varpack.torch.model import PRESETS, GPTConfig, TinyGPT, model_inputs, param_count_str
+from varpack.torch.workers import default_workers
 
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40": 181.0}
 
@@ -56,7 +64,7 @@ PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, 
 @dataclass(frozen=True)
 class Row:
     name: str
-    plan: str  # key of the prepared plans ("" for the ceiling)
+    plan: str  # key of the prepared plans ("" for the references)
     attention: str
     compile: str = "none"  # none | static | dynamic
     varpack: bool = True  # a packed row (counts for "best varpack row")
@@ -76,15 +84,21 @@ def make_rows(budget: int, ga: int, shapes: int) -> list[Row]:
         Row(f"padded {k} length-grouped, is_causal", "grouped", "causal", varpack=False),
         Row(f"packed --max-shapes {shapes}, --compile static", "shapes", "auto", "static"),
         Row(f"packed {k}, --compile dynamic", "packed", "auto", "dynamic"),
-        Row(f"ceiling: full-length causal rows of {budget}", "", "causal", varpack=False),
+        Row(f"reference: full-length causal rows of {budget}", "", "causal", varpack=False),
+        Row("reference: full-length causal rows, --compile static", "", "causal", "static", False),
     ]
 
 
-CEILING = 10  # index of the ceiling row
+REFERENCE, COMPILED_REFERENCE = 10, 11  # indices of the reference rows (eager, compiled)
 BASELINES = {"vs_padded_random_mask": 5, "vs_padded_random_causal": 6, "vs_padded_length_grouped": 7}  # fmt: skip
-# Run order (the time budget may cut the tail): eager rows, the ceiling, then the compiled rows.
-ORDER = [1, 2, 0, 3, 4, 5, 6, 7, CEILING, 8, 9]
-COMPILED_FROM = 8  # the reader share runs before this row
+# Run order (the time budget may cut the tail): eager rows, the references, the compiled rows;
+# the reader share runs before the first compiled row.
+ORDER = [1, 2, 0, 3, 4, 5, 6, 7, REFERENCE, COMPILED_REFERENCE, 8, 9]
+
+
+def reference_of(row: Row) -> int:
+    """The reference a row is compared with: the one of its compile mode."""
+    return REFERENCE if row.compile == "none" else COMPILED_REFERENCE
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -99,11 +113,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=None)
     p.add_argument("--samples", type=int, default=None, help="synthetic samples")
     p.add_argument("--max-shapes", type=int, default=None, help="shape limit of the shapes rows")
-    p.add_argument("--workers", type=int, default=None, help="DataLoader workers")
+    p.add_argument("--workers", type=int, default=None,
+                   help="DataLoader workers (default: from the CPUs per GPU)")  # fmt: skip
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--peak-tflops", type=float, default=None, help="default: from the GPU's name")
-    p.add_argument("--time-budget", type=float, default=330.0, help="s; later rows are skipped")
+    p.add_argument("--time-budget", type=float, default=330.0,
+                   help="s from the start; rows not started within it are skipped")  # fmt: skip
     p.add_argument("--rows", default=None, help="row numbers to run (1-10, comma-separated)")
     args = p.parse_args(argv)
     quick = {"preset": "tiny", "budget": 256, "grad_accum": 2, "steps": 2, "warmup_steps": 1,
@@ -156,6 +172,8 @@ class Bench:
         self.peak = args.peak_tflops or peak_tflops(device)
         self.n_params = TinyGPT(self.cfg).num_params()
         self.rows = make_rows(args.budget, args.grad_accum, args.max_shapes)
+        gpus = 1 if device.type == "cuda" else 0  # one GPU per process, as in training
+        self.workers = args.workers if args.workers is not None else default_workers(gpus)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -242,7 +260,7 @@ def run_loop(bench: Bench, row: Row, model: Any, opt: Any, batches: Any, moved: 
 def run_row(bench: Bench, row: Row, plan: Path, preload: bool = False) -> dict:
     """One row: a fresh model, the plan's first steps through the reader (or preloaded)."""
     a = bench.args
-    workers = a.workers if a.workers is not None else (2 if bench.device.type == "cuda" else 0)
+    workers = bench.workers
     loader = PlanLoader(plan, bench.dataset, rank=0, num_workers=workers,
                         pin_memory=bench.device.type == "cuda", prefetch_factor=4 if workers else None)  # fmt: skip
     why = unavailable(bench, row, loader.layout)
@@ -274,10 +292,11 @@ def _take(loader: PlanLoader, steps: int, device: torch.device) -> list:
     return out
 
 
-def run_ceiling(bench: Bench) -> dict:
-    """The ceiling: the same model and steps on full-length causal rows (attn=None: is_causal)."""
+def run_reference(bench: Bench, compile: str) -> dict:
+    """The reference: the same model and steps on full-length causal rows (attn=None:
+    is_causal), compiled as asked (the warm-up steps hold the compilation)."""
     a = bench.args
-    model, opt = bench.model("none")
+    model, opt = bench.model(compile)
     pos = torch.arange(a.budget, device=bench.device)[None]
     g = torch.Generator().manual_seed(0)
     n = (a.warmup_steps + a.steps) * a.grad_accum
@@ -304,14 +323,16 @@ def run_ceiling(bench: Bench) -> dict:
             "padded_frac": 0.0, "tflops": flops / secs / 1e12, "recompiles": 0}  # fmt: skip
 
 
-def measure(bench: Bench, plans: dict[str, Path], rows: list[int]) -> dict:
-    """The rows in :data:`ORDER` (those started after the time budget are skipped), the ceiling,
-    and the reader share (after the eager rows, before the compiled ones)."""
-    start, results, reader = time.perf_counter(), {}, {"status": "skipped: time budget"}
+def measure(bench: Bench, plans: dict[str, Path], rows: list[int], start: float) -> dict:
+    """The rows in :data:`ORDER` (those started after the time budget are skipped), the
+    references, and the reader share (after the eager rows, before the compiled ones)."""
+    results: dict[int, dict] = {}
+    reader: dict[str, Any] = {"status": "skipped: time budget"}
+    compiled = any(bench.rows[j].compile != "none" for j in rows)
     for k in ORDER:
-        if k == COMPILED_FROM and time.perf_counter() - start <= bench.args.time_budget:
-            reader = reader_share(bench, plans, results)
-        if k not in rows and k != CEILING:
+        if k == COMPILED_REFERENCE and time.perf_counter() - start <= bench.args.time_budget:
+            reader = reader_share(bench, plans, results)  # after the eager rows
+        if not (k in rows or k == REFERENCE or (k == COMPILED_REFERENCE and compiled)):
             continue
         if time.perf_counter() - start > bench.args.time_budget:
             results[k] = {"row": k + 1, "status": "skipped: time budget"}
@@ -331,10 +352,18 @@ def measure_row(bench: Bench, k: int, plans: dict[str, Path]) -> dict:
         torch.cuda.reset_peak_memory_stats(bench.device)
     t = time.perf_counter()
     try:
-        res = run_ceiling(bench) if k == CEILING else run_row(bench, row, plans[row.plan])
+        if k in (REFERENCE, COMPILED_REFERENCE):
+            res = run_reference(bench, row.compile)
+        else:
+            res = run_row(bench, row, plans[row.plan])
+    except torch.OutOfMemoryError as exc:  # a baseline this budget does not fit: say so
+        res = {"status": "OOM at this budget", "detail": str(exc).split(". GPU")[0][:200]}
     except Exception as exc:  # a failing row is a result too; the others still run
         traceback.print_exc()
         res = {"status": f"error: {type(exc).__name__}: {exc}"[:300]}
+    if res.get("status") != "ok" and bench.device.type == "cuda":
+        gc.collect()  # the failed row's tensors, before the next row allocates
+        torch.cuda.empty_cache()
     res["wall_s"] = time.perf_counter() - t
     if bench.device.type == "cuda" and res.get("status") == "ok":
         res["peak_gib"] = torch.cuda.max_memory_allocated(bench.device) / 2**30
@@ -373,18 +402,18 @@ def reader_share(bench: Bench, plans: dict[str, Path], results: dict) -> dict:
 
 
 def ratios(rows: list[Row], results: dict) -> dict:
-    """Every row as a share of the ceiling (in place); the best varpack row against baselines."""
-    if _ok(results, CEILING):
-        for k in results:
-            if _ok(results, k):
-                results[k]["vs_ceiling"] = (
-                    results[k]["tokens_per_s"] / results[CEILING]["tokens_per_s"]
-                )
-    best = best_row(rows, results)
-    out: dict[str, Any] = {"best_varpack_row": rows[best].name if best is not None else None}
+    """Every row as a share of the reference of its compile mode (in place); the best eager
+    varpack row against the baselines (eager too: like with like)."""
+    for k in results:
+        ref = reference_of(rows[k])
+        if _ok(results, k) and _ok(results, ref):
+            results[k]["vs_reference"] = results[k]["tokens_per_s"] / results[ref]["tokens_per_s"]
+    best, eager = best_row(rows, results), best_row(rows, results, compiled=False)
+    out: dict[str, Any] = {"best_varpack_row": rows[best].name if best is not None else None,
+                           "best_eager_row": rows[eager].name if eager is not None else None}  # fmt: skip
     for key, k in BASELINES.items():
-        if best is not None and _ok(results, k):
-            out[key] = results[best]["tokens_per_s"] / results[k]["tokens_per_s"]
+        if eager is not None and _ok(results, k):
+            out[key] = results[eager]["tokens_per_s"] / results[k]["tokens_per_s"]
     return out
 
 
@@ -394,47 +423,54 @@ def markdown(report: dict) -> str:
              f"Model {report['preset']} ({param_count_str(report['params'])} params), {report['dtype']}, budget "
              f"{report['budget']} tokens, grad-accum {report['grad_accum']}, {report['warmup_steps']} "
              f"warm-up + {report['steps']} timed steps. MFU over {peak or 'n/a'} TFLOP/s.", "",
-             "| # | row | attention | real tokens/s | padded | peak GiB | MFU | recompiles | vs ceiling |",
+             "| # | row | attention | real tokens/s | padded | peak GiB | MFU | recompiles | vs reference |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in report["rows"].items():
         i = r["row"]
         if r.get("status") != "ok":
-            lines.append(f"| {i} | {name} | {r['status']} | | | | | | |")
+            why = r["status"] + (f" ({r['detail']})" if "detail" in r else "")
+            lines.append(f"| {i} | {name} | {why} | | | | | | |")
             continue
         mfu = f"{r['tflops'] / peak:.1%}" if peak else "n/a"
         gib = f"{r['peak_gib']:.1f}" if "peak_gib" in r else "n/a"
-        vs = f"{r['vs_ceiling']:.2f}" if "vs_ceiling" in r else "n/a"
+        vs = f"{r['vs_reference']:.2f}" if "vs_reference" in r else "n/a"
         lines.append(f"| {i} | {name} | {r['attention']} | {r['tokens_per_s']:,.0f} | "
                      f"{r['padded_frac']:.1%} | {gib} | {mfu} | {r['recompiles']} | {vs} |")  # fmt: skip
     rat, rd = report["ratios"], report["reader"]
-    lines += ["", f"Best varpack row: {rat.get('best_varpack_row')}."]
+    lines += ["", "vs reference: against the full-length rows of the same compile mode (eager or "
+              "compiled); a reference, not a bound: short samples cost less attention per token.",
+              "", f"Best varpack row: {rat.get('best_varpack_row')}. Against the padded "
+              f"baselines (eager), the best eager row: {rat.get('best_eager_row')}."]  # fmt: skip
     for key, value in rat.items():
         if key.startswith("vs_") and value is not None:
             lines.append(f"- {key.replace('_', ' ')}: {value:.2f}x")
     if "share" in rd:
-        lines.append(f"- reader's share ({rd['row']}): {rd['share']:.1%} of the loop "
+        lines.append(f"- reader's share ({rd['row']}, {report['workers']} DataLoader workers): "
+                     f"{rd['share']:.1%} of the loop "
                      f"({'within' if rd['ok'] else 'over'} the 2 % target)")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()
     args = parse_args(argv)
     if args.device == "auto" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA device here; skipped (--device cpu runs it on the CPU)")
         return 0
     device = torch.device("cpu" if args.device == "cpu" else "cuda")
-    rows = [int(x) - 1 for x in args.rows.split(",")] if args.rows else list(range(CEILING))
+    rows = [int(x) - 1 for x in args.rows.split(",")] if args.rows else list(range(REFERENCE))
     cfg = PRESETS[args.preset]
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         t = time.perf_counter()
         data, plans = prepare(args, cfg.vocab_size, Path(tmp))
         print(f"bench_gpu: data and plans in {time.perf_counter() - t:.1f}s", flush=True)
         bench = Bench(args, device, data)
-        measured = measure(bench, plans, rows)
+        measured = measure(bench, plans, rows, start)
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "preset": args.preset, "params": bench.n_params,
               "dtype": args.dtype, "budget": args.budget, "grad_accum": args.grad_accum,
               "steps": args.steps, "warmup_steps": args.warmup_steps, "peak_tflops": bench.peak,
+              "workers": bench.workers, "cpus": len(os.sched_getaffinity(0)),
               **measured}  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

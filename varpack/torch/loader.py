@@ -38,6 +38,7 @@ from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
 from varpack.torch.dataset import fetch_flat
 from varpack.torch.launch import launch_env
 from varpack.torch.state import make_state, read_parent_state, read_state
+from varpack.torch.workers import resolve_workers
 
 
 def plan_fingerprint(plan: Plan) -> str:
@@ -270,6 +271,7 @@ class PlanLoader:
     ``"padded"`` (:class:`~varpack.torch.batch.PaddedBatch`) or ``"blocks"``
     (:class:`~varpack.torch.batch.BlockBatch`); ``None`` takes it from plan.json. ``dataset`` is a
     :class:`~varpack.torch.dataset.ParquetTokenDataset` or any map-style dataset keyed by sample id.
+    ``num_workers="auto"``: from the CPUs per GPU (:func:`~varpack.torch.workers.default_workers`).
     """
 
     def __init__(
@@ -279,7 +281,7 @@ class PlanLoader:
         rank: int | None = None,
         world_size: int | None = None,
         collate: str | None = None,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         pin_memory: bool = False,
         pad_id: int = 0,
         prefetch_factor: int | None = None,
@@ -314,7 +316,7 @@ class PlanLoader:
         positions = config.get("split_positions", "restart")
         split_len = config.get("split_len") if config.get("oversize") == "split" else None
         self.dataset = MicroBatches(self.rows, dataset, layout, pad_id, positions, split_len)
-        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.num_workers, self.pin_memory = resolve_workers(num_workers), pin_memory
         self.prefetch_factor, self.multiprocessing_context = (
             prefetch_factor,
             multiprocessing_context,
