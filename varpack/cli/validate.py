@@ -204,8 +204,9 @@ def ok_counts(f: dict[str, Any]) -> tuple[str, str]:
     if f["replanned"]:  # its steps hold part of the run: no input count to word them against
         what = "pieces after splitting" if t and t.get("pieces") else "samples"
         return f"{rows:,} {what} in its steps", f"{f['real_tokens']:,} tokens"
-    if f["mix"]:
-        samples = samples_text(f["input_samples"], f["dropped"], 1, None, drawn=rows)
+    if f["mix"]:  # the documents drawn (rows at offset 0), and their pieces
+        drawn = f.get("documents", rows)
+        samples = samples_text(f["input_samples"], f["dropped"], 1, None, drawn, rows)
     else:
         docs = rows // max(epochs, 1) - (int(t["pieces"]) - int(t["documents_split"]) if t else 0)
         samples = samples_text(docs + f["dropped"], f["dropped"], epochs, t)
