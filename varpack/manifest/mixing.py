@@ -106,7 +106,7 @@ def plan_mixed(
     _check_rows(blend_rows(codes, docs.lens, docs.count, names, mix), mix, too_big)
     drawn, figures = mix_units(codes, docs.lens, names, mix, cfg.seed)
     units, which = docs.expand(drawn)  # every piece of every drawn document
-    _check_fills(len(units), mix, cfg)
+    _check_fills(len(drawn), len(units), mix, cfg)
     u_codes = codes[docs.of_unit[units]]
     copies = copy_number(drawn)[which]
     curriculum = cfg.order == "curriculum"
@@ -182,14 +182,15 @@ def _check_rows(
         )
 
 
-def _check_fills(units: int, mix: Mix, cfg: PlanConfig) -> None:
-    """Refuse a blend too small to fill one step."""
+def _check_fills(drawn: int, units: int, mix: Mix, cfg: PlanConfig) -> None:
+    """Refuse a blend too small to fill one step (``drawn`` samples, ``units`` pieces)."""
     if units < cfg.micro_per_step:
         given = f"--total-{mix.unit} {mix.total:,}" if mix.total is not None else "--mix"
+        pieces = f" ({units:,} pieces)" if units != drawn else ""
         raise ConfigError(
-            f"{given}: the blend draws {units:,} samples, fewer than one step's dp x grad_accum "
-            f"= {cfg.micro_per_step} micro-batches; give a larger total (left out: the largest "
-            "that repeats no source)"
+            f"{given}: the blend draws {drawn:,} samples{pieces}, fewer than one step's dp x "
+            f"grad_accum = {cfg.micro_per_step} micro-batches; give a larger total (left out: "
+            "the largest that repeats no source)"
         )
 
 
