@@ -7,8 +7,15 @@ as one epoch whose order is given (:func:`varpack.plan.kernels.permute.given_ord
 curriculum blend is passed in its interleaved order). The source column is carried into the
 manifests (``carry.COL``), so the reader, ``train.py --log-by`` and ``validate`` see each
 sample's source; plan.json's ``mix`` records the weights, each source's samples, tokens and
-repeat factor, its share of the blend's tokens (its *target*), and its share of every step's
-tokens against it (:func:`varpack.plan.mix.share_figures`, with the tolerance).
+repeat factor, its share of the blend's tokens (its *target*), its share of every step's
+tokens against it (:func:`varpack.plan.mix.share_figures`, with the tolerance) and how many
+steps hold every source within it (:func:`varpack.plan.mix.held_figures`).
+
+The oversize rule applies before the blend: ``--oversize split`` cuts the long documents into
+pieces first (:func:`varpack.plan.stages.select.select`), the blend draws whole documents
+(:func:`varpack.plan.kernels.split.documents`) and the planner is given their pieces as they
+are (:func:`varpack.plan.stages.select.given_pieces`). The blend's rows are estimated, and
+refused if they would not fit in memory, before anything is drawn.
 """
 
 from __future__ import annotations
@@ -96,33 +103,18 @@ def plan_mixed(
     info = input_info(ids, lens, source)  # the input: what was given, dropped ones included
     docs = documents(chosen.ids, chosen.lens, chosen.offsets, chosen.group)
     codes, names = source_codes(docs.ids, column, path, read)
-    absent = [s for s in mix.weights if s not in names]
-    if absent:
-        counts = np.bincount(codes, minlength=len(names))
-        have = ", ".join(f"{n} ({c:,})" for n, c in zip(names, counts.tolist(), strict=True))
-        raise ConfigError(
-            f"--mix: source {absent[0]!r} is not in column '{column}' (sources: {have})"
-        )
+    _check_sources(codes, names, mix, column)
     _check_rows(blend_rows(codes, docs.lens, docs.count, names, mix), mix, too_big)
     drawn, figures = mix_units(codes, docs.lens, names, mix, cfg.seed)
     units, which = docs.expand(drawn)  # every piece of every drawn document
     _check_fills(len(drawn), len(units), mix, cfg)
     u_codes = codes[docs.of_unit[units]]
-    copies = copy_number(drawn)[which]
-    curriculum = cfg.order == "curriculum"
-    order = interleave(u_codes, chosen.lens[units], copies, mix.unit == "tokens", cfg.seed,
-                       curriculum, 1.0 / docs.count[drawn][which])  # fmt: skip
-    stream = units[order]
+    order = interleave(u_codes, chosen.lens[units], copy_number(drawn)[which],
+                       mix.unit == "tokens", cfg.seed, cfg.order == "curriculum",
+                       1.0 / docs.count[drawn][which])  # fmt: skip
     targets = _targets(figures, names)
     tolerance = SHARE_TOLERANCE if mix.tolerance is None else mix.tolerance
-    # shuffled: the planner's input by length, the blend as its permutation; a curriculum
-    # blend: the planner takes its input order as it is
-    srt, perm = (np.arange(len(stream)), None) if curriculum else given_input(
-        chosen.ids[stream], chosen.lens[stream], True)  # fmt: skip
-    rows, s_codes = stream[srt], u_codes[order][srt]
-    with _pieces(chosen, rows), given_orders({} if perm is None else {0: perm}):
-        with nullcontext() if curriculum else blending(s_codes, targets, tolerance):
-            arrays = plan_arrays(chosen.ids[rows], chosen.lens[rows], cfg)
+    arrays, s_codes = _plan_stream(chosen, units[order], u_codes[order], cfg, targets, tolerance)
     arrays.moved = None
     arrays.dropped = chosen.dropped
     # no moved_* figures: they measure against a drawn permutation, and the blend has its own
@@ -132,24 +124,62 @@ def plan_mixed(
         for name, fig in figures.items():
             fig["planned_pieces"] = int(per[names.index(name)])
         meta["stats"]["tokens"] = _token_figures(docs, drawn, int(info["total_tokens"]))
-    # the planner kept every unit it was given, in its input order
-    planned = s_codes[arrays.stream]
     for name, fig in figures.items():
         fig["target"] = float(targets[names.index(name)])
+    # the planner kept every unit it was given, in its input order
+    meta["mix"] = _mix_entry(arrays, s_codes[arrays.stream], names, mix, column, figures, tolerance)
+    return arrays, meta, extra
+
+
+def _check_sources(codes: np.ndarray, names: list[str], mix: Mix, column: str) -> None:
+    """Every weighed source is one the column names."""
+    absent = [s for s in mix.weights if s not in names]
+    if absent:
+        counts = np.bincount(codes, minlength=len(names))
+        have = ", ".join(f"{n} ({c:,})" for n, c in zip(names, counts.tolist(), strict=True))
+        raise ConfigError(
+            f"--mix: source {absent[0]!r} is not in column '{column}' (sources: {have})"
+        )
+
+
+def _plan_stream(
+    chosen: Selection,
+    stream: np.ndarray,
+    codes: np.ndarray,
+    cfg: PlanConfig,
+    targets: np.ndarray,
+    tolerance: float,
+) -> tuple[PlanArrays, np.ndarray]:
+    """The blend's ``stream`` (units of the selection, with repeats; ``codes``: their sources)
+    planned as one epoch in its order, and the planner's input's sources. Shuffled: the input
+    by length, the stream as its permutation, each step composed to hold the ``targets``; a
+    curriculum blend: the planner takes its input order as it is."""
+    curriculum = cfg.order == "curriculum"
+    srt, perm = (np.arange(len(stream)), None) if curriculum else given_input(
+        chosen.ids[stream], chosen.lens[stream], True)  # fmt: skip
+    rows, s_codes = stream[srt], codes[srt]
+    with _pieces(chosen, rows), given_orders({} if perm is None else {0: perm}):
+        with nullcontext() if curriculum else blending(s_codes, targets, tolerance):
+            return plan_arrays(chosen.ids[rows], chosen.lens[rows], cfg), s_codes
+
+
+def _mix_entry(arrays: PlanArrays, planned: np.ndarray, names: list[str], mix: Mix, column: str,
+               figures: dict[str, dict[str, Any]], tolerance: float) -> dict[str, Any]:  # fmt: skip
+    """plan.json's ``mix`` (``planned``: each planned sample's source code, in stream order)."""
     shares = measured_shares(np.repeat(arrays.step, arrays.micro.samples), planned,
                              arrays.lens[arrays.stream].astype(np.float64),
                              [names.index(s) for s in mix.weights])  # fmt: skip
     goals = [figures[s]["target"] for s in mix.weights]
-    meta["mix"] = {
+    unit = "planned_tokens" if mix.unit == "tokens" else "planned_samples"
+    return {
         "column": column,
         "unit": mix.unit,
-        "total": int(sum(f["planned_tokens" if mix.unit == "tokens" else "planned_samples"] for f in figures.values())),
+        "total": int(sum(f[unit] for f in figures.values())),
         "tolerance": tolerance,
         "sources": figures,
         "shares": share_figures(shares, list(mix.weights), goals, tolerance),
         "steps": held_figures(shares, goals, tolerance),
-    }  # fmt: skip
-    return arrays, meta, extra
+    }
 
 
 def _pieces(chosen: Selection, rows: np.ndarray) -> AbstractContextManager[None]:
