@@ -115,6 +115,9 @@ def test_a_blend_of_long_documents_plans_every_kept_token(tmp_path: Path) -> Non
     assert doc["stats"]["tokens"]["kept_share"] == 1.0
     out = cli("validate", tmp_path / "split", "--metadata", meta).stdout
     assert out.startswith("OK") and "3,000 samples drawn by --mix from 3,000 (" in out
+    cli("plan", meta, tmp_path / "again", *args, "--oversize", "split")  # the same bytes
+    for f in (tmp_path / "split").iterdir():
+        assert f.read_bytes() == (tmp_path / "again" / f.name).read_bytes(), f.name
     cli("plan", meta, tmp_path / "drop", *args, "--oversize", "drop")
     lost = _doc(tmp_path / "drop")["stats"]["tokens"]["dropped_share"]
     assert lost > 0.1  # what the blend of whole documents used to lose

@@ -125,8 +125,8 @@ def _with_plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
     type=click.FloatRange(0, 1, min_open=True),
     default=None,
     help="How far each step's token share of a source may be from its target (0.02: 2 points); "
-    "steps outside it are counted and reported [default: 0.02 at steps of 256 K tokens or "
-    "more, larger in proportion for smaller steps].",
+    "steps outside it are counted and reported, with the distance 95% of the steps are within "
+    "[default: 0.02, whatever the steps' size].",
 )
 @click.option(
     "--total-tokens",
