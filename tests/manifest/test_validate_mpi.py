@@ -29,6 +29,8 @@ PLANS = {
     "shuffle2": [*BASE, "--order", "shuffle", "--epochs", 2],
     "split": ["--max-tokens", 4096, "--dp", 3, "--grad-accum", 2, "--oversize", "split", "-q"],
     "mix": [*BASE, "--mix", "web=0.5,code=0.3,books=0.2", "--source-column", "source"],
+    "mixsplit": ["--max-tokens", 4096, "--dp", 2, "--grad-accum", 2, "--oversize", "split",
+                 "--mix", "web=0.3,code=0.3,books=0.4", "--source-column", "source", "-q"],
     "carry": [*BASE, "--carry", "source"],
     "reorder2": [*BASE, "--warmup", "reorder", "--epochs", 2, "--layout", "padded",
                  "--max-shapes", 4],
@@ -104,6 +106,7 @@ def _same(ranks: int, *args: object) -> tuple[int, str, str]:
         ("shuffle2", 2, True, 0),
         ("split", 3, True, 0),
         ("mix", 4, False, 0),
+        ("mixsplit", 2, True, 0),  # pieces of drawn documents, checked against the metadata
         ("carry", 2, True, 0),  # carried values checked against the metadata
         ("reorder2", 3, False, 0),
         ("dup", 4, True, 1),
@@ -127,7 +130,9 @@ def test_validate_under_mpi_prints_what_one_process_prints(root, plan, ranks, wi
         assert f"{root / plan / rank_file(3)}: rank 3 manifest is unreadable" in out
 
 
-@pytest.mark.parametrize(("plan", "ranks"), [("split", 2), ("mix", 3), ("missing", 4)])
+@pytest.mark.parametrize(
+    ("plan", "ranks"), [("split", 2), ("mix", 3), ("mixsplit", 2), ("missing", 4)]
+)
 def test_inspect_under_mpi_prints_what_one_process_prints(root, plan, ranks):
     rc, out, err = _same(ranks, "inspect", root / plan)
     if plan == "missing":  # one line, from the one rank that reads the file, exit 2 everywhere

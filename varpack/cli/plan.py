@@ -125,8 +125,8 @@ def _with_plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
     type=click.FloatRange(0, 1, min_open=True),
     default=None,
     help="How far each step's token share of a source may be from its target (0.02: 2 points); "
-    "steps outside it are counted and reported [default: 0.02 at steps of 256 K tokens or "
-    "more, larger in proportion for smaller steps].",
+    "steps outside it are counted and reported, with the distance 95% of the steps are within "
+    "[default: 0.02, whatever the steps' size].",
 )
 @click.option(
     "--total-tokens",
@@ -357,27 +357,20 @@ def _paths(sources: tuple[str, ...]) -> dict[str, str] | None:
 
 
 def mix_line(m: dict[str, Any]) -> str:
-    """One line: each source's weight, repeat factor and share of the steps (min .. max)."""
-    tol = 100 * m["tolerance"]
-    parts = [
-        f"{name} {f['weight']:.3g} (x{f['repeat']:.2f}; steps {100 * m['shares'][name]['min']:.1f}"
-        f"..{100 * m['shares'][name]['max']:.1f}%, {100 * m['shares'][name]['held']:.1f}% within "
-        f"{tol:.3g} points)"
-        for name, f in m["sources"].items()
-    ]
-    return f"mix by {m['unit']}, total {m['total']:,}: " + ", ".join(parts)
+    """One line: each source's weight, repeat factor and share of the steps (min .. max), and
+    how many steps hold every source within the tolerance."""
+    from varpack.plan.figures.words import mix_text
+
+    return mix_text(m)
 
 
 def outside_line(m: dict[str, Any]) -> None:
     """On stderr: the sources some steps hold further from their target than the tolerance."""
-    out = {name: s["outside"] for name, s in m["shares"].items() if s["outside"]}
-    if out:
-        each = ", ".join(f"{name} in {n:,}" for name, n in out.items())
-        click.echo(
-            f"note: steps outside the mix tolerance ({100 * m['tolerance']:.3g} points): {each}; "
-            "a larger --grad-accum or --max-tokens gives steps more samples to hold the weights",
-            err=True,
-        )
+    from varpack.plan.figures.words import mix_note
+
+    note = mix_note(m)
+    if note is not None:
+        click.echo(note, err=True)
 
 
 def bound_text(s: dict[str, Any]) -> str:
@@ -393,6 +386,7 @@ def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig, arrays: Any = 
     from varpack.plan.figures.words import (
         layout_text,
         lr_text,
+        mix_drawn,
         samples_text,
         token_line,
         tokens_text,
@@ -402,7 +396,7 @@ def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig, arrays: Any = 
     fill = s.get("budget_fill")
     fill_text = "" if fill is None else f"budget fill {100 * fill:.1f}%, "
     mix = meta.get("mix")
-    drawn = sum(int(f["planned_samples"]) for f in mix["sources"].values()) if mix else None
+    drawn, pieces = mix_drawn(mix)
     epochs = len(meta.get("epochs") or [0])
     t = s.get("tokens")
     lr = (
@@ -411,7 +405,7 @@ def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig, arrays: Any = 
         else f"; {lr_text(arrays.lr, cfg.lr_scaling)}"
     )
     return (
-        f"{out}: {samples_text(meta['input']['num_samples'], s['dropped'], epochs, t, drawn)} -> "
+        f"{out}: {samples_text(meta['input']['num_samples'], s['dropped'], epochs, t, drawn, pieces)} -> "
         f"{layout_text(meta['num_steps'], cfg.dp, cfg.grad_accum)}; "
         f"{tokens_text(s['real_tokens'], epochs, t, mix is not None)}, {fill_text}"
         f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal{bound_text(s)}, "

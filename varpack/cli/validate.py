@@ -207,8 +207,9 @@ def ok_counts(f: dict[str, Any]) -> tuple[str, str]:
         return f"{what or counted(rows, 'sample')} in its steps", tokens_text(
             f["real_tokens"], 1, None
         )
-    if f["mix"]:
-        samples = samples_text(f["input_samples"], f["dropped"], 1, None, drawn=rows)
+    if f["mix"]:  # the documents drawn (rows at offset 0), and their pieces
+        drawn = f.get("documents", rows)
+        samples = samples_text(f["input_samples"], f["dropped"], 1, None, drawn, rows)
     else:
         docs = rows // max(epochs, 1) - (int(t["pieces"]) - int(t["documents_split"]) if t else 0)
         samples = samples_text(docs + f["dropped"], f["dropped"], epochs, t)

@@ -21,6 +21,8 @@ from varpack.plan.figures.words import (
     counted,
     lr_note,
     lr_spread,
+    mix_drawn,
+    mix_rows,
     plan_epochs,
     samples_text,
     shape_text,
@@ -334,11 +336,10 @@ def _planned_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     """What the plan trains on, in samples, pieces and epochs (a replanned plan: its parent's)."""
     if "parent" in info:
         return []
-    mix = info.get("mix")
-    drawn = sum(int(f["planned_samples"]) for f in mix["sources"].values()) if mix else None
+    drawn, pieces = mix_drawn(info.get("mix"))
     t = info["stats"].get("tokens")
     return [("planned", samples_text(info["input"]["num_samples"], info["dropped"],
-                                     info["epochs"], t, drawn))]  # fmt: skip
+                                     info["epochs"], t, drawn, pieces))]  # fmt: skip
 
 
 def _per_step_row(s: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str]:
@@ -407,6 +408,7 @@ def render(info: dict[str, Any]) -> str:
         ("tokens", token_line(s.get("tokens"), lead="")),
     ]
     rows.extend(_carry_rows(info))
+    rows.extend(mix_rows(info["mix"]) if isinstance(info.get("mix"), dict) else [])
     if cfg.get("oversize") == "split":
         rows.append(
             (

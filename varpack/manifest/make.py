@@ -79,15 +79,22 @@ def available_memory() -> int | None:
         return None
 
 
+def memory_short(num_samples: int, cfg: PlanConfig, extra: int = 0) -> tuple[float, float] | None:
+    """``(GiB needed, GiB available)`` where planning ``num_samples`` samples with ``cfg`` (and
+    ``extra`` bytes beside) would not fit in this machine's memory, else ``None``."""
+    need = plan_bytes(num_samples, cfg) + extra
+    have = available_memory()
+    return (need / 2**30, have / 2**30) if have is not None and need > have else None
+
+
 def check_memory(num_samples: int, cfg: PlanConfig) -> None:
     """Refuse, before planning, a plan that would not fit in this machine's memory."""
-    need = plan_bytes(num_samples, cfg)
-    have = available_memory()
-    if have is not None and need > have:
+    short = memory_short(num_samples, cfg)
+    if short is not None:
         rows = num_samples * cfg.epochs
         raise ConfigError(
             f"{num_samples:,} samples x --epochs {cfg.epochs} = {rows:,} planned rows need about "
-            f"{need / 2**30:.1f} GiB to plan, and {have / 2**30:.1f} GiB are available: lower "
+            f"{short[0]:.1f} GiB to plan, and {short[1]:.1f} GiB are available: lower "
             "--epochs (and replay the plan), or plan on a machine with more memory"
         )
 
@@ -267,8 +274,9 @@ def plan(
     if mix is not None:
         assert source_column is not None and source is not None
         arrays, meta, extra = plan_mixed(
-            ids, lens, cfg, mix, source_column, source, str(input), carried_from
-        )
+            ids, lens, cfg, mix, source_column, source, str(input), carried_from,
+            lambda rows, extra: memory_short(rows, cfg, extra),
+        )  # fmt: skip
     else:
         arrays, meta, extra = make_plan(ids, lens, cfg, source=str(input))
     carried = None

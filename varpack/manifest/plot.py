@@ -31,6 +31,7 @@ from varpack.manifest.format import load_plan
 from varpack.plan.config import PlanConfig
 from varpack.plan.cp.cost import cp_load, cp_model
 from varpack.plan.figures.stats import step_loads
+from varpack.plan.figures.words import held_text, points
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.mix import step_shares
 
@@ -285,11 +286,12 @@ def _length_panel(ax: Any, ids: np.ndarray, lens: np.ndarray, ends: np.ndarray |
 
 def _mix_panels(ax: Any, mix: dict[str, Any], sample_step: np.ndarray, code: np.ndarray,
                 lens: np.ndarray, num_steps: int) -> None:  # fmt: skip
-    """A blend's panels: each source's share of every step (its weight dashed), and how far the
-    steps are from the weights (the share of the steps within each distance)."""
-    size = lens.astype(np.float64) if mix["unit"] == "tokens" else np.ones(len(lens))
-    shares = step_shares(sample_step, code, size, len(mix["sources"]), num_steps)
-    weights = np.array([f["weight"] for f in mix["sources"].values()])
+    """A blend's panels, plan.json's figures drawn: each source's token share of every step (its
+    target dashed), and the share of the steps within each distance of every target, with the
+    tolerance the summary counts against (and how many steps it holds)."""
+    shares = step_shares(sample_step, code, lens.astype(np.float64), len(mix["sources"]),
+                         num_steps)  # fmt: skip
+    targets = np.array([f.get("target", f["weight"]) for f in mix["sources"].values()])
     keep = _thin(num_steps)
     for k, name in enumerate(mix["sources"]):
         if num_steps > BAND_STEPS:  # each source's bands, its median named
@@ -297,16 +299,19 @@ def _mix_panels(ax: Any, mix: dict[str, Any], sample_step: np.ndarray, code: np.
                    f"C{k}", label=f"{name} (median)")  # fmt: skip
         else:
             ax[0].plot(keep, 100 * shares[k, keep], ".", ms=2, color=f"C{k}", label=name)
-        ax[0].axhline(100 * weights[k], color=f"C{k}", ls="--", lw=0.8)
-    ax[0].set(title=f"share of each step ({mix['unit']}; weights dashed)", xlabel="step",
-              ylabel="%")  # fmt: skip
+        ax[0].axhline(100 * targets[k], color=f"C{k}", ls="--", lw=0.8)
+    ax[0].set(title="token share of each step (targets dashed)", xlabel="step", ylabel="%")
     ax[0].legend(loc="best", fontsize="small")
     full = shares[:, : max(num_steps - 1, 1)]  # the last step holds what is left
-    dist = np.sort(100 * np.abs(full - weights[:, None]).max(axis=0))
+    dist = np.sort(100 * np.abs(full - targets[:, None]).max(axis=0))
     ax[1].plot(dist, 100 * np.arange(1, len(dist) + 1) / len(dist), color="tab:purple")
-    ax[1].axvline(2, color="gray", lw=0.5)
-    ax[1].set(title="steps within a distance of every weight", xlabel="largest distance (points)",
-              ylabel="% of steps")  # fmt: skip
+    tol = mix["tolerance"]
+    held = held_text(mix).removeprefix("; ")
+    ax[1].axvline(100 * tol, color="gray", lw=0.8, ls="--", label=f"tolerance {points(tol)}")
+    ax[1].legend(loc="lower right", fontsize="small")
+    ax[1].set(title=f"steps within a distance of every target\n{held}",
+              xlabel="largest distance (points)", ylabel="% of steps")  # fmt: skip
+    ax[1].title.set_fontsize("small")
 
 
 def _cp_panels(ax: Any, cfg: PlanConfig, counts: np.ndarray, lens: np.ndarray,

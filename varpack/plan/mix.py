@@ -15,6 +15,15 @@ that reaches the share; by samples, it holds exactly the share's count (rounded)
 or sorted by length for a curriculum) is given a *virtual time*: the share of the source's tokens
 (or samples) up to the middle of each sample. All sources merged by virtual time advance at the
 same rate, so any prefix of the merged stream holds each source at its weight, within one sample.
+
+**Documents in pieces** (``--oversize split``): the blend draws documents (a subsample draws
+whole documents, a document drawn twice brings all its pieces twice), and interleaves their
+pieces, each piece with its document's source (:mod:`varpack.manifest.mixing`).
+
+**Tolerance** (:data:`SHARE_TOLERANCE`, ``--mix-tolerance``): how far a step's token share of a
+source may be from its target. It is a promise the figures measure, never widened to what small
+steps can hold: :func:`held_figures` counts the steps within it and the distance 95 % of the
+steps are within, which is what steps of this size can hold.
 """
 
 from __future__ import annotations
@@ -30,25 +39,14 @@ from varpack.errors import ConfigError
 
 #: how far weights may sum from 1
 WEIGHT_TOLERANCE = 1e-6
-#: how far a step's share of a source may be from its weight (2 points) at steps of
-#: :data:`TOLERANCE_STEP` tokens or more; a smaller step's is larger in proportion, since one
-#: sample moves its shares more
+#: how far a step's token share of a source may be from its target by default (2 points),
+#: whatever the size of the steps: steps too small to hold it are counted, not excused
 SHARE_TOLERANCE = 0.02
-TOLERANCE_STEP = 256 * 1024
+#: the share of the steps whose largest distance from the targets :func:`held_figures` reports
+#: as what the steps can hold
+HELD_QUANTILE = 0.95
 #: the blend being planned: each input sample's source code, each code's weight, the tolerance
 _BLEND: ContextVar[tuple[np.ndarray, np.ndarray, float] | None] = ContextVar("blend", default=None)
-
-
-def default_tolerance(step_tokens: int) -> float:
-    """The share tolerance of steps of ``step_tokens`` tokens (``--mix-tolerance``'s default).
-
-    Steps of a few tokens can hold one sample each: no tolerance below 1 (every share)
-    binds them, so the default never exceeds 1.
-
-    >>> default_tolerance(512 * 1024), default_tolerance(64 * 1024), default_tolerance(100)
-    (0.02, 0.08, 1.0)
-    """
-    return min(1.0, SHARE_TOLERANCE * max(1.0, TOLERANCE_STEP / max(step_tokens, 1)))
 
 
 @contextmanager
@@ -79,7 +77,7 @@ class Mix:
     weights: dict[str, float]
     unit: str = "tokens"
     total: int | None = None
-    tolerance: float | None = None  # None: default_tolerance of the plan's steps
+    tolerance: float | None = None  # None: SHARE_TOLERANCE
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -167,11 +165,15 @@ def interleave(
     by_tokens: bool,
     seed: int,
     curriculum: bool,
+    samples: np.ndarray | None = None,
 ) -> np.ndarray:
     """The order of the units (``source`` code, length and :func:`copy_number` of each) in the
     merged stream: each source's units shuffled from ``(seed, source)``, or for a curriculum
     sorted by length within each pass over the source (a repeated sample's copies are a pass
-    apart), then all merged by virtual time (module doc)."""
+    apart), then all merged by virtual time (module doc). By samples, a unit counts
+    ``samples[i]`` of one (a piece: one over its document's pieces; default 1)."""
+    if len(source) == 0:
+        return np.zeros(0, dtype=np.int64)
     streams, vtimes = [], []
     for s in np.unique(source):
         mine = np.flatnonzero(source == s)
@@ -179,13 +181,66 @@ def interleave(
             mine = mine[np.lexsort((lens[mine], copy[mine]))]
         else:
             mine = mine[np.random.default_rng([seed, 1 << 20, int(s)]).permutation(len(mine))]
-        size = lens[mine].astype(np.float64) if by_tokens else np.ones(len(mine))
+        if by_tokens:
+            size = lens[mine].astype(np.float64)
+        else:
+            size = np.ones(len(mine)) if samples is None else samples[mine].astype(np.float64)
         done = np.cumsum(size) - size / 2  # up to the middle of each unit
         streams.append(mine)
         vtimes.append(done / size.sum())
     # one stable sort: a source's units keep their order, ties between sources go by source
     stream = np.concatenate(streams)
     return stream[np.argsort(np.concatenate(vtimes), kind="stable")]
+
+
+def source_sizes(
+    codes: np.ndarray, lens: np.ndarray, names: list[str], mix: Mix
+) -> tuple[dict[str, int], int, dict[str, int]]:
+    """Each source's size (tokens or samples), the run's total and each weighed source's share
+    of it, in the mix's unit; one line for a source without samples or a total too small to give
+    every weighed source a share (``codes[i]``: sample ``i``'s source, an index into ``names``).
+
+    >>> source_sizes(np.array([0, 1, 1]), np.array([4, 2, 2]), ["a", "b"], Mix({"a": 0.5, "b": 0.5}))
+    ({'a': 4, 'b': 4}, 8, {'a': 4, 'b': 4})
+    """
+    by_tokens = mix.unit == "tokens"
+    count = np.bincount(codes, weights=lens if by_tokens else None, minlength=len(names))
+    sizes = {name: int(round(float(count[k]))) for k, name in enumerate(names)}
+    missing = [s for s in mix.weights if sizes.get(s, 0) == 0]
+    if missing:
+        have = ", ".join(f"{n} ({sizes[n]:,} {mix.unit})" for n in names) or "none"
+        raise ConfigError(
+            f"--mix: source {missing[0]!r} has no samples (sources: {have}); weigh only sources "
+            "the data holds"
+        )
+    total = mix.total if mix.total is not None else default_total(sizes, mix.weights)
+    shares = {name: int(round(w * total)) for name, w in mix.weights.items()}
+    empty = [s for s, v in shares.items() if v == 0]
+    if empty:
+        least = min(mix.weights.values())
+        given = f"--total-{mix.unit} {total:,}" if mix.total is not None else f"--mix: {total:,}"
+        raise ConfigError(
+            f"{given}: source {empty[0]!r} (weight "
+            f"{mix.weights[empty[0]]:g}) would get no {mix.unit}; give a total of at least "
+            f"{int(np.ceil(1 / least)):,} (the default, {default_total(sizes, mix.weights):,}, "
+            "repeats no source)"
+        )
+    return sizes, total, shares
+
+
+def blend_rows(
+    codes: np.ndarray, lens: np.ndarray, units: np.ndarray | None, names: list[str], mix: Mix
+) -> int:
+    """About how many rows (units: pieces of split documents count one each) the blend of
+    :func:`source_sizes` draws, before drawing: each source's units times its repeat factor,
+    rounded up (``units[i]``: sample ``i``'s units; default one each).
+
+    >>> blend_rows(np.array([0, 1, 1]), np.array([4, 2, 2]), None, ["a", "b"], Mix({"a": 0.5, "b": 0.5}, total=80))
+    30
+    """
+    sizes, _, shares = source_sizes(codes, lens, names, mix)
+    per = np.bincount(codes, weights=units, minlength=len(names))
+    return sum(int(np.ceil(shares[s] / sizes[s] * float(per[names.index(s)]))) for s in mix.weights)
 
 
 def mix_units(
@@ -195,25 +250,13 @@ def mix_units(
 
     ``codes[i]`` is sample ``i``'s source, an index into ``names``; ``lens`` its length."""
     by_tokens = mix.unit == "tokens"
-    sizes = {}
-    for k, name in enumerate(names):
-        mine = codes == k
-        sizes[name] = int(lens[mine].sum()) if by_tokens else int(mine.sum())
-    missing = [s for s in mix.weights if sizes.get(s, 0) == 0]
-    if missing:
-        have = ", ".join(f"{n} ({sizes[n]:,} {mix.unit})" for n in names) or "none"
-        raise ConfigError(
-            f"--mix: source {missing[0]!r} has no samples (sources: {have}); weigh only sources "
-            "the data holds"
-        )
-    total = mix.total if mix.total is not None else default_total(sizes, mix.weights)
+    sizes, _, shares = source_sizes(codes, lens, names, mix)
     picks, figures = [], {}
     for name, weight in mix.weights.items():
         k = names.index(name)
         mine = np.flatnonzero(codes == k)
-        share = int(round(weight * total))
         rng = np.random.default_rng([seed, 1 << 21, k])
-        got = mine[draw(lens[mine], share, by_tokens, rng)]
+        got = mine[draw(lens[mine], shares[name], by_tokens, rng)]
         picks.append(got)
         figures[name] = {
             "weight": weight,
@@ -242,31 +285,31 @@ def step_shares(
     return tok.reshape(sources, steps) / total
 
 
-def share_figures(
-    sample_step: np.ndarray,
-    code: np.ndarray,
-    tokens: np.ndarray,
-    codes: list[int],
-    names: list[str],
-    targets: list[float],
-    tolerance: float,
-) -> dict[str, dict[str, float]]:
-    """Each source's share of every step's tokens (:func:`step_shares`): mean, min and max over
-    the steps, the distance from its target (its share of the blend's tokens; ``error``: mean
-    and ``error_max``), ``held``, the share of the steps within ``tolerance`` of the target, and
-    ``outside``, how many are not; the run's last step left out (it holds what is left).
-    ``codes[i]`` is source ``names[i]``'s code in ``code``.
-
-    >>> share_figures(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 0, 0, 1]), np.ones(5), [0, 1],
-    ...               ["a", "b"], [0.5, 0.5], 0.02)["a"]
-    {'mean': 0.75, 'min': 0.5, 'max': 1.0, 'error': 0.25, 'error_max': 0.5, 'held': 0.5, 'outside': 1}
-    """
+def measured_shares(
+    sample_step: np.ndarray, code: np.ndarray, tokens: np.ndarray, codes: list[int]
+) -> np.ndarray:
+    """``[source, step]``: the token share of source ``codes[i]`` (a code in ``code``, each
+    planned sample's) in every step, the run's last step left out (it holds what is left)."""
     steps = int(sample_step.max()) + 1 if len(sample_step) else 0
     top = max(max(codes, default=0), int(code.max()) if len(code) else 0)
     remap = np.full(top + 2, -1, dtype=np.int64)  # index -1 (no source) stays -1
     remap[np.asarray(codes, dtype=np.int64)] = np.arange(len(codes))
     shares = step_shares(sample_step, remap[code], tokens, len(codes), steps)
-    shares = shares[:, : max(steps - 1, 1)]
+    return shares[:, : max(steps - 1, 1)]
+
+
+def share_figures(
+    shares: np.ndarray, names: list[str], targets: list[float], tolerance: float
+) -> dict[str, dict[str, float]]:
+    """Each source's share of the steps (``shares``: :func:`measured_shares`): mean, min and max
+    over the steps, the distance from its target (its share of the blend's tokens; ``error``:
+    mean, and ``error_max``), ``held``, the share of the steps within ``tolerance`` of the
+    target, and ``outside``, how many are not.
+
+    >>> s = measured_shares(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 0, 0, 1]), np.ones(5), [0, 1])
+    >>> share_figures(s, ["a", "b"], [0.5, 0.5], 0.02)["a"]
+    {'mean': 0.75, 'min': 0.5, 'max': 1.0, 'error': 0.25, 'error_max': 0.5, 'held': 0.5, 'outside': 1}
+    """
     out = {}
     for frac, name, w in zip(shares, names, targets, strict=True):
         error = np.abs(frac - w)
@@ -281,3 +324,23 @@ def share_figures(
             "outside": int((~within).sum()),
         }
     return out
+
+
+def held_figures(shares: np.ndarray, targets: list[float], tolerance: float) -> dict[str, float]:
+    """How well the steps hold every source at once (``shares``: :func:`measured_shares`):
+    ``steps`` measured, ``within``: how many hold every source within ``tolerance`` of its
+    target, ``p95``: the distance from the targets that :data:`HELD_QUANTILE` of the steps are
+    within (what steps of this size can hold), and ``max``, the furthest step's.
+
+    >>> s = np.array([[0.5, 0.52, 0.6, 0.5], [0.5, 0.48, 0.4, 0.5]])
+    >>> held_figures(s, [0.5, 0.5], 0.02)
+    {'steps': 4, 'within': 3, 'p95': 0.1, 'max': 0.1}
+    """
+    worst = np.abs(shares - np.asarray(targets, dtype=np.float64)[:, None]).max(axis=0)
+    rank = max(int(np.ceil(HELD_QUANTILE * len(worst))) - 1, 0)
+    return {
+        "steps": int(len(worst)),
+        "within": int((worst <= tolerance + 1e-9).sum()),
+        "p95": round(float(np.sort(worst)[rank]), 6) if len(worst) else 0.0,
+        "max": round(float(worst.max()), 6) if len(worst) else 0.0,
+    }

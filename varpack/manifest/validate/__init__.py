@@ -248,6 +248,8 @@ def _facts(
     """The figures of the OK line."""
     return {
         "samples": int(len(whole.lens)),  # rows: pieces of split documents count one each
+        # documents: the rows that start one (a --mix blend's drawn samples)
+        "documents": int(len(whole.lens) if whole.offsets is None else (whole.offsets == 0).sum()),
         "input_samples": int(meta["input"]["num_samples"]),
         "epochs": len(meta.get("epochs") or [0]),
         "real_tokens": stats["real_tokens"],

@@ -22,20 +22,22 @@ from varpack.plan.config import PlanConfig
 from varpack.plan.kernels.split import token_figures
 
 
-def check_apart(ranks: list[RankRows], report: Report) -> None:
-    """No two pieces of one document in one micro-batch (one line per case, the first few)."""
+def check_apart(ranks: list[RankRows], report: Report, copies: bool = False) -> None:
+    """No two pieces of one document in one micro-batch (one line per case, the first few);
+    ``copies``: two copies of one piece may (``--mix`` draws a document more than once)."""
     found: list[str] = []
     total = 0
     for r, rk in enumerate(ranks):
         row = np.repeat(np.arange(len(rk.step)), np.diff(rk.offsets))
-        order = np.lexsort((rk.ids, row))
-        same = np.flatnonzero(
-            (row[order][1:] == row[order][:-1]) & (rk.ids[order][1:] == rk.ids[order][:-1])
-        )
+        offs = rk.sample_offsets if rk.sample_offsets is not None else np.zeros_like(rk.ids)
+        order = np.lexsort((offs, rk.ids, row))
+        same = (row[order][1:] == row[order][:-1]) & (rk.ids[order][1:] == rk.ids[order][:-1])
+        if copies:
+            same &= offs[order][1:] != offs[order][:-1]
+        same = np.flatnonzero(same)
         total += len(same)
         for k in same[: SHOW - len(found)]:
             a, b = order[k], order[k + 1]
-            offs = rk.sample_offsets if rk.sample_offsets is not None else np.zeros_like(rk.ids)
             found.append(
                 f"rank {r} step {rk.step[row[a]]} row {row[a]}: pieces of sample_id {rk.ids[a]} "
                 f"at offsets {offs[a]} and {offs[b]} share a micro-batch"
@@ -46,7 +48,7 @@ def check_apart(ranks: list[RankRows], report: Report) -> None:
         report.add(f"(and {total - len(found)} more pieces sharing a micro-batch)")
 
 
-def _tile(
+def tile(
     ids: np.ndarray, offs: np.ndarray, lens: np.ndarray, where: str, report: Report
 ) -> tuple[np.ndarray, np.ndarray]:
     """Check that the pieces tile their documents; the documents ``(ids, lengths)``."""
@@ -114,7 +116,7 @@ def documents(
                 [f"{i[starts[k]]}@{f[starts[k]]}" for k in off[:SHOW]],
                 len(off),
             )
-        d_ids, d_lens = _tile(i[starts], f[starts], n[starts], "whole plan", report)
+        d_ids, d_lens = tile(i[starts], f[starts], n[starts], "whole plan", report)
         reps = len(epochs)
         return (
             np.repeat(d_ids, reps),
@@ -125,7 +127,7 @@ def documents(
     for e in epochs:
         lo = int(e["first_step"])
         sel = (steps >= lo) & (steps < lo + int(e["num_steps"]))
-        d_ids, d_lens = _tile(ids[sel], offs[sel], lens[sel], f"epoch {e['epoch']}", report)
+        d_ids, d_lens = tile(ids[sel], offs[sel], lens[sel], f"epoch {e['epoch']}", report)
         out_ids.append(d_ids)
         out_lens.append(d_lens)
         out_steps.append(np.full(len(d_ids), lo, dtype=np.int64))
@@ -143,9 +145,32 @@ def recompute_tokens(
         return token_figures(total, dropped, 0, 0, 0)
     ids = np.concatenate([rk.ids for rk in ranks])
     lens = np.concatenate([rk.lens for rk in ranks])
+    if "mix" in meta:  # documents drawn any number of times: the split ones, each piece once
+        offs = np.concatenate([rk.sample_offsets if rk.sample_offsets is not None
+                               else np.zeros_like(rk.ids) for rk in ranks])  # fmt: skip
+        return _drawn_pieces(ids, offs, lens, total, dropped)
     uniq, inverse, times = np.unique(ids, return_inverse=True, return_counts=True)
     piece = times[inverse] > epochs
     tokens = int(lens[piece].sum()) // epochs
     return token_figures(
         total, dropped, tokens, int((times > epochs).sum()), int(piece.sum()) // epochs
     )
+
+
+def _drawn_pieces(
+    ids: np.ndarray, offs: np.ndarray, lens: np.ndarray, total: int, dropped: int
+) -> dict[str, int | float]:
+    """Token figures of a blend's pieces: a document with a piece past its start is split; its
+    distinct pieces (one per offset), their tokens, and the split documents, each once.
+
+    >>> _drawn_pieces(np.array([4, 4, 4, 9]), np.array([0, 5, 0, 0]), np.array([5, 2, 5, 3]),
+    ...               20, 0)["split"]
+    7
+    """
+    split = np.unique(ids[offs > 0])
+    piece = np.isin(ids, split)
+    i, f, n = ids[piece], offs[piece], lens[piece]
+    o = np.lexsort((f, i))
+    first = np.ones(len(o), dtype=bool)  # a piece's first copy
+    first[1:] = (i[o][1:] != i[o][:-1]) | (f[o][1:] != f[o][:-1])
+    return token_figures(total, dropped, int(n[o][first].sum()), len(split), int(first.sum()))

@@ -104,12 +104,17 @@ def layout_text(steps: int, dp: int, grad_accum: int) -> str:
 
 
 def samples_text(
-    samples: int, dropped: int, epochs: int, t: dict[str, Any] | None, drawn: int | None = None
+    samples: int,
+    dropped: int,
+    epochs: int,
+    t: dict[str, Any] | None,
+    drawn: int | None = None,
+    pieces: int | None = None,
 ) -> str:
     """A plan's samples, one way everywhere (``plan``, ``validate``, ``inspect``): the input's
     samples (documents), those dropped, the pieces a split makes of them (one per sequence
     trained on: a sample that fits is one piece), and the epochs; ``drawn``: the samples a
-    ``--mix`` drew (repeats included) from the input's ``samples``.
+    ``--mix`` drew (repeats included) from the input's ``samples``, in ``pieces`` if split.
 
     >>> t = {"documents_split": 2, "pieces": 7}
     >>> samples_text(10, 0, 2, t)
@@ -118,9 +123,13 @@ def samples_text(
     ('10 samples (3 dropped)', '4 samples drawn by --mix from 10')
     >>> samples_text(1, 0, 1, {"documents_split": 1, "pieces": 1}), samples_text(1, 0, 1, None, 1)
     ('1 sample (1 piece after splitting)', '1 sample drawn by --mix from 1')
+    >>> samples_text(10, 0, 1, t, drawn=4, pieces=6)
+    '4 samples drawn by --mix from 10 (6 pieces after splitting)'
     """
     extra = [f"{dropped:,} dropped"] if dropped else []
     if drawn is not None:
+        if pieces is not None and pieces != drawn:
+            extra.append(f"{counted(pieces, 'piece')} after splitting")
         return f"{counted(drawn, 'sample')} drawn by --mix from {samples:,}" + "".join(
             f" ({e})" for e in extra
         )
@@ -196,3 +205,99 @@ def shape_text(shape: list[int]) -> str:
     '1×8,192'
     """
     return f"{shape[0]:,}×{shape[1]:,}"
+
+
+def mix_drawn(m: dict[str, Any] | None) -> tuple[int | None, int | None]:
+    """The samples a ``--mix`` drew (repeats included) and, when it split them, their pieces.
+
+    >>> mix_drawn({"sources": {"a": {"planned_samples": 3, "planned_pieces": 5}}}), mix_drawn(None)
+    ((3, 5), (None, None))
+    """
+    if not m:
+        return None, None
+    figs = m["sources"].values()
+    pieces = [f["planned_pieces"] for f in figs if "planned_pieces" in f]
+    return sum(int(f["planned_samples"]) for f in figs), sum(pieces) if pieces else None
+
+
+def points(share: float) -> str:
+    """A distance between shares, in percentage points.
+
+    >>> points(0.02), points(0.0973)
+    ('2 points', '9.73 points')
+    """
+    return f"{100 * share:.3g} points"
+
+
+def mix_text(m: dict[str, Any]) -> str:
+    """plan.json's ``mix`` on one line (``plan`` prints it): each source's weight, repeat factor
+    and token share of the steps (min .. max), then how many steps hold every source within the
+    tolerance and the distance 95 % of them are within.
+
+    >>> m = {"unit": "tokens", "total": 90, "tolerance": 0.02,
+    ...      "sources": {"a": {"weight": 0.5, "repeat": 1.5}},
+    ...      "shares": {"a": {"min": 0.4, "max": 0.61}},
+    ...      "steps": {"steps": 10, "within": 7, "p95": 0.0973, "max": 0.11}}
+    >>> mix_text(m)
+    'mix by tokens, total 90: a 0.5 (x1.50; steps 40.0..61.0%); 7 of 10 steps hold every source within 2 points of its target, 95% within 9.73 points'
+    """
+    parts = [
+        f"{name} {f['weight']:.3g} (x{f['repeat']:.2f}; steps {100 * m['shares'][name]['min']:.1f}"
+        f"..{100 * m['shares'][name]['max']:.1f}%)"
+        for name, f in m["sources"].items()
+    ]
+    return f"mix by {m['unit']}, total {m['total']:,}: " + ", ".join(parts) + held_text(m)
+
+
+def held_text(m: dict[str, Any]) -> str:
+    """``; K of N steps hold every source within T of its target, 95% within D`` (a plan made
+    before these figures: each source's share of the steps within the tolerance)."""
+    tol, s = points(m["tolerance"]), m.get("steps")
+    if s is None:
+        each = ", ".join(f"{n} {100 * f['held']:.1f}%" for n, f in m["shares"].items())
+        return f"; steps within {tol}: {each}"
+    return (
+        f"; {s['within']:,} of {s['steps']:,} steps hold every source within {tol} of its "
+        f"target, 95% within {points(s['p95'])}"
+    )
+
+
+def mix_note(m: dict[str, Any]) -> str | None:
+    """The note (stderr) of a blend some of whose steps hold a source further from its target
+    than the tolerance: how many, which sources, what the steps hold, what to change."""
+    out = {name: s["outside"] for name, s in m["shares"].items() if s["outside"]}
+    if not out:
+        return None
+    each = ", ".join(f"{name} in {n:,}" for name, n in out.items())
+    s = m.get("steps")
+    if s is None:
+        held, accept = each, ""
+    else:
+        held = (f"{s['steps'] - s['within']:,} of {s['steps']:,} steps are outside it ({each}); "
+                f"95% of the steps are within {points(s['p95'])}")  # fmt: skip
+        accept = f", or --mix-tolerance {np.ceil(1000 * s['p95']) / 1000:g} accepts what they hold"
+    return (
+        f"note: the steps do not all hold the mix within {points(m['tolerance'])} "
+        f"(--mix-tolerance): {held}; a larger --grad-accum or --max-tokens gives steps more "
+        f"samples to hold the weights{accept}"
+    )
+
+
+def mix_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """``inspect``'s lines of a blend: the unit, total and tolerance, each source's figures (the
+    ones ``plan`` prints, and what was drawn of it), and the steps within the tolerance."""
+    rows = [("mix", f"by {m['unit']} of column {m['column']}, total {m['total']:,}; "
+                    f"tolerance {points(m['tolerance'])}")]  # fmt: skip
+    for name, f in m["sources"].items():
+        sh = m["shares"][name]
+        pieces = f" in {f['planned_pieces']:,} pieces" if "planned_pieces" in f else ""
+        rows.append((f"  {name}", (
+            f"weight {f['weight']:.3g}, target {100 * f.get('target', f['weight']):.2f}% of the "
+            f"tokens: {f['planned_samples']:,} of {f['samples']:,} samples{pieces} (x"
+            f"{f['repeat']:.2f}), {f['planned_tokens']:,} tokens; steps {100 * sh['min']:.1f} .. "
+            f"{100 * sh['max']:.1f}%, mean {100 * sh['mean']:.2f}%, error mean "
+            f"{points(sh['error'])}, max {points(sh['error_max'])}; {100 * sh['held']:.1f}% of "
+            f"the steps within {points(m['tolerance'])}"
+        )))  # fmt: skip
+    rows.append(("", held_text(m).removeprefix("; ")))
+    return rows

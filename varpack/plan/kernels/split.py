@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.rules import round_up
+from varpack.plan.segments import gather_positions
 
 
 @dataclass
@@ -118,6 +119,54 @@ def _merge(ids, lens, long, pid, plen, poff, pgroup, o_ids, o_lens, o_offs, o_gr
             o_ids[k], o_lens[k], o_offs[k], o_group[k] = pid[j], plen[j], poff[j], pgroup[j]
             j += 1
         k += 1
+
+
+@dataclass
+class Documents:
+    """The documents that units are made of (``plan --mix`` draws documents, then plans their
+    pieces): document ``d`` is units ``order[start[d] : start[d] + count[d]]``, in offset order."""
+
+    ids: np.ndarray
+    lens: np.ndarray  # the document's tokens: its units' summed
+    count: np.ndarray  # its units (1: a whole document)
+    start: np.ndarray
+    order: np.ndarray
+    of_unit: np.ndarray  # each unit's document
+
+    def expand(self, drawn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The units of the documents ``drawn`` (positions, with repeats), and for each unit
+        its drawn document's place in ``drawn``."""
+        counts = self.count[drawn]
+        pos, _ = gather_positions(self.start[drawn], counts)
+        return self.order[pos], np.repeat(np.arange(len(drawn), dtype=np.int64), counts)
+
+
+def documents(ids: np.ndarray, lens: np.ndarray, offsets: np.ndarray | None,
+              group: np.ndarray | None) -> Documents:  # fmt: skip
+    """The documents of units ``ids`` / ``lens`` (``group``: each unit's split document, -1 for
+    a whole one; ``None``: every unit is a whole document), numbered split ones first.
+
+    >>> d = documents(np.array([7, 3, 5, 7]), np.array([1, 2, 2, 2]), np.array([2, 0, 0, 0]),
+    ...               np.array([0, -1, -1, 0]))
+    >>> d.ids.tolist(), d.lens.tolist(), d.count.tolist()
+    ([7, 3, 5], [3, 2, 2], [2, 1, 1])
+    >>> [a.tolist() for a in d.expand(np.array([0, 2, 0]))]
+    [[3, 0, 2, 3, 0], [0, 0, 1, 2, 2]]
+    """
+    n = len(ids)
+    if group is None or offsets is None:
+        at = np.arange(n, dtype=np.int64)
+        return Documents(ids, lens.astype(np.int64), np.ones(n, np.int64), at, at, at)
+    whole = group < 0
+    split = int(group.max()) + 1 if not whole.all() else 0
+    doc = np.where(whole, split + np.cumsum(whole) - 1, group).astype(np.int64)
+    count = np.bincount(doc, minlength=split + int(whole.sum())).astype(np.int64)
+    d_ids = np.empty(len(count), np.int64)
+    d_ids[doc] = ids
+    d_lens = np.bincount(doc, weights=lens, minlength=len(count)).astype(np.int64)
+    order = np.lexsort((offsets, doc))
+    start = np.cumsum(count) - count
+    return Documents(d_ids, d_lens, count, start, order, doc)
 
 
 def token_figures(

@@ -6,12 +6,16 @@ strategy chosen by name from :data:`OVERSIZE`: ``error`` (refuse, naming the sam
 (plan the rest; plan.json lists the dropped ones and why), ``alone`` (each gets a micro-batch
 of its own, within the bound of :func:`varpack.plan.oversize.check_alone`) or ``split`` (every
 document longer than ``--split-len`` becomes pieces, :mod:`varpack.plan.kernels.split`; the
-selection's units are then documents and pieces, with their offsets).
+selection's units are then documents and pieces, with their offsets). Inside
+:func:`given_pieces` the input is units already (``plan --mix`` draws documents, then plans
+their pieces).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 
@@ -23,6 +27,21 @@ from varpack.plan.kernels.split import split_units
 from varpack.plan.oversize import check_alone
 
 SHOW_IDS = 5  # samples an error names
+#: units given by the caller (:func:`given_pieces`): each one's offset and split document
+_PIECES: ContextVar[tuple[np.ndarray, np.ndarray] | None] = ContextVar("pieces", default=None)
+
+
+@contextmanager
+def given_pieces(offsets: np.ndarray, group: np.ndarray) -> Iterator[None]:
+    """Inside the block, the planner's input is units already, documents and pieces of at most
+    ``--split-len`` tokens: ``offsets[i]``, unit ``i``'s first token in its document, and
+    ``group[i]`` its split document (-1: a whole one; pieces of one group never share a
+    micro-batch). ``plan --mix`` draws whole documents and plans their pieces so."""
+    token = _PIECES.set((np.asarray(offsets, np.int64), np.asarray(group, np.int64)))
+    try:
+        yield
+    finally:
+        _PIECES.reset(token)
 
 
 def select(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> Selection:
@@ -32,7 +51,13 @@ def select(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> Selection:
     check_input(ids, lens)
     cfg = cfg.with_block_len(int(lens.max()))
     over = lens > (cfg.split_len or 0) if cfg.oversize == "split" else oversize(lens, cfg)
-    if not over.any():
+    given = _PIECES.get()
+    if given is not None:  # units already: none is longer than a piece
+        if len(given[0]) != len(ids) or over.any():
+            raise ValueError("the given pieces are not the input's units")
+        chosen = Selection(cfg, ids, lens, np.zeros(len(ids), bool), offsets=given[0],
+                           group=given[1])  # fmt: skip
+    elif not over.any():
         chosen = Selection(cfg, ids, lens, np.zeros(len(ids), dtype=bool))
     else:
         chosen = OVERSIZE[cfg.oversize](ids, lens, over, cfg)
