@@ -12,16 +12,24 @@ the planner's function (:func:`varpack.plan.mix.share_figures`), is plan.json's.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from varpack.manifest.carry import name_codes
-from varpack.manifest.validate.figures import AllRanks
 from varpack.manifest.validate.files import RankRows
 from varpack.manifest.validate.report import Report
 from varpack.plan.mix import SHARE_TOLERANCE, share_figures
+
+
+class Planned(Protocol):
+    """The planned samples a blend is checked on: a plan's (``AllRanks``), or a run's over the
+    plans of a replan's lineage."""
+
+    ids: np.ndarray
+    lens: np.ndarray
+    sample_step: np.ndarray
 
 
 def _codes(ranks: list[RankRows], column: str, names: list[str]) -> np.ndarray | None:
@@ -35,7 +43,7 @@ def _codes(ranks: list[RankRows], column: str, names: list[str]) -> np.ndarray |
 def check_mix(
     meta: dict[str, Any],
     ranks: list[RankRows],
-    whole: AllRanks,
+    whole: Planned,
     metadata: tuple[np.ndarray, np.ndarray] | None,
     report: Report,
 ) -> None:
@@ -99,7 +107,7 @@ def _check_known(
         )
 
 
-def _check_shares(mix: dict[str, Any], whole: AllRanks, code: np.ndarray, report: Report) -> None:
+def _check_shares(mix: dict[str, Any], whole: Planned, code: np.ndarray, report: Report) -> None:
     """Each source's share of the steps' tokens, recomputed (floats within 1e-6)."""
     sources = list(mix["sources"])
     figs = mix["sources"]
