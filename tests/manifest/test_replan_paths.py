@@ -14,6 +14,7 @@ may be refused for the data (too few to fill a step) instead of succeeding.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,11 @@ import pyarrow.parquet as pq
 import pytest
 from testkit import cli, write_metadata
 
+from varpack.errors import ConfigError
 from varpack.manifest.format import PLAN_JSON, load_plan, rank_file, sha256_file
+from varpack.manifest.remaining import Stream, check_twice
 from varpack.manifest.schema import CHECKSUM_KEY, FINGERPRINT_KEY, plan_checksum, plan_fingerprint
+from varpack.plan.config import PlanConfig
 
 MIX = ("--mix", "web=0.5,code=0.3,books=0.2", "--source-column", "source", "--oversize", "drop")
 FEATURES: dict[str, tuple[object, ...]] = {
@@ -295,3 +299,57 @@ def test_a_mix_child_is_checked_by_the_blend_over_its_lineage(work: Path) -> Non
 def _rows_of(plan: Path) -> list[dict[str, Any]]:
     p = load_plan(plan)
     return [row for r in range(p.dp) for row in p.rank_table(r).to_pylist()]
+
+
+def _per_epoch(plan: Path) -> list[list[tuple[int, int]]]:
+    """Each epoch's planned units (sample id, offset), by the steps plan.json gives it."""
+    doc = json.loads((plan / PLAN_JSON).read_text())
+    p = load_plan(plan)
+    rows = [row for r in range(p.dp) for row in p.rank_table(r).to_pylist()]
+    out = []
+    for e in doc["epochs"]:
+        lo, hi = e["first_step"], e["first_step"] + e["num_steps"]
+        out.append([(i, o) for row in rows if lo <= row["step"] < hi
+                    for i, o in zip(row["sample_ids"], row["sample_offsets"], strict=True)])  # fmt: skip
+    return out
+
+
+def test_a_reordered_plans_epochs_are_planned_again_without_a_unit_twice(work: Path) -> None:
+    """The warm-up reorder moved micro-batches across the parent's epochs, so the steps of its
+    first epoch hold pieces of the second twice; planned again, each epoch holds each once."""
+    parent = _plan(work, "reorder-split")
+    assert any(len(set(units)) < len(units) for units in _per_epoch(parent))
+    child = work / "reorder-again"
+    assert _replan(parent, child, 0, ("--dp", 3)) is None
+    assert all(len(set(units)) == len(units) for units in _per_epoch(child))
+
+
+def test_a_piece_left_twice_is_refused_where_steps_are_composed_by_cost() -> None:
+    """Composed by cost, full-budget pieces never share a micro-batch, but a short piece left
+    twice in one epoch (more times than epochs are left) could sit beside itself."""
+    stream = Stream(1, np.array([7, 7, 9]), np.array([40, 40, 100]), np.array([100, 100, 0]))
+    costed = PlanConfig(max_tokens=100, oversize="split", order="shuffle").resolved()
+    with pytest.raises(ConfigError, match="a piece is left twice in epoch 1"):
+        check_twice(stream, costed)
+    check_twice(dataclasses.replace(stream, ids=np.array([7, 8, 9])), costed)
+    greedy = PlanConfig(max_tokens=100, oversize="split", split_len=50).resolved()
+    check_twice(stream, greedy)  # the greedy batcher keeps a document's pieces apart
+
+
+@pytest.mark.parametrize(
+    ("feature", "opts", "limit"),
+    [
+        ("shuffle-drop", ("--max-tokens", 600), "--max-tokens 600"),
+        ("shuffle-drop", ("--batching", "blocks", "--block-len", 512), "--block-len 512"),
+        ("blocks", ("--block-len", 600, "--max-tokens", 1200), "--block-len 600"),
+    ],
+)
+def test_a_remaining_sample_that_fits_no_micro_batch_is_refused(
+    work: Path, feature: str, opts: tuple[object, ...], limit: str
+) -> None:
+    """The planner would drop it (``--oversize drop``) and the run would miss it: refused,
+    naming it, whichever option makes it not fit."""
+    refused = _replan(_plan(work, feature), work / "unfit", 1, opts)
+    assert (
+        refused is not None and f"{limit}: sample" in refused and "fits no micro-batch" in refused
+    )
