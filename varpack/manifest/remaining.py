@@ -102,6 +102,8 @@ def distinct_epochs(
     >>> distinct_epochs(np.array([4, 4, 4]), None, np.array([0, 1, 1]), 2).tolist()
     [0, 0, 1]
     """
+    if count == 1:  # nothing to move to
+        return which
     offs = np.zeros_like(ids) if offsets is None else offsets
     o = np.lexsort((offs, ids))  # stable: each unit's occurrences stay in training order
     i, f, w = ids[o], offs[o], which[o]
