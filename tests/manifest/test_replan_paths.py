@@ -317,11 +317,14 @@ def _per_epoch(plan: Path) -> list[list[tuple[int, int]]]:
 def test_a_reordered_plans_epochs_are_planned_again_without_a_unit_twice(work: Path) -> None:
     """The warm-up reorder moved micro-batches across the parent's epochs, so the steps of its
     first epoch hold pieces of the second twice; planned again, each epoch holds each once."""
-    parent = _plan(work, "reorder-split")
-    assert any(len(set(units)) < len(units) for units in _per_epoch(parent))
-    child = work / "reorder-again"
-    assert _replan(parent, child, 0, ("--dp", 3)) is None
-    assert all(len(set(units)) == len(units) for units in _per_epoch(child))
+    root = _plan(work, "reorder-split")
+    assert any(len(set(units)) < len(units) for units in _per_epoch(root))
+    kept = work / "reorder-kept"  # its rows are the root's: the child of a reordered plan
+    assert _replan(root, kept, 0, ("--dp", 4)) is None
+    for parent in (root, kept):
+        child = work / f"{parent.name}-again"
+        assert _replan(parent, child, 0, ("--dp", 3)) is None
+        assert all(len(set(units)) == len(units) for units in _per_epoch(child))
 
 
 def test_a_piece_left_twice_is_refused_where_steps_are_composed_by_cost() -> None:

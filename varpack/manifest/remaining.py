@@ -57,9 +57,12 @@ class Stream:
     offsets: np.ndarray | None = None  # split plans: each piece's first token in its document
 
 
-def epoch_streams(table: pa.Table, rank: np.ndarray, epochs: list[dict[str, Any]]) -> list[Stream]:
+def epoch_streams(
+    table: pa.Table, rank: np.ndarray, epochs: list[dict[str, Any]], reordered: bool = False
+) -> list[Stream]:
     """Each epoch's remaining samples from the parent's rows ``table`` (steps ``>= S``, every
-    rank; ``rank``: each row's rank), in training order: step, rank, micro-batch, position."""
+    rank; ``rank``: each row's rank), in training order: step, rank, micro-batch, position.
+    ``reordered``: the run's first plan moved micro-batches across epochs (:func:`distinct_epochs`)."""
     step = table.column("step").to_numpy()
     micro = table.column("micro").to_numpy()
     order = np.lexsort((micro, rank, step))
@@ -75,7 +78,9 @@ def epoch_streams(table: pa.Table, rank: np.ndarray, epochs: list[dict[str, Any]
         offs = table.column("sample_offsets").combine_chunks().values.to_numpy()[pos]
     row_step = np.repeat(step[order], counts[order])
     first = np.array([int(e["first_step"]) for e in epochs], dtype=np.int64)
-    which = distinct_epochs(ids, offs, np.searchsorted(first, row_step, "right") - 1, len(first))
+    which = np.searchsorted(first, row_step, "right") - 1
+    if reordered:  # a sort of what is left: only where micro-batches crossed epochs
+        which = distinct_epochs(ids, offs, which, len(first))
     out = []
     for k, e in enumerate(epochs):
         sel = which == k

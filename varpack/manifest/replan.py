@@ -32,13 +32,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from varpack.errors import ConfigError
-from varpack.manifest.format import Plan, carried_columns, load_plan, write_plan
+from varpack.errors import ConfigError, VarpackError
+from varpack.manifest.format import Plan, carried_columns, load_plan, read_meta, write_plan
 from varpack.manifest.remaining import data_config, epoch_streams, plan_streams
 from varpack.manifest.schema import FINGERPRINT_KEY, plan_fingerprint
 from varpack.manifest.validate.cp import read_placement, recompute_cp
 from varpack.manifest.validate.figures import combine, recompute_stats
 from varpack.manifest.validate.files import RankRows, rank_rows
+from varpack.manifest.validate.lineage import MAX_DEPTH
 from varpack.manifest.validate.pieces import recompute_tokens
 from varpack.manifest.validate.report import Report
 from varpack.plan.config import PlanConfig
@@ -102,6 +103,20 @@ def refusal(meta: dict[str, Any], cfg: PlanConfig, child: PlanConfig, kept: bool
             "what is left again does not choose them yet: keep dp x grad-accum and the options "
             "(each step keeps its micro-batches), or use --pack-to"
         )
+
+
+def reordered_run(meta: dict[str, Any]) -> bool:
+    """Whether the run's first plan moved micro-batches across its epochs' steps (``--warmup
+    reorder``; a replanned plan never does), walking up the parents plan.json records. A parent
+    that cannot be read counts as one that did (the epochs are then checked by their rows)."""
+    for _ in range(MAX_DEPTH):
+        if "parent" not in meta:
+            return bool((meta.get("config") or {}).get("warmup") == "reorder")
+        try:
+            meta = read_meta(meta["parent"]["plan"])
+        except (OSError, VarpackError):
+            return True
+    return True
 
 
 def keeps_steps(cfg: PlanConfig, child: PlanConfig) -> bool:
@@ -168,7 +183,7 @@ def replan(
     if kept:
         tables = _reshard(table, old_rank, cfg, child_cfg, meta)
     else:
-        streams = epoch_streams(table, old_rank, epochs)
+        streams = epoch_streams(table, old_rank, epochs, reordered_run(meta))
         child_cfg = data_config(streams, child_cfg)
         left = plan_streams(streams, child_cfg, from_step, table, str(parent))
         tables, epochs, alone = left.tables, left.epochs, left.alone
