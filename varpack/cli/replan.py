@@ -50,7 +50,8 @@ def replan(
     Otherwise (another global batch, budget or cost option) what is left is planned again in
     PLAN's order: each epoch's remaining samples in the order PLAN trains them, so a shuffled
     sample stays within about one window of where it was; LR factors follow the new batch.
-    --order, --seed, --epochs, --oversize and --cp stay PLAN's. Example:
+    --order, --seed, --epochs, --oversize and --cp stay PLAN's; a --mix plan keeps its steps
+    (planning it again is refused). Example:
 
         varpack replan plan/ plan-dp4/ --from-step 1200 --dp 4
     """

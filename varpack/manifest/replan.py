@@ -12,8 +12,12 @@ The child is a plan of its own (format version 3): its manifests number the run'
 ``S``, ``plan.json`` records its ``parent`` (path, plan fingerprint, ``from_step``), its figures
 are recomputed on its own rows with ``validate``'s functions (so ``validate`` agrees with them),
 and ``validate`` checks it against its parent: the parent's steps before ``S`` and the child's
-steps hold every sample exactly once per epoch. What is not supported yet is refused in one line:
-another global batch (``dp x grad_accum``), ``--oversize split`` and ``--cp`` plans.
+steps hold every sample exactly once per epoch (a ``--mix`` blend: by the blend's rules).
+Otherwise (another global batch, another option, ``--rebalance``) what is left is planned again
+(:mod:`varpack.manifest.remaining`). What the path taken cannot carry over is refused in one
+line by :func:`refusal` before any row is read (``--rebalance`` takes the second path, and
+applies its refusals); what depends on the rows (a remaining sample that fits no micro-batch)
+before anything is written.
 """
 
 from __future__ import annotations
@@ -22,23 +26,28 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from varpack.errors import ConfigError
-from varpack.manifest.format import Plan, carried_columns, load_plan, write_plan
-from varpack.manifest.remaining import epoch_streams, plan_streams
+from varpack.errors import ConfigError, VarpackError
+from varpack.manifest.format import Plan, carried_columns, load_plan, read_meta, write_plan
+from varpack.manifest.remaining import data_config, epoch_streams, plan_streams
 from varpack.manifest.schema import FINGERPRINT_KEY, plan_fingerprint
+from varpack.manifest.validate.cp import read_placement, recompute_cp
 from varpack.manifest.validate.figures import combine, recompute_stats
 from varpack.manifest.validate.files import RankRows, rank_rows
+from varpack.manifest.validate.lineage import MAX_DEPTH
 from varpack.manifest.validate.pieces import recompute_tokens
 from varpack.manifest.validate.report import Report
 from varpack.plan.config import PlanConfig
+from varpack.plan.cp.cost import cp_load, cp_model
 from varpack.plan.kernels.micro import Micro, summarize
 from varpack.plan.reshard import reshard
+
+T = TypeVar("T")
 
 #: options that make a run what it is: a replan keeps them (the epochs' samples and order)
 FIXED = ("order", "seed", "epochs", "oversize", "split_len", "split_positions", "cp")
@@ -74,21 +83,40 @@ def child_config(cfg: PlanConfig, options: Mapping[str, Any]) -> PlanConfig:
     return PlanConfig.from_mapping(values, where="replan").resolved()
 
 
-def _refuse_unsupported(cfg: PlanConfig, child: PlanConfig) -> None:
-    """One line for what a replan does not carry over yet."""
-    if cfg.cp > 1:
-        raise ConfigError("replan: --cp plans are not replanned yet; plan the input again")
-    if cfg.oversize == "split" and not keeps_steps(cfg, child):
+def refusal(meta: dict[str, Any], cfg: PlanConfig, child: PlanConfig, kept: bool) -> None:
+    """One line for what the path taken (``kept``: every step keeps its micro-batches, else
+    what is left is planned again, ``--rebalance`` included) cannot carry over."""
+    if "mix" in meta and not kept:
         raise ConfigError(
-            "replan: an --oversize split plan is replanned only keeping dp x grad-accum and its "
-            "options (each step keeps its pieces); planning what is left again is not supported "
-            "yet (a document's pieces may straddle the step)"
+            "replan: a --mix plan is replanned only keeping dp x grad-accum and its options, "
+            "without --rebalance (each step keeps its samples, so every step keeps its share "
+            "of the sources); planned again, the steps would not hold the blend"
         )
-    if cfg.pp > 1 and child.grad_accum != cfg.grad_accum and keeps_steps(cfg, child):
+    if cfg.pp > 1 and child.grad_accum != cfg.grad_accum and kept:
         raise ConfigError(
             f"replan: a --pp plan keeps one shape per pipeline step of {cfg.grad_accum} "
             f"micro-batches; keep --grad-accum {cfg.grad_accum}"
         )
+    if not kept and child.max_shapes is not None:
+        raise ConfigError(
+            "replan: --max-shapes chooses its lengths from the whole plan; a replan that plans "
+            "what is left again does not choose them yet: keep dp x grad-accum and the options "
+            "(each step keeps its micro-batches), or use --pack-to"
+        )
+
+
+def reordered_run(meta: dict[str, Any]) -> bool:
+    """Whether the run's first plan moved micro-batches across its epochs' steps (``--warmup
+    reorder``; a replanned plan never does), walking up the parents plan.json records. A parent
+    that cannot be read counts as one that did (the epochs are then checked by their rows)."""
+    for _ in range(MAX_DEPTH):
+        if "parent" not in meta:
+            return bool((meta.get("config") or {}).get("warmup") == "reorder")
+        try:
+            meta = read_meta(meta["parent"]["plan"])
+        except (OSError, VarpackError):
+            return True
+    return True
 
 
 def keeps_steps(cfg: PlanConfig, child: PlanConfig) -> bool:
@@ -117,10 +145,10 @@ def _micro(rows: RankRows, cfg: PlanConfig) -> Micro:
     )
 
 
-def _check(rows: RankRows | None, what: str) -> RankRows:
-    if rows is None:
+def _check(got: T | None, what: str) -> T:
+    if got is None:
         raise ConfigError(f"replan: the parent's {what} could not be read as manifest rows")
-    return rows
+    return got
 
 
 def replan(
@@ -147,23 +175,21 @@ def replan(
             f"finished step {end - 1} has nothing left to replan"
         )
     child_cfg = child_config(cfg, options or {})
-    _refuse_unsupported(cfg, child_cfg)
     kept = keeps_steps(cfg, child_cfg) and not rebalance
-    if not kept and child_cfg.max_shapes is not None:
-        raise ConfigError(
-            "replan: --max-shapes chooses its lengths from the whole plan; a replan that plans "
-            "what is left again does not choose them yet: keep dp x grad-accum and the options "
-            "(each step keeps its micro-batches), or use --pack-to"
-        )
+    refusal(meta, cfg, child_cfg, kept)
     table, old_rank = _rows_from(plan, from_step)
     epochs = clip_epochs(meta.get("epochs") or [], from_step)
+    alone = (meta.get("stats") or {}).get("oversize_alone", [])
     if kept:
         tables = _reshard(table, old_rank, cfg, child_cfg, meta)
     else:
-        streams = epoch_streams(table, old_rank, epochs)
-        tables, epochs = plan_streams(streams, child_cfg, from_step, table, str(parent))
+        streams = epoch_streams(table, old_rank, epochs, reordered_run(meta))
+        child_cfg = data_config(streams, child_cfg)
+        left = plan_streams(streams, child_cfg, from_step, table, str(parent))
+        tables, epochs, alone = left.tables, left.epochs, left.alone
     del table
     child = _child_meta(plan, child_cfg, from_step, epochs)
+    child["_alone"] = alone
     child["stats"], shapes = _figures(child, child_cfg, tables)
     write_plan(out, child, tables, overwrite, [{"shapes": s} for s in shapes], [Path(parent)])
     return child, kept
@@ -174,7 +200,11 @@ def _reshard(
 ) -> list[pa.Table]:
     """The rows dealt again to the child's ranks, each step's micro-batches kept whole."""
     carry_only = {"carry": meta["carry"]} if "carry" in meta else {}
-    cost = _micro(_check(rank_rows(table, 0, carry_only, Report()), "rows"), cfg).cost
+    rows = _check(rank_rows(table, 0, carry_only, Report()), "rows")
+    cost = _micro(rows, cfg).cost
+    if cfg.cp > 1:  # the planner balances a --cp plan's ranks by the CP groups' time
+        placement = _check(read_placement([rows], Report()), "cp_placement")
+        cost = cp_load(rows.offsets, rows.lens, placement, cp_model(cfg)).cost
     rank, micro = reshard(
         table.column("step").to_numpy(), old_rank,
         table.column("micro").to_numpy().astype(np.int64), cost,
@@ -198,6 +228,8 @@ def _figures(
     stats["oversize_alone"] = child.pop("_alone")
     split = cfg.oversize == "split"
     stats["tokens"] = recompute_tokens(child, rk_rows, len(child["epochs"]), split)
+    if cfg.cp > 1:  # the CP groups' figures, as validate recomputes them
+        child["cp"] = _check(recompute_cp(rk_rows, whole, cfg, Report()), "cp_placement")[2]
     return stats, whole.shapes
 
 
@@ -249,10 +281,11 @@ def _child_meta(
         "shape_lengths": meta.get("shape_lengths"),
         "stats": {},
         "dropped": meta.get("dropped") or [],
-        "_alone": (meta.get("stats") or {}).get("oversize_alone", []),
     }
     if carried_columns(meta):
         child["carry"] = meta["carry"]
+    if "mix" in meta:  # the blend it continues (validate checks the run by the root's)
+        child["mix"] = meta["mix"]
     if "selection" in meta:  # the run's samples were selected so (validate --metadata re-selects)
         child["selection"] = meta["selection"]
     child["parent"] = {

@@ -40,7 +40,12 @@ from varpack.plan.stages.warmup import warm_up
 
 def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArrays:
     """Plan samples given in curriculum order (sorted by length, ties by id)."""
-    chosen = select(ids, lens, cfg.resolved())
+    return plan_selected(select(ids, lens, cfg.resolved()))
+
+
+def plan_selected(chosen: Selection) -> PlanArrays:
+    """Stages 2 to 6 over units selected already: a replan gives the pieces of split
+    documents it has left, with their offsets (:mod:`varpack.manifest.remaining`)."""
     cfg = chosen.cfg
     lengths = input_lengths(chosen.lens, cfg)
     batches = build_batches(chosen, lengths)

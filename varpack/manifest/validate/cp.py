@@ -17,7 +17,7 @@ from varpack.manifest.validate.figures import AllRanks, compare_stats
 from varpack.manifest.validate.files import RankRows
 from varpack.manifest.validate.report import Report
 from varpack.plan.config import PlanConfig
-from varpack.plan.cp.cost import cp_load, cp_model, over_capacity
+from varpack.plan.cp.cost import CPLoad, CPModel, cp_load, cp_model, over_capacity
 from varpack.plan.cp.stage import cp_figures
 
 
@@ -39,14 +39,15 @@ def read_placement(ranks: list[RankRows], report: Report) -> np.ndarray | None:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def check_cp(meta: dict[str, Any], ranks: list[RankRows], whole: AllRanks, cfg: PlanConfig,
-             report: Report) -> None:  # fmt: skip
-    """The promises of a ``--cp`` plan (module doc)."""
-    if cfg.cp == 1:
-        return
+def recompute_cp(
+    ranks: list[RankRows], whole: AllRanks, cfg: PlanConfig, report: Report
+) -> tuple[CPLoad, CPModel, dict[str, Any]] | None:
+    """Each micro-batch's CP load, the CP model and plan.json's ``cp`` figures, from the
+    manifests' placements; ``None`` (with the violation) where they cannot be read or are out
+    of range. ``varpack replan`` writes a child's ``cp`` figures with it."""
     placement = read_placement(ranks, report)
     if placement is None:
-        return
+        return None
     bad = np.flatnonzero((placement < -1) | (placement >= cfg.cp))
     if len(bad):
         report.examples(
@@ -54,10 +55,23 @@ def check_cp(meta: dict[str, Any], ranks: list[RankRows], whole: AllRanks, cfg: 
             whole.ids[bad],
             len(bad),
         )
-        return
+        return None
     model = cp_model(cfg)
     offsets = np.concatenate([[0], np.cumsum(whole.micro.samples)]).astype(np.int64)
     load = cp_load(offsets, whole.lens, placement, model)
+    figures = cp_figures(whole.step, whole.rank_of, len(placement), load, model, cfg.dp)
+    return load, model, figures
+
+
+def check_cp(meta: dict[str, Any], ranks: list[RankRows], whole: AllRanks, cfg: PlanConfig,
+             report: Report) -> None:  # fmt: skip
+    """The promises of a ``--cp`` plan (module doc)."""
+    if cfg.cp == 1:
+        return
+    got = recompute_cp(ranks, whole, cfg, report)
+    if got is None:
+        return
+    load, model, figures = got
     over = over_capacity(load, model)
     if len(over):
         where = [f"rank {whole.rank_of[i]} step {whole.step[i]}" for i in over[:5]]
@@ -66,7 +80,6 @@ def check_cp(meta: dict[str, Any], ranks: list[RankRows], whole: AllRanks, cfg: 
             where,
             len(over),
         )
-    figures = cp_figures(whole.step, whole.rank_of, len(placement), load, model, cfg.dp)
     saved = meta.get("cp")
     if not isinstance(saved, dict):
         report.add("plan.json has no cp figures (an object) although the config has --cp")

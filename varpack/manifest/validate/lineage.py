@@ -7,12 +7,16 @@ path plan.json records, or the one given), checks each parent is the plan record
 fingerprint), gathers every plan's rows of the steps it owns, and checks the union: every sample
 exactly once per epoch (or dropped), against the input's fingerprint or ``--metadata``; with
 ``--oversize split``, the pieces over the run tile their documents (a document's pieces may
-straddle the step a plan was replanned from).
+straddle the step a plan was replanned from). A run whose first plan is a blend (``--mix``) is
+checked by the blend's rules instead (:func:`varpack.manifest.validate.mixture.check_mix` over
+the run's samples and steps, against the first plan's ``mix``: sources used alike, their
+samples and tokens, their share of every step).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +28,23 @@ from varpack.manifest.format import Plan, load_plan
 from varpack.manifest.schema import FINGERPRINT_KEY, plan_fingerprint
 from varpack.manifest.validate.coverage import check_coverage
 from varpack.manifest.validate.files import RankRows, rank_rows
+from varpack.manifest.validate.mixture import check_mix
 from varpack.manifest.validate.pieces import documents
 from varpack.manifest.validate.report import Report
 from varpack.plan.config import PlanConfig
 
 #: parents followed at most (a chain longer than this is a loop or a mistake)
 MAX_DEPTH = 64
+
+
+@dataclass
+class Run:
+    """The run's planned samples over its plans: ids, lengths, and each one's step."""
+
+    ids: np.ndarray
+    lens: np.ndarray
+    sample_step: np.ndarray
+    offsets: np.ndarray | None = None  # per planned sample, where documents are split
 
 
 def _owned(plan: Plan, stop: int) -> tuple[list[RankRows], np.ndarray]:
@@ -126,6 +141,13 @@ def check_lineage(
         np.concatenate([rk.lens for rk in ranks]),
         np.concatenate(steps),
     )
+    if "mix" in root.meta:  # a blend repeats samples: its rules, over the whole run
+        if plan.meta.get("mix") != root.meta["mix"]:
+            report.add(f"mix: plan.json's blend is not the one of {root.path}, which it continues")
+        pieces = [rk.sample_offsets for rk in ranks if rk.sample_offsets is not None]
+        offsets = np.concatenate(pieces) if len(pieces) == len(ranks) else None
+        check_mix(root.meta, ranks, Run(ids, lens, step, offsets), metadata, report)
+        return
     if cfg.oversize == "split":  # the pieces over the run tile their documents
         ids, lens, step = documents(meta, cfg, ranks, step, reordered, report)
     check_coverage(meta, ids, lens, step, metadata, report, whole=reordered)

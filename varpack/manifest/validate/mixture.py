@@ -20,17 +20,26 @@ metadata's); each source's pieces are plan.json's ``planned_pieces``.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from varpack.manifest.carry import name_codes
-from varpack.manifest.validate.figures import AllRanks
 from varpack.manifest.validate.files import RankRows
 from varpack.manifest.validate.pieces import check_apart, tile
 from varpack.manifest.validate.report import SHOW, Report
 from varpack.plan.mix import SHARE_TOLERANCE, held_figures, measured_shares, share_figures
+
+
+class Planned(Protocol):
+    """The planned samples a blend is checked on: a plan's (``AllRanks``), or a run's over the
+    plans of a replan's lineage."""
+
+    ids: np.ndarray
+    lens: np.ndarray
+    sample_step: np.ndarray
+    offsets: np.ndarray | None  # per planned sample, a blend of split documents only
 
 
 def _codes(ranks: list[RankRows], column: str, names: list[str]) -> np.ndarray | None:
@@ -44,7 +53,7 @@ def _codes(ranks: list[RankRows], column: str, names: list[str]) -> np.ndarray |
 def check_mix(
     meta: dict[str, Any],
     ranks: list[RankRows],
-    whole: AllRanks,
+    whole: Planned,
     metadata: tuple[np.ndarray, np.ndarray] | None,
     report: Report,
 ) -> None:
@@ -113,7 +122,7 @@ def _check_known(
 
 def _documents(
     ranks: list[RankRows],
-    whole: AllRanks,
+    whole: Planned,
     code: np.ndarray,
     split_len: int,
     sources: dict[str, Any],
@@ -160,7 +169,7 @@ def _documents(
     return np.repeat(d_ids, most), np.repeat(d_lens, most), np.repeat(d_code, most)
 
 
-def _check_shares(mix: dict[str, Any], whole: AllRanks, code: np.ndarray, report: Report) -> None:
+def _check_shares(mix: dict[str, Any], whole: Planned, code: np.ndarray, report: Report) -> None:
     """Each source's share of the steps' tokens, recomputed (floats within 1e-6), and the steps
     that hold every source within the tolerance."""
     sources = list(mix["sources"])
