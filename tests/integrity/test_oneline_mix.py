@@ -72,6 +72,18 @@ def test_the_smallest_total_the_line_names_plans(tmp_path: Path, meta: Path) -> 
     assert cli("validate", tmp_path / "p").stdout.startswith("OK")
 
 
+def test_replay_of_a_blend_is_one_line_and_validate_without_it_passes(
+    tmp_path: Path, meta: Path
+) -> None:
+    """``validate --replay`` cannot draw a blend again from the metadata alone (the sources
+    come from a column it does not read): one line, not a list of rows that "differ"."""
+    cli("plan", meta, tmp_path / "p", *MIX, "--oversize", "drop", "-q")
+    out = cli("validate", tmp_path / "p", "--metadata", meta, "--replay", expect=2)
+    assert "a --mix plan is not re-planned by --replay" in _one_line(out.stderr)
+    assert "replay:" not in out.stdout
+    assert cli("validate", tmp_path / "p", "--metadata", meta).stdout.startswith("OK")
+
+
 @pytest.mark.parametrize("split", [False, True])
 def test_a_blend_under_mpiexec_is_refused_in_one_line(
     tmp_path: Path, meta: Path, split: bool

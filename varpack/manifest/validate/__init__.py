@@ -143,6 +143,12 @@ def open_checked(
             f"{path}: a replanned plan (varpack replan) is not made from its input alone: "
             "validate it without --replay (its parent is checked with it)"
         )
+    if replay and "mix" in meta:  # the blend is drawn from a source column --replay lacks
+        raise InputError(
+            f"{path}: a --mix plan is not re-planned by --replay (the blend is drawn from each "
+            "sample's source, which the metadata alone does not give): validate it without "
+            "--replay, which checks each source's use of its samples and every step's shares"
+        )
     if replay and meta["version"] < PLAN_VERSION:  # its planner is gone: no rows to compare
         raise InputError(
             f"{path}: plan.json is version {meta['version']}, made by an earlier varpack; "
