@@ -15,7 +15,6 @@ from plan_helpers import make_plan, write_tokens  # noqa: E402
 
 from varpack.errors import ConfigError  # noqa: E402
 from varpack.torch import ParquetTokenDataset, PlanLoader  # noqa: E402
-from varpack.torch.records import MetricsLog  # noqa: E402
 from varpack.torch.launch import (  # noqa: E402
     LaunchEnv,
     LaunchError,
@@ -28,6 +27,7 @@ from varpack.torch.launch import (  # noqa: E402
     master_port,
     rendezvous,
 )
+from varpack.torch.records import MetricsLog  # noqa: E402
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 

@@ -69,7 +69,9 @@ def test_two_ranks_replay_the_plan_and_resume(tmp_path) -> None:
     part1 = _records(tmp_path / "run")
     assert [r["cursor"]["step"] for r in part1] == [2, 2]
     resumed = torchrun(2, *common, "--out", tmp_path / "run", "--resume")
-    assert f"resumed after step 2 (2 of the plan's {num_steps} steps done in epoch 0" in resumed.stdout
+    assert (
+        f"resumed after step 2 (2 of the plan's {num_steps} steps done in epoch 0" in resumed.stdout
+    )
     part2 = _records(tmp_path / "run")
     assert [r["steps_done"] for r in part2] == [num_steps, num_steps]
     for r in range(2):  # each rank continues exactly where it stopped

@@ -108,7 +108,7 @@ class Watch:
         self._hint, self._everyone, self._since = "", False, 0.0
         self._training = self._agreed = self._closed = False
         self._holding = 0
-        self._signum, self._signal_at = 0, 0.0
+        self._signum, self._signal_at, self._released = 0, 0.0, 0.0
         self._longest, self._last = 0.0, 0.0
         self._rsock, self._wsock = socket.socketpair()
         self._old_fd = -1
@@ -174,9 +174,10 @@ class Watch:
         try:
             yield
         finally:
-            with self._lock:
+            with self._lock:  # the deadlines count from here: the save was not late
                 self._holding -= 1
-            self._check(time.monotonic())
+                self._released = time.monotonic()
+            self._check(self._released)
 
     def grace(self) -> float:
         return min(self.timeout, GRACE + 2 * self._longest)
@@ -213,11 +214,12 @@ class Watch:
                     where = f"at {what}" if what else "before the first step"
                     self._say(f"interrupted ({name}) {where}: {self.kept}", code)
                 self._leave(code)
-            if sig and not self._agreed and now - self._signal_at >= self.grace():
+            since_signal = now - max(self._signal_at, self._released)
+            if sig and not self._agreed and since_signal >= self.grace():
                 self._say(f"interrupted ({name}): step {self.step + 1} did not end within "
                           f"{self.grace():.0f}s of the signal (a rank is stuck or gone): "
                           f"stopped at once; {self.kept}", code)  # fmt: skip
-            if sig and what and now - max(self._signal_at, self._since) >= self.grace():
+            if sig and what and min(since_signal, now - self._since) >= self.grace():
                 self._say(f"interrupted ({name}): the other ranks did not reach {what} within "
                           f"{self.grace():.0f}s: stopped at once; {self.kept}", code)  # fmt: skip
             if what and not sig and now - self._since >= self.timeout:
