@@ -12,20 +12,27 @@ What it shows, in the order a real trainer needs it:
   gradient of the step's mean token loss;
 - ``VariableBatchSizeLR`` scales a warm-up + cosine schedule by the plan's per-step LR factor;
 - ``--compile static`` compiles with ``dynamic=False`` after ``compile_warmup`` ran every shape;
+- one step count everywhere: step S is the run's S-th optimizer step, from 1, across resumes
+  (log lines, ``metrics.jsonl``, ``--max-steps``, checkpoints; ``varpack.torch.records``);
 - checkpoints hold model, optimizer, LR and loader cursor; ``--resume`` continues exactly and
-  logs "resumed at step S of N (epoch E)";
+  logs "resumed after step S (P of the plan's N steps done in epoch E, ...)";
 - before anything is built, ``check_vocab`` compares the plan's token ids (this rank's samples)
   with the model's vocabulary: one line, exit 2, instead of an error deep inside the model;
-- the final line gives the global tokens (every rank) and the per-rank tokens, each named;
+- the final line gives this run's steps, its global tokens (every rank) and its per-rank
+  tokens, each named;
 - ``--log-by COL`` (a plan made with ``--carry COL``) adds each value's mean token loss to the
   log line, over every rank (``GroupTally``: per source, per language);
 - ``--cp N`` replays a ``varpack plan --cp N`` plan as DP x CP (world = dp x N, CP groups of
   consecutive ranks): local samples whole on one CP rank, distributed ones as 2N-chunk shares
   with all-gathered K/V (``varpack.torch.cp``); the same loss normalisation over the whole world.
 - ``OUT/metrics.jsonl`` (rank 0): one JSON object per logged step, appended on ``--resume``;
+  ``--record``: ``OUT/record-steps-A-B-rank-R.json`` per rank and run segment;
 - launched by torchrun, or by ``srun`` alone (``SLURM_PROCID``/``SLURM_NTASKS``, see
-  ``varpack.torch.launch``); Ctrl-C or SIGTERM stops every rank after the same step, saves a
-  checkpoint and says so in one line; a user error is one line per job (``varpack.torch.job``).
+  ``varpack.torch.launch``): a launch environment that cannot make a job, or a world that is
+  not the plan's dp, is one line before any rendezvous; every wait for the other ranks has a
+  deadline (``--timeout``) and ends on a signal (``varpack.torch.watch``); Ctrl-C or SIGTERM
+  stops every rank after the same step, saves a checkpoint and says so in one line; a user
+  error is one line per job (``varpack.torch.job``).
 
 Attention (``--attention``, see ``varpack.torch.attention``): ``auto`` takes the fastest path that
 keeps packed samples apart for this layout and device: flash-attn's or torch's varlen kernel over
@@ -40,9 +47,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
-import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -68,24 +72,34 @@ from varpack.torch import (
     resolve_backend,
     token_losses,
 )
-from varpack.torch.checkpoint import check_run, check_world, load_checkpoint
+from varpack.torch.checkpoint import check_run, load_checkpoint
 from varpack.torch.job import (
-    MetricsLog,
     Parser,
     StopRequest,
     all_or_none,
+    check_apart,
+    check_plan_world,
     checkpoint,
     count,
-    cpu_group,
     done_line,
+    join,
     leave,
     log,
     lr_lambda,
     positive,
     run_job,
 )
-from varpack.torch.launch import export_torch_env, launch_env
+from varpack.torch.launch import LaunchEnv, launch_env
 from varpack.torch.model import PRESETS, TinyGPT, model_inputs, param_count_str
+from varpack.torch.records import (
+    MetricsLog,
+    Records,
+    interrupted_line,
+    keep,
+    plural,
+    resumed_line,
+)
+from varpack.torch.watch import LostRanks, Watch, backend_error, first_line, gone, waiting
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -101,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--out",
         required=True,
         help="run directory: checkpoint.pt (model, optimizer, LR, loader cursor), metrics.jsonl "
-        "(one JSON line per logged step) and, with --record, record-rank-R.json",
+        "(one JSON line per logged step) and, with --record, record-steps-A-B-rank-R.json",
     )
     p.add_argument(
         "--column",
@@ -162,43 +176,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="COL",
         help="also log the mean loss per value of this carried column (varpack plan --carry COL)",
     )
-    p.add_argument("--record", action="store_true", help="write OUT/record-rank-R.json (ids seen)")
+    p.add_argument("--record", action="store_true",
+                   help="write the sample ids each rank trained, one file per rank and run "
+                   "segment: OUT/record-steps-A-B-rank-R.json")  # fmt: skip
+    p.add_argument("--timeout", type=positive, default=600.0,
+                   help="seconds a rank waits for the others at one point (the rendezvous, the "
+                   "stop flag after each step, a checkpoint) before it stops in one line, exit 1")  # fmt: skip
     p.add_argument("--seed", type=count(0, 2**64 - 1), default=0, help="torch's seed (0..2^64-1)")
-    p.add_argument(
-        "--cp",
-        type=count(1),
-        default=1,
-        help="context-parallel ranks (a --cp plan; world = dp x cp): each CP rank computes its "
-        "local samples and its share of distributed ones (varpack.torch.cp); 1 replays whole "
-        "micro-batches",
-    )
+    p.add_argument("--cp", type=count(1), default=1,
+                   help="context-parallel ranks (a --cp plan; world = dp x cp): each CP rank "
+                   "computes its local samples and its share of distributed ones "
+                   "(varpack.torch.cp); 1 replays whole micro-batches")  # fmt: skip
     return p.parse_args(argv)
-
-
-def setup_distributed() -> tuple[int, int, torch.device]:
-    """Join the job: torchrun's environment, or srun's alone (``varpack.torch.launch``)."""
-    env = launch_env()
-    export_torch_env(env)  # under srun: RANK, WORLD_SIZE, MASTER_ADDR/PORT for env://
-    cuda = torch.cuda.is_available()
-    if env.world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if cuda:  # srun --gpus-per-task=1 shows each task one device: index 0
-        local = env.local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(local)
-        return rank, env.world_size, torch.device("cuda", local)
-    return rank, env.world_size, torch.device("cpu")
 
 
 def prepare(args: Any, world: int, device: torch.device) -> SimpleNamespace:
     """Everything before the first collective: options, plan, data, vocabulary, model, optimizer
     and the resumed state. Run on every rank under ``all_or_none``: one failing rank stops all."""
     out = Path(args.out)
-    for item in (args.plan, args.data):  # the run's files never go into an input
-        ri, ro = Path(os.path.realpath(item)), Path(os.path.realpath(out))
-        if ro == ri or ri in ro.parents:
-            raise ConfigError(f"--out {out} is or lies inside the input {item}; write the run "
-                              "elsewhere")  # fmt: skip
     if not args.resume and (out / "checkpoint.pt").exists():  # never train over a run's state
         raise ConfigError(f"{out} holds a run's checkpoint.pt: pass --resume to continue that "
                           "run, or give another --out")  # fmt: skip
@@ -206,11 +201,9 @@ def prepare(args: Any, world: int, device: torch.device) -> SimpleNamespace:
     torch.manual_seed(args.seed)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     id_column = None if args.id_column.lower() == "none" else args.id_column
-    dataset = ParquetTokenDataset(
-        args.data, column=args.column, id_column=id_column, read=args.read
-    )
+    dataset = ParquetTokenDataset(args.data, column=args.column, id_column=id_column,
+                                  read=args.read)  # fmt: skip
     ckpt = out / "checkpoint.pt"
-    check_world(args.plan, world // args.cp, ckpt if args.resume else None)
     loader = PlanLoader(args.plan, dataset, collate=args.collate, num_workers=args.workers,
                         pin_memory=device.type == "cuda", cp_size=args.cp)  # fmt: skip
     if args.cp > 1 and args.compile != "none":
@@ -228,9 +221,8 @@ def prepare(args: Any, world: int, device: torch.device) -> SimpleNamespace:
         "cp" if args.cp > 1 else resolve_backend(args.attention, device, dtype, loader.layout)
     )
     if resolved == "flex" and device.type != "cuda":
-        raise ConfigError(
-            "--attention flex trains on CUDA only (FlexAttention has no CPU backward)"
-        )
+        raise ConfigError("--attention flex trains on CUDA only (FlexAttention has no CPU "
+                          "backward)")  # fmt: skip
     cfg = PRESETS[args.preset]
     if args.vocab_size:
         cfg = type(cfg)(**{**cfg.__dict__, "vocab_size": args.vocab_size})
@@ -238,9 +230,8 @@ def prepare(args: Any, world: int, device: torch.device) -> SimpleNamespace:
     check_vocab(loader, cfg.vocab_size, "--vocab-size (or a larger --preset)")
     raw = TinyGPT(cfg).to(device)
     optimizer = torch.optim.AdamW(raw.parameters(), lr=args.lr, weight_decay=0.0, foreach=False)
-    base = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(args.warmup_steps, loader.num_steps)
-    )
+    base = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.warmup_steps,
+                                                                   loader.num_steps))  # fmt: skip
     scheduler = VariableBatchSizeLR(base, loader.lr_factors())
     step_done = 0
     if args.resume:
@@ -272,23 +263,34 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop = StopRequest()  # Ctrl-C / SIGTERM: finish the step, save, one line
     try:
-        return train(args, stop)
+        env = launch_env()  # a launch that cannot make a job: one line, before anything waits
+        check_apart(args.out, (args.plan, args.data))
+        check_plan_world(args.plan, Path(args.out) / "checkpoint.pt", args.resume, args.cp, env)
+        # every wait for the other ranks ends on a deadline or a signal (one process: none)
+        watch = Watch(args.timeout, env.rank, env.world_size) if env.world_size > 1 else None
+        stop.watched = watch is not None and bool(watch.start())
+        if watch is not None and args.resume:  # what a stop before the first step leaves
+            watch.kept = f"{Path(args.out) / 'checkpoint.pt'} is as it was; resume with --resume"
+        try:
+            return train(args, stop, env, watch)
+        finally:
+            if watch is not None:
+                watch.close()
     finally:
         stop.restore()  # a caller's own handlers again (main() run in-process)
 
 
-def train(args: argparse.Namespace, stop: StopRequest) -> int:
-    rank, world, device = setup_distributed()
-    group = cpu_group()  # stop flags and error messages, off the GPU
+def train(args: argparse.Namespace, stop: StopRequest, env: LaunchEnv, watch: Watch | None) -> int:
+    device, group = join(env, args.timeout)  # group: stop flags and error messages, off the GPU
+    rank, world = (dist.get_rank() if dist.is_initialized() else 0), env.world_size
     job = all_or_none(lambda: prepare(args, world, device), group)
     out, ckpt, dtype, loader, raw = job.out, job.ckpt, job.dtype, job.loader, job.raw
     optimizer, scheduler, step_done = job.optimizer, job.scheduler, job.step_done
+    first = step_done + 1  # this run's first step
     stop_at = min((s for s in (args.max_steps, args.steps and step_done + args.steps) if s),
                   default=None)  # fmt: skip
     if args.resume:
-        cursor = loader.state_dict()
-        log(rank, f"resumed at step {cursor['step']} of {loader.num_steps} (epoch {cursor['epoch']}); "
-            f"{loader.steps} steps left in this pass")  # fmt: skip
+        log(rank, resumed_line(step_done, loader.state_dict(), loader.num_steps, loader.steps))
     tally = GroupTally()
     cp_group = cp.cp_group(args.cp) if args.cp > 1 else None
     model: torch.nn.Module = raw
@@ -318,107 +320,125 @@ def train(args: argparse.Namespace, stop: StopRequest) -> int:
         t0 = time.perf_counter()
         shapes = compile_warmup(model, loader, loader.rank,
                                 lambda s: dummy_batch(s, loader.layout).to(device), micro_loss)  # fmt: skip
-        log(rank, f"compile warm-up: {len(shapes)} shapes in {time.perf_counter() - t0:.1f}s")
+        log(
+            rank,
+            f"compile warm-up: {plural(len(shapes), 'shape')} in {time.perf_counter() - t0:.1f}s",
+        )
     graphs_warm = compiled_graphs()
 
-    log(rank, f"model {args.preset} {param_count_str(raw.num_params())} params; plan {loader.num_steps} steps x "
-        f"{loader.grad_accum} micro x dp {world // args.cp} x cp {args.cp}; layout {loader.layout}; attention {resolved}; device {device}")  # fmt: skip
+    log(rank, f"model {args.preset} {param_count_str(raw.num_params())} params; plan "
+        f"{plural(loader.num_steps, 'step')} x {plural(loader.grad_accum, 'micro-batch', 'micro-batches')} x dp "
+        f"{world // args.cp} x cp {args.cp}; layout {loader.layout}; attention {resolved}; device {device}")  # fmt: skip
+    if rank == 0:  # every file in OUT belongs to the run its checkpoint continues
+        Records(out).forget(step_done if args.resume else None)
     metrics = MetricsLog(out / "metrics.jsonl", step_done if args.resume else None, rank == 0)
     seen: list[int] = []
     step_loss = torch.zeros((), device=device)
     rank_tokens = win_tokens = win_steps = tokens_total = rank_total = 0
     saved_at = step_done if args.resume else -1  # the step the checkpoint on disk holds
+    kept = keep(watch, ckpt, saved_at, step_done)  # what an early stop leaves
     t_start = t_win = time.perf_counter()
     signum = stop.agreed(group)  # a signal during the set-up: stop before the first step
     reached = stop_at is not None and step_done >= stop_at
     if reached:
-        log(rank, f"{step_done} steps done already (--max-steps {args.max_steps}): nothing to run")
-    for batch in [] if signum or reached else loader:
-        batch = batch.to(device, non_blocking=True)
-        # Gradients are all-reduced only on the step's last micro-batch (DDP no_sync before it).
-        with (
-            ddp.no_sync()
-            if ddp is not None and not batch.is_last_micro
-            else contextlib.nullcontext()
-        ):
-            loss = micro_loss(model, batch)
-            loss.backward()
-        step_loss += loss.detach()
-        rank_tokens += batch.num_tokens
-        rank_total += batch.num_tokens
-        if args.record:
-            seen.extend(batch.sample_ids.tolist())
-        if not batch.is_last_micro:
-            continue
-        torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
-        lr_now = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step_done += 1
-        win_steps += 1
-        win_tokens += batch.step_tokens
-        tokens_total += batch.step_tokens
-        if step_done % args.log_every == 0 or batch.step == loader.num_steps - 1:
-            if dist.is_initialized():
-                dist.all_reduce(step_loss)  # sum over ranks of dp/D * sum(losses) = dp * mean
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            now = time.perf_counter()
-            mean = float(step_loss) / world
-            log(rank, f"step {batch.step:5d}  loss {mean:.4f}  lr {lr_now:.2e} "
-                f"(x{batch.lr_factor:.3g})  step tokens {batch.step_tokens} (this rank {rank_tokens})  "
-                f"{win_tokens / (now - t_win):,.0f} tok/s")  # fmt: skip
-            record = {"step": step_done, "epoch": batch.epoch, "plan_step": batch.step,
-                      "loss": mean, "tokens": batch.step_tokens, "lr": lr_now,
-                      "step_time_s": (now - t_win) / win_steps}  # fmt: skip
-            if args.log_by:  # every rank takes part in the gather; rank 0 logs
-                groups = tally.flush()
-                log(rank, f"step {batch.step:5d}  loss by {args.log_by}: {tally.line(groups)}")
-                record["loss_by"] = {str(k): s / max(n, 1) for k, (s, n) in sorted(groups.items())}
-            metrics.write(record)
-            win_tokens, win_steps, t_win = 0, 0, now
-        step_loss.zero_()
-        rank_tokens = 0
-        if args.ckpt_every and step_done % args.ckpt_every == 0:
-            checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done, run_options(args))
-            saved_at = step_done
-        signum = stop.agreed(group)  # every rank stops after the same step
-        if signum or (stop_at is not None and step_done >= stop_at):
-            break
+        log(rank, f"{plural(step_done, 'step')} done already (--max-steps {args.max_steps}): "
+            "nothing to run")  # fmt: skip
+    if watch is not None:
+        watch.training()
+    try:
+        for batch in [] if signum or reached else loader:
+            batch = batch.to(device, non_blocking=True)
+            # Gradients are all-reduced only on the step's last micro-batch (DDP no_sync before).
+            with (
+                ddp.no_sync()
+                if ddp is not None and not batch.is_last_micro
+                else contextlib.nullcontext()
+            ):
+                loss = micro_loss(model, batch)
+                loss.backward()
+            step_loss += loss.detach()
+            rank_tokens += batch.num_tokens
+            rank_total += batch.num_tokens
+            if args.record:
+                seen.extend(batch.sample_ids.tolist())
+            if not batch.is_last_micro:
+                continue
+            torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
+            lr_now = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step_done += 1
+            win_steps += 1
+            win_tokens += batch.step_tokens
+            tokens_total += batch.step_tokens
+            last = stop_at is not None and step_done >= stop_at
+            if step_done % args.log_every == 0 or batch.step == loader.num_steps - 1 or last:
+                with waiting("the step's loss"):
+                    if dist.is_initialized():  # sum over ranks of dp/D * sum(losses) = dp * mean
+                        dist.all_reduce(step_loss)
+                    groups = tally.flush() if args.log_by else {}  # every rank gathers
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                now = time.perf_counter()
+                mean = float(step_loss) / world
+                log(rank, f"step {step_done:5d}  loss {mean:.4f}  lr {lr_now:.2e} "
+                    f"(x{batch.lr_factor:.3g})  step tokens {batch.step_tokens} (this rank {rank_tokens})  "
+                    f"{win_tokens / (now - t_win):,.0f} tok/s")  # fmt: skip
+                record = {"step": step_done, "epoch": batch.epoch, "plan_step": batch.step,
+                          "loss": mean, "tokens": batch.step_tokens, "lr": lr_now,
+                          "step_time_s": (now - t_win) / win_steps}  # fmt: skip
+                if args.log_by:
+                    log(rank, f"step {step_done:5d}  loss by {args.log_by}: {tally.line(groups)}")
+                    record["loss_by"] = {
+                        str(k): s / max(n, 1) for k, (s, n) in sorted(groups.items())
+                    }
+                metrics.write(record)
+                win_tokens, win_steps, t_win = 0, 0, now
+            step_loss.zero_()
+            rank_tokens = 0
+            if watch is not None:
+                watch.step = step_done
+            if args.ckpt_every and step_done % args.ckpt_every == 0:
+                checkpoint(
+                    rank, ckpt, raw, optimizer, scheduler, loader, step_done, run_options(args)
+                )
+                saved_at = step_done
+                kept = keep(watch, ckpt, saved_at, step_done)
+            signum = stop.agreed(group)  # every rank stops after the same step
+            if signum and watch is not None:
+                watch.agreed()
+            if signum or last:
+                break
+    except RuntimeError as exc:  # a collective of the step failed: a peer is gone
+        if not backend_error(exc):
+            raise
+        raise LostRanks(f"rank {rank}: step {step_done + 1} failed ({first_line(exc)}){gone(exc)}; "
+                        f"{kept}") from None  # fmt: skip
     fresh = step_done > saved_at  # a step since the last checkpoint (or none yet)
     if fresh:
         checkpoint(rank, ckpt, raw, optimizer, scheduler, loader, step_done, run_options(args))
+        kept = keep(watch, ckpt, step_done, step_done)
     metrics.close()
     if args.compile == "static":
         log(rank, f"recompiles after warm-up: {compiled_graphs() - graphs_warm}")
     elif args.compile == "dynamic":
         log(rank, f"graphs compiled (dynamic shapes): {compiled_graphs() - graphs_warm}")
     elapsed = time.perf_counter() - t_start
-    log(rank, done_line(step_done, tokens_total, rank_total, world, elapsed, device))
+    log(rank, done_line(step_done - first + 1, first, tokens_total, rank_total, world, elapsed,
+                        device))  # fmt: skip
     if args.record:
-        record = {"rank": rank, "steps_done": step_done, "sample_ids": seen,
-                  "cursor": loader.state_dict()}  # fmt: skip
-        (out / f"record-rank-{rank}.json").write_text(json.dumps(record))
+        Records(out).write(rank, world, first, step_done, seen, loader.state_dict())
     if signum:
-        log(rank, interrupted_line(signum, loader, ckpt, fresh, fresh or saved_at >= 0))
+        log(rank, interrupted_line(signum, loader.state_dict(), loader.num_steps, ckpt, fresh,
+                                   step_done))  # fmt: skip
     code = 128 + signum if signum else 0
     if dist.is_initialized():
-        dist.barrier()
+        with waiting("the end of the run"):
+            dist.barrier()
         dist.destroy_process_group()
         leave(code, True)  # now: freeing the DDP model at this frame's end can deadlock
     return code
-
-
-def interrupted_line(signum: int, loader: PlanLoader, ckpt: Path, fresh: bool, held: bool) -> str:
-    """What an interrupted run did with its state, and how to go on (rank 0 says it once)."""
-    name = signal.Signals(signum).name
-    if not held:
-        return f"interrupted ({name}) before the first step: nothing to save; start it again"
-    cursor = loader.state_dict()
-    where = f"step {cursor['step']} of {loader.num_steps} (epoch {cursor['epoch']})"
-    kept = f"saved {ckpt}" if fresh else f"{ckpt} already holds it"
-    return f"interrupted ({name}) at {where}: {kept}; resume with --resume"
 
 
 def run_options(args: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from varpack.cli import main
 #: The demo's data steps (jobs/demo.sh), at its sizes.
 DEMO = [
     ["synth", "tokens", "--dist", "long-tail", "--num-samples", "4000", "--max-len", "2048",
-     "--shards", "4", "--tokenized", "--vocab-size", "512", "--seed", "7"],
+     "--shards", "4", "--tokenized", "--pattern", "count", "--vocab-size", "512", "--seed", "7"],
     ["lengths", "tokens", "meta", "--id-column", "sample_id", "--arrow-copy", "tokens.arrow"],
     ["sort", "meta", "sorted"],
     ["plan", "sorted", "plan", "--dp", "2", "--grad-accum", "2", "--max-tokens", "4096",

@@ -19,26 +19,57 @@ def test_the_script_is_valid_bash(script: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def _dry_run(tmp_path: Path, script: str, *args: object) -> list[str]:
-    """Run a jobs/*.slurm script as sbatch would (2 tasks), with a stub srun: its steps."""
+#: a stub srun: records its arguments; makes the output a varpack command names (its second
+#: argument after the subcommand, and --arrow-copy's); fails where $FAIL_ON is in the command
+STUB = r"""#!/bin/bash
+echo "$*" >> "$SRUN_LOG"
+if [ -n "${FAIL_ON:-}" ] && [[ "$*" == *"$FAIL_ON"* ]]; then exit 1; fi
+args=("$@")
+for i in "${!args[@]}"; do
+  case "${args[$i]}" in
+    lengths | sort | plan) mkdir -p "${args[$((i + 2))]}"; break ;;
+  esac
+done
+for i in "${!args[@]}"; do
+  if [ "${args[$i]}" = --arrow-copy ]; then touch "${args[$((i + 1))]}"; fi
+done
+"""
+
+
+def _submit(tmp_path: Path, script: str, *args: object, tasks: int = 2, expect: int = 0,
+            **env: str) -> tuple[list[str], str]:  # fmt: skip
+    """Run a jobs/*.slurm script as sbatch would (``tasks`` tasks), with a stub srun: the steps
+    it launched, and its stderr."""
     stub = tmp_path / "bin" / "srun"
     stub.parent.mkdir(exist_ok=True)
     log = tmp_path / "srun.log"
-    stub.write_text(f'#!/bin/bash\necho "$*" >> {log}\n')
+    stub.write_text(STUB)
     stub.chmod(0o755)
     env = dict(os.environ, PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}",
-               SLURM_NTASKS="2", SLURM_JOB_ID="77")  # fmt: skip
+               SLURM_NTASKS=str(tasks), SLURM_JOB_ID="77", SRUN_LOG=str(log), **env)  # fmt: skip
     proc = subprocess.run(["bash", str(ROOT / "jobs" / script), *map(str, args)], env=env,
                           cwd=ROOT, capture_output=True, text=True)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    steps = log.read_text().splitlines()
-    log.unlink()
-    return steps
+    assert proc.returncode == expect, proc.stderr
+    steps = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return steps, proc.stderr
+
+
+def _dry_run(tmp_path: Path, script: str, *args: object) -> list[str]:
+    return _submit(tmp_path, script, *args)[0]
+
+
+def _stages(steps: list[str]) -> list[str]:
+    """Each launched step's stage: lengths, sort, plan, validate or train."""
+    names = ("lengths", "sort", "plan", "validate", "train.py")
+    return [next(n for n in names if f" {n} " in f" {s} ".replace("jobs/", "")) for s in steps]
 
 
 def test_the_flow_runs_each_stage_once_with_its_options(tmp_path: Path) -> None:
     work = tmp_path / "work"
-    steps = _dry_run(tmp_path, "flow.slurm", "tok/", work, "--max-tokens", 64, "--", "--steps", 3)
+    steps = _dry_run(tmp_path, "flow.slurm", "tok/", work, "--max-tokens", 64, "lengths:",
+                     "--keep", "source", "validate:", "--replay", "plan:", "--seed", 3, "--",
+                     "--steps", 3, "lengths:")  # fmt: skip
     assert [s.split()[2:4] if s.startswith("--ntasks=1") else s.split()[:2] for s in steps] == [
         ["varpack", "lengths"],
         ["--mpi=pmix", "python"],
@@ -46,15 +77,59 @@ def test_the_flow_runs_each_stage_once_with_its_options(tmp_path: Path) -> None:
         ["varpack", "validate"],
         ["--kill-on-bad-exit=1", "python"],
     ]
-    assert f"lengths tok/ {work}/meta --arrow-copy {work}/tokens.arrow" in steps[0]
-    assert "-m varpack sort" in steps[1]
-    assert steps[2].endswith(f"plan {work}/sorted {work}/plan --dp 2 --max-tokens 64")
-    assert steps[4].endswith(f"--out {work}/run --steps 3") and "--resume" not in steps[4]
-    for stage in ("meta", "sorted", "plan", "run"):  # the stages done: a second job trains on
-        (work / stage).mkdir(parents=True, exist_ok=True)
+    assert steps[0].endswith(f"lengths tok/ {work}/meta --arrow-copy {work}/tokens.arrow --keep "
+                             "source")  # fmt: skip
+    assert steps[1].endswith(f"-m varpack sort {work}/meta {work}/sorted")
+    assert steps[2].endswith(f"plan {work}/sorted {work}/plan --dp 2 --max-tokens 64 --seed 3")
+    assert steps[3].endswith(f"validate {work}/plan --metadata {work}/meta --replay")
+    assert steps[4].endswith(f"--out {work}/run --steps 3 lengths:") and "--resume" not in steps[4]
+    (work / "run").mkdir()
     (work / "run" / "checkpoint.pt").write_bytes(b"")
-    again = _dry_run(tmp_path, "flow.slurm", "tok/", work)
+    again = _dry_run(tmp_path, "flow.slurm", "tok/", work, "--max-tokens", 64, "lengths:", "--keep",
+                     "source", "validate:", "--replay", "plan:", "--seed", 3)  # fmt: skip
     assert len(again) == 1 and again[0].endswith(f"--out {work}/run --resume")
+    assert _dry_run(tmp_path, "sort.slurm", "m/", "s/") == [
+        "--mpi=pmix python -m mpi4py jobs/sort_metadata.py m/ s/"
+    ]
+
+
+def test_a_resubmitted_flow_runs_again_what_its_options_change(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    plan = ["tok/", work, "--max-tokens", 64]
+    assert _stages(_dry_run(tmp_path, "flow.slurm", *plan)) == [
+        "lengths", "sort", "plan", "validate", "train.py"]  # fmt: skip
+    assert _stages(_dry_run(tmp_path, "flow.slurm", *plan)) == ["train.py"]  # the same: reused
+    # another plan option: the plan is made again over the old one, the sort is kept
+    steps = _dry_run(tmp_path, "flow.slurm", "tok/", work, "--max-tokens", 128)
+    assert _stages(steps) == ["plan", "validate", "train.py"]
+    assert steps[0].endswith("--max-tokens 128 --overwrite") and "--resume" not in steps[2]
+    # validate's own options: the plan stays
+    steps = _dry_run(tmp_path, "flow.slurm", "tok/", work, "--max-tokens", 128, "validate:", "-h")
+    assert _stages(steps) == ["validate", "train.py"]
+    # a lengths option: every stage after it runs again, each over its old output
+    steps = _dry_run(tmp_path, "flow.slurm", "tok/", work, "--max-tokens", 128, "lengths:",
+                     "--keep", "source")  # fmt: skip
+    assert _stages(steps) == ["lengths", "sort", "plan", "validate", "train.py"]
+    assert all(s.endswith("--overwrite") for s in steps[:3])
+    # a stage that fails is not recorded: the next submission runs it again
+    _submit(tmp_path, "flow.slurm", "tok/", work, "--max-tokens", 96, expect=1, FAIL_ON="plan")
+    assert _stages(_dry_run(tmp_path, "flow.slurm", "tok/", work, "--max-tokens", 96)) == [
+        "plan", "validate", "train.py"]  # fmt: skip
+
+
+def test_a_flow_never_makes_the_plan_again_under_a_run(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    _dry_run(tmp_path, "flow.slurm", "tok/", work, "--max-tokens", 64)
+    (work / "run").mkdir()
+    (work / "run" / "checkpoint.pt").write_bytes(b"")
+    for args, tasks in ((["--max-tokens", 128], 2), (["--max-tokens", 64], 4),
+                        (["--max-tokens", 64, "sort:", "--key", "seq_len"], 2)):  # fmt: skip
+        steps, err = _submit(tmp_path, "flow.slurm", "tok/", work, *args, tasks=tasks, expect=2)
+        assert steps == [] and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"flow.slurm: error: {work}/plan would be made again")
+        assert "holds a checkpoint" in err and "varpack replan" in err
+    (step,) = _dry_run(tmp_path, "flow.slurm", "tok/", work, "--max-tokens", 64)
+    assert step.endswith("--resume")  # the options that made the plan: the run goes on
 
 
 def test_train_slurm_resumes_when_out_holds_a_checkpoint(tmp_path: Path) -> None:

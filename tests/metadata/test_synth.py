@@ -266,3 +266,27 @@ def test_sources_column_is_a_function_of_the_id(tmp_path):
     assert a == by_id(many.files) == by_id(tok.files)
     counts = [list(a.values()).count(s) for s in source_names(3)]
     assert counts[0] > counts[1] > counts[2] > 0  # skewed like a mixture, every source used
+
+
+def test_count_pattern_counts_up_in_every_sample(tmp_path: Path) -> None:
+    """--pattern count: each sample counts up by one from some id, wrapping at the vocabulary;
+    the same ids and lengths as the metadata, the same tokens whatever the shard count; refused
+    without --tokenized."""
+    import pyarrow as pa
+
+    args = ["-n", "2000", "--seed", "5", "--dist", "video", "--tokenized", "--vocab-size", "50"]
+    cli("synth", tmp_path / "one", *args, "--pattern", "count", "--shards", "1", "-q")
+    cli("synth", tmp_path / "many", *args, "--pattern", "count", "--shards", "5", "-q")
+    cli("synth", tmp_path / "meta", *args[:6], "--shards", "5", "-q")
+    read = [pa.concat_tables(pq.read_table(f) for f in resolve_files(tmp_path / d))
+            for d in ("one", "many")]  # fmt: skip
+    assert read[0].equals(read[1])
+    meta = read_metadata(tmp_path / "meta")
+    assert read[1].column("sample_id").equals(meta.column("sample_id"))
+    rows = read[0].column("input_ids").to_pylist()
+    assert [len(r) for r in rows] == meta.column("seq_len").to_pylist()
+    assert all(np.array_equal(np.diff(r) % 50, np.ones(len(r) - 1)) for r in rows)
+    assert len({r[0] for r in rows}) > 40 and max(max(r) for r in rows) == 49  # starts vary, wrap
+    bad = cli("synth", tmp_path / "bad", "-n", "10", "--pattern", "count", expect=2)
+    assert "--pattern count" in bad.output and "--tokenized" in bad.output
+    assert not (tmp_path / "bad").exists()

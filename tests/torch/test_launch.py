@@ -1,5 +1,6 @@
 """Rank, world size and rendezvous from the launcher's environment: torchrun's, else srun's
-(``varpack.torch.launch``), as PlanLoader and jobs/train.py read them; metrics.jsonl on resume."""
+(``varpack.torch.launch``), as PlanLoader and jobs/train.py read them, refused when they cannot
+make a job; metrics.jsonl on resume."""
 
 from __future__ import annotations
 
@@ -14,15 +15,19 @@ from plan_helpers import make_plan, write_tokens  # noqa: E402
 
 from varpack.errors import ConfigError  # noqa: E402
 from varpack.torch import ParquetTokenDataset, PlanLoader  # noqa: E402
-from varpack.torch.job import MetricsLog  # noqa: E402
 from varpack.torch.launch import (  # noqa: E402
     LaunchEnv,
+    LaunchError,
+    best_rank,
+    cuda_index,
     export_torch_env,
     first_host,
     launch_env,
     master_addr,
     master_port,
+    rendezvous,
 )
+from varpack.torch.records import MetricsLog  # noqa: E402
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -126,3 +131,72 @@ def test_metrics_log_appends_on_resume_and_drops_steps_trained_again(tmp_path: P
     assert path.read_text() == ""
     MetricsLog(tmp_path / "rank1.jsonl", None, enabled=False).close()  # rank 1 writes nothing
     assert not (tmp_path / "rank1.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("variables", "message", "own"),
+    [
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE is set but RANK is not", False),
+        ({"RANK": "1"}, "RANK is set but WORLD_SIZE is not", False),
+        ({"RANK": "2", "WORLD_SIZE": "2"}, r"RANK=2 is not below WORLD_SIZE=2 \(the ranks are 0 .. 1\)", True),
+        ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "2"}, "LOCAL_RANK=2 does not fit RANK=1", True),
+        ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
+         "LOCAL_RANK=2 does not fit LOCAL_WORLD_SIZE=2", True),
+        ({"SLURM_PROCID": "3", "SLURM_NTASKS": "2"}, "SLURM_PROCID=3 is not below SLURM_NTASKS=2", True),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "3"},
+         "SLURM_LOCALID=3 does not fit SLURM_PROCID=1", True),
+        ({"SLURM_JOB_ID": "9", "SLURM_PROCID": "2", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "2"},
+         "SLURM_PROCID=2 is not below SLURM_STEP_NUM_TASKS=2", True),
+    ],
+)  # fmt: skip
+def test_a_launch_that_cannot_make_a_job_is_refused(
+    env: pytest.MonkeyPatch, variables: dict[str, str], message: str, own: bool
+) -> None:
+    for name, value in variables.items():
+        env.setenv(name, value)
+    with pytest.raises(LaunchError, match=message) as err:
+        launch_env()
+    assert err.value.own is own  # about this process alone: it says so; else rank 0 speaks
+    assert "\n" not in str(err.value) and ("launch" in str(err.value) or "unset" in str(err.value))
+
+
+def test_a_task_of_a_step_counts_the_steps_tasks(env: pytest.MonkeyPatch) -> None:
+    env.setenv("SLURM_JOB_ID", "9")
+    env.setenv("SLURM_PROCID", "3")
+    env.setenv("SLURM_NTASKS", "16")  # the allocation's
+    env.setenv("SLURM_STEP_NUM_TASKS", "4")  # srun --ntasks 4 inside it
+    assert launch_env() == LaunchEnv(3, 4, 0, "slurm")
+
+
+def test_the_rendezvous_needs_an_address_and_a_port(env: pytest.MonkeyPatch) -> None:
+    one, two = LaunchEnv(0, 1, 0, "none"), LaunchEnv(1, 2, 1, "torchrun")
+    assert rendezvous(one) == ("127.0.0.1", 29500)  # one process meets nobody
+    with pytest.raises(LaunchError, match="MASTER_ADDR and MASTER_PORT are not set") as err:
+        rendezvous(two)
+    assert not err.value.own
+    env.setenv("MASTER_ADDR", "node7")
+    with pytest.raises(LaunchError, match="WORLD_SIZE=2 but MASTER_PORT is not set"):
+        rendezvous(two)
+    env.setenv("MASTER_PORT", "70000")
+    with pytest.raises(LaunchError, match="MASTER_PORT=70000 is not a port"):
+        rendezvous(two)
+    env.setenv("MASTER_PORT", "6000")
+    assert rendezvous(two) == ("node7", 6000)
+
+
+def test_each_local_rank_takes_its_own_gpu() -> None:
+    assert [cuda_index(r, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert cuda_index(5, 1) == 0  # srun --gpus-per-task 1: each task sees its one GPU
+    with pytest.raises(LaunchError, match="local rank 5 but this node shows 4 GPUs") as err:
+        cuda_index(5, 4)  # two ranks would share a GPU (NCCL refuses, after the rendezvous)
+    assert err.value.own
+
+
+def test_who_speaks_for_a_job_whose_environment_is_wrong(env: pytest.MonkeyPatch) -> None:
+    assert best_rank() == 0
+    env.setenv("SLURM_PROCID", "3")
+    assert best_rank() == 3
+    env.setenv("RANK", "x")  # unreadable: the next launcher's word
+    assert best_rank() == 3
+    env.setenv("RANK", "2")
+    assert best_rank() == 2

@@ -20,6 +20,7 @@ from plan_helpers import torchrun as run_torchrun  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
 from varpack.torch.checkpoint import load_checkpoint  # noqa: E402
+from varpack.torch.records import Records  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,12 +29,11 @@ def torchrun(nproc: int, *args: object, check: bool = True):  # type: ignore[no-
     return run_torchrun(nproc, ROOT / "jobs" / "train.py", *args, check=check)
 
 
-def _seen(out: Path, world: int) -> list[int]:
-    return [
-        i
-        for r in range(world)
-        for i in json.loads((out / f"record-rank-{r}.json").read_text())["sample_ids"]
-    ]
+def _seen(out: Path, world: int, first: int = 1) -> list[int]:
+    """The ids the ``world`` ranks of the run segment from step ``first`` on trained."""
+    records = [r for r in Records(out).read() if r["first_step"] == first]
+    assert sorted(r["rank"] for r in records) == list(range(world))
+    return [i for r in records for i in r["sample_ids"]]
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +81,9 @@ def test_a_run_resumes_on_other_world_sizes_and_trains_every_sample_once_per_epo
         again = tmp / f"run-{stop}-dp{dp}-{len(extra)}"
         shutil.copytree(run, again)
         out = torchrun(dp, "--plan", child, *common, "--out", again, "--resume")
-        assert f"resumed at step {at} of {steps}" in out.stdout
-        counts = Counter(first + _seen(again, dp))
+        assert f"resumed after step {at} ({at} of the plan's {steps} steps done" in out.stdout
+        assert _seen(again, 2) == first  # the first segment's records stay, one per rank
+        counts = Counter(first + _seen(again, dp, at + 1))
         assert set(counts) == set(lens) and set(counts.values()) == {epochs}  # once per epoch
         done = load_checkpoint(again / "checkpoint.pt")
         assert done["lr"]["last_step"] == steps

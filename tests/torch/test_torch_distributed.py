@@ -18,6 +18,7 @@ from plan_helpers import torchrun as run_torchrun  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
 from varpack.torch.checkpoint import load_checkpoint  # noqa: E402
+from varpack.torch.records import Records  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +28,10 @@ def torchrun(nproc: int, *args: object) -> subprocess.CompletedProcess[str]:
 
 
 def _records(out: Path) -> list[dict]:
-    return [json.loads((out / f"record-rank-{r}.json").read_text()) for r in range(2)]
+    """The last run segment's record of each rank (one file per rank and segment)."""
+    records = Records(out).read()
+    last = max(r["first_step"] for r in records)
+    return [r for r in records if r["first_step"] == last]
 
 
 @pytest.mark.slow
@@ -65,7 +69,9 @@ def test_two_ranks_replay_the_plan_and_resume(tmp_path) -> None:
     part1 = _records(tmp_path / "run")
     assert [r["cursor"]["step"] for r in part1] == [2, 2]
     resumed = torchrun(2, *common, "--out", tmp_path / "run", "--resume")
-    assert f"resumed at step 2 of {num_steps} (epoch 0)" in resumed.stdout
+    assert (
+        f"resumed after step 2 (2 of the plan's {num_steps} steps done in epoch 0" in resumed.stdout
+    )
     part2 = _records(tmp_path / "run")
     assert [r["steps_done"] for r in part2] == [num_steps, num_steps]
     for r in range(2):  # each rank continues exactly where it stopped

@@ -78,16 +78,18 @@ def test_train_resume_logs_and_final_line(job) -> None:
     assert "resumed" not in first.stdout
     rest = train(*base, "--resume")
     num_steps = PlanLoader(tmp / "plan", ParquetTokenDataset(tmp / "tok.parquet")).num_steps
-    assert f"resumed at step 2 of {num_steps} (epoch 0); {num_steps - 2} steps left" in rest.stdout
+    assert (f"resumed after step 2 (2 of the plan's {num_steps} steps done in epoch 0, "
+            f"{num_steps - 2} steps left in this pass)") in rest.stdout  # fmt: skip
     done = rest.stdout.strip().splitlines()[-1]
-    # The resumed half: global tokens (all ranks) and per-rank tokens, each said to be what it is.
-    m = re.search(r"done: (\d+) steps in .*; ([\d,]+) tokens in all \(global: every rank, .*\), "
-                  r"([\d,]+) per rank \(1 ranks\)", done)  # fmt: skip
-    assert m, done
+    # The resumed half: its own steps, named in the run's count; global tokens (all ranks) and
+    # per-rank tokens, each said to be what it is, all of this half.
+    m = re.search(r"done: (\d+) steps \(steps 3 to (\d+) of the run\) in .*; ([\d,]+) tokens in "
+                  r"all \(global: every rank, .*\), ([\d,]+) per rank \(1 rank\)", done)  # fmt: skip
+    assert m and int(m.group(1)) == num_steps - 2 and int(m.group(2)) == num_steps, done
     whole = train("--plan", tmp / "plan", "--data", tmp / "tok.parquet", "--out", tmp / "whole")
     m_all = re.search(r"; ([\d,]+) tokens in all", whole.stdout)
     assert m_all and int(m_all.group(1).replace(",", "")) == sum(lens.values())
-    assert int(m.group(2).replace(",", "")) == int(m.group(3).replace(",", "")) < sum(lens.values())
+    assert int(m.group(3).replace(",", "")) == int(m.group(4).replace(",", "")) < sum(lens.values())
 
 
 def test_check_vocab_names_the_largest_id_and_its_sample(tmp_path) -> None:

@@ -25,6 +25,8 @@ pytest.importorskip("torch.nn")
 from plan_helpers import random_lengths, torchrun, write_tokens  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
+from varpack.torch.records import Records  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "jobs" / "train.py"
 pytestmark = pytest.mark.slow
@@ -104,7 +106,7 @@ def test_srun_tasks_train_as_torchrun_ranks(data: Path) -> None:
     assert "step     1" in first[0].stdout and not first[1].stdout  # rank 0 logs
     # resumed: 5 more steps asked, but --max-steps 4 (steps in all) comes first
     rest = srun(2, *common, "--out", data / "srun", "--resume", "--steps", 5, "--max-steps", 4)
-    assert "resumed at step 2 of" in rest[0].stdout
+    assert "resumed after step 2 (2 of the plan's" in rest[0].stdout
     want, got = _metrics(data / "torchrun"), _metrics(data / "srun")
     assert [m["step"] for m in got] == [1, 2, 3, 4] == [m["step"] for m in want]
     assert set(got[0]) == {"step", "epoch", "plan_step", "loss", "tokens", "lr", "step_time_s"}
@@ -162,15 +164,15 @@ def test_ctrl_c_stops_every_rank_saves_and_resumes(data: Path) -> None:
     assert proc.returncode == 128 + signal.SIGINT, out
     stopped = [x for x in out.splitlines() if "interrupted" in x]
     assert len(stopped) == 1 and "Traceback" not in out, out
-    assert stopped[0].startswith("[train] interrupted (SIGINT) at step ")
+    assert stopped[0].startswith("[train] interrupted (SIGINT) after step ")
     assert f"saved {run / 'checkpoint.pt'}; resume with --resume" in stopped[0]
-    step = int(stopped[0].split(" at step ")[1].split()[0])
-    records = [json.loads((run / f"record-rank-{r}.json").read_text()) for r in range(2)]
+    step = int(stopped[0].split(" after step ")[1].split()[0])
+    records = Records(run).read()
     assert [r["steps_done"] for r in records] == [step, step]  # every rank after the same step
     assert [m["step"] for m in _metrics(run)] == list(range(1, step + 1))
 
     resumed = torchrun(2, TRAIN, *args, "--resume", "--steps", 2)
-    assert f"resumed at step {step} of" in resumed.stdout
+    assert f"resumed after step {step} ({step} of the plan's" in resumed.stdout
     assert [m["step"] for m in _metrics(run)] == list(range(1, step + 3))
     # plain torchrun: each rank stops cleanly and says nothing more; torchrun's own traceback
     # (SignalException) is the only one

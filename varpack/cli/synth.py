@@ -8,6 +8,7 @@ import click
 
 from varpack.console import info
 from varpack.metadata.synth import DEFAULT_VOCAB, DISTS, write_synth
+from varpack.metadata.synth_tokens import PATTERNS
 
 _SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9}
 
@@ -54,6 +55,13 @@ class Count(click.ParamType):
     "--vocab-size", type=click.IntRange(min=1), default=DEFAULT_VOCAB, help="Token ids in [0, V)."
 )
 @click.option(
+    "--pattern",
+    type=click.Choice(PATTERNS),
+    default="random",
+    help="With --tokenized: random ids (nothing to learn), or count: each sample counts up by "
+    "one from a random id, wrapping at --vocab-size (a model learns it in a few steps).",
+)
+@click.option(
     "--row-group-size", type=click.IntRange(min=1), default=None, help="Rows per row group."
 )
 @click.option(
@@ -75,6 +83,7 @@ def synth(
     max_len: int | None,
     tokenized: bool,
     vocab_size: int,
+    pattern: str,
     row_group_size: int | None,
     sources: int,
     overwrite: bool,
@@ -85,7 +94,8 @@ def synth(
     Distributions: long-tail (chat: median ~300 tokens, 2% tail of 10K-128K), bimodal (40% below
     8K, the rest up to 128K), video (frame counts 3-94, mean ~22.3), uniform (64-8192). Ids are
     unique, shuffled and sparse; shard sizes are unequal. With --tokenized, write a dataset of
-    random token lists (sample_id, input_ids) with the same ids and lengths instead.
+    token lists (sample_id, input_ids) with the same ids and lengths instead, random or, with
+    --pattern count, learnable.
     """
     result = write_synth(
         output,
@@ -95,6 +105,7 @@ def synth(
         seed,
         tokenized=tokenized,
         vocab_size=vocab_size,
+        pattern=pattern,
         min_len=min_len,
         max_len=max_len,
         row_group_size=row_group_size,

@@ -41,6 +41,12 @@ from varpack.metadata.contract import ID, LEN, WRITE_OPTIONS, WRITE_SCHEMA, shar
 from varpack.metadata.shards import ROW_GROUP_ROWS, ShardedWriter
 from varpack.metadata.sources import NAME as SOURCE
 from varpack.metadata.sources import source_column, source_names
+from varpack.metadata.synth_tokens import (
+    PATTERNS,
+    TOKENIZED_GROUP_ROWS,
+    group_cuts,
+    token_table,
+)
 
 TASK = TaskID(0)  # the one task of varpack.console.progress
 DISTS = ("long-tail", "bimodal", "video", "uniform")
@@ -53,10 +59,6 @@ DEFAULT_BOUNDS = {
 }
 #: Rows per independent random block (the unit of determinism, not of I/O).
 CHUNK = 1 << 16
-#: Upper bound on tokens per row group of a tokenized dataset (~32 MiB of int32 tokens).
-TOKENS_PER_GROUP = 1 << 23
-#: Default rows per row group of a tokenized dataset (the token bound usually cuts first).
-TOKENIZED_GROUP_ROWS = 4096
 DEFAULT_VOCAB = 32_000
 _MAX_LEN = int(np.iinfo(np.int32).max)
 
@@ -252,40 +254,6 @@ def iter_blocks(
         yield ids, lengths_range(dist, a, b, seed, min_len, max_len)
 
 
-def group_cuts(lens: np.ndarray, max_rows: int, max_tokens: int = TOKENS_PER_GROUP) -> np.ndarray:
-    """Row-group boundaries (start offsets plus the end) so groups hold <= ``max_rows`` rows and
-    about ``max_tokens`` tokens (a group may exceed it by its last row).
-
-    >>> group_cuts(np.array([5, 5, 5, 5, 5]), max_rows=2, max_tokens=100).tolist()
-    [0, 2, 4, 5]
-    >>> group_cuts(np.array([60, 60, 60]), max_rows=10, max_tokens=100).tolist()
-    [0, 2, 3]
-    """
-    n = len(lens)
-    before = np.cumsum(lens) - lens
-    by_tokens = np.flatnonzero(np.diff(before // max_tokens)) + 1
-    by_rows = np.arange(0, n, max(1, max_rows))
-    return np.unique(np.concatenate([[0, n], by_rows, by_tokens]))
-
-
-def token_table(
-    ids: np.ndarray, lens: np.ndarray, rng: np.random.Generator, vocab: int
-) -> pa.Table:
-    """A tokenized table (``sample_id``, ``input_ids`` list<int32>) with random tokens.
-
-    Built from one offsets array and one flat random array, no per-row work.
-
-    >>> t = token_table(np.array([7, 9]), np.array([2, 3]), np.random.default_rng(0), 10)
-    >>> [len(x) for x in t.column("input_ids").to_pylist()]
-    [2, 3]
-    """
-    offsets = np.zeros(len(lens) + 1, dtype=np.int32)
-    np.cumsum(lens, out=offsets[1:])
-    values = rng.integers(0, vocab, size=int(offsets[-1]), dtype=np.int32)
-    tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
-    return pa.table({"sample_id": pa.array(ids, pa.int64()), "input_ids": tokens})
-
-
 @dataclass(frozen=True)
 class SynthResult:
     """What :func:`write_synth` wrote."""
@@ -304,6 +272,7 @@ def write_synth(
     *,
     tokenized: bool = False,
     vocab_size: int = DEFAULT_VOCAB,
+    pattern: str = "random",
     min_len: int | None = None,
     max_len: int | None = None,
     row_group_size: int | None = None,
@@ -314,7 +283,8 @@ def write_synth(
     """Write a synthetic dataset into the directory ``output`` (atomically).
 
     Metadata (``sample_id`` int64, ``seq_len`` int32) by default; with ``tokenized`` a dataset
-    with ``sample_id`` and random ``input_ids`` whose lengths are exactly the metadata's.
+    with ``sample_id`` and ``input_ids`` whose lengths are exactly the metadata's, their ids
+    drawn by ``pattern`` (:mod:`varpack.metadata.synth_tokens`).
     ``sources`` > 0 adds a ``source`` string column (:mod:`varpack.metadata.sources`).
     """
     resolve_bounds(dist, min_len, max_len)
@@ -326,6 +296,9 @@ def write_synth(
         raise ConfigError(f"--seed {seed}: seeds are >= 0")
     if tokenized and vocab_size < 1:
         raise ConfigError(f"--vocab-size {vocab_size}: need at least one token id")
+    if pattern not in PATTERNS or (pattern != "random" and not tokenized):
+        raise ConfigError(f"--pattern {pattern}: a token pattern ({', '.join(PATTERNS)}) of "
+                          "--tokenized data; add --tokenized, or drop --pattern")  # fmt: skip
     sizes = shard_sizes(num_samples, shards, seed)
     with (
         atomic_dir(output, overwrite, marker="synth") as tmp,
@@ -338,7 +311,7 @@ def write_synth(
                 dist,
                 num_samples,
                 seed,
-                vocab_size,
+                (vocab_size, pattern),
                 min_len,
                 max_len,
                 row_group_size,
@@ -387,7 +360,7 @@ def _write_tokenized(
     dist: str,
     num_samples: int,
     seed: int,
-    vocab: int,
+    tokens_of: tuple[int, str],
     min_len: int | None,
     max_len: int | None,
     row_group_size: int | None,
@@ -408,7 +381,7 @@ def _write_tokenized(
             ):
                 cuts = group_cuts(lens, rows)
                 for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-                    table = token_table(ids[a:b], lens[a:b], rng, vocab)
+                    table = token_table(ids[a:b], lens[a:b], rng, *tokens_of)
                     if sources:
                         table = table.append_column(SOURCE, source_column(ids[a:b], sources))
                     writer.write_table(table.cast(schema), row_group_size=b - a)

@@ -103,8 +103,8 @@ def check_world(plan_dir: str | os.PathLike[str], dp: int, ckpt: Path | None) ->
     total = plan.dp * plan.grad_accum
     if ckpt is None or not ckpt.is_file():
         raise ConfigError(
-            f"{plan_dir} was planned for dp {plan.dp} and this job has {dp} data-parallel "
-            f"ranks: launch {plan.dp}, or plan again with --dp {dp}"
+            f"{plan_dir} was planned for dp {plan.dp} and this job has {_ranks(dp)}: launch "
+            f"{plan.dp}, or plan again with --dp {dp}"
         )
     step = int(load_checkpoint(ckpt)["loader"]["step"])
     new = f"{Path(plan_dir).as_posix().rstrip('/')}-dp{dp}"
@@ -112,10 +112,14 @@ def check_world(plan_dir: str | os.PathLike[str], dp: int, ckpt: Path | None) ->
         f"varpack replan {plan_dir} {new} --from-step {step} --dp {dp}, then resume with "
         f"--plan {new} --resume"
         if total % dp == 0
-        else f"dp x grad-accum is {total}, which {dp} ranks do not divide: launch a divisor of "
+        else f"dp x grad-accum is {total}, which {_ranks(dp)} do not divide: launch a divisor of "
         f"{total} ranks (then varpack replan {plan_dir} NEW --from-step {step} --dp N)"
     )
     raise ConfigError(
-        f"{plan_dir} was planned for dp {plan.dp} and this job has {dp} data-parallel ranks; "
-        f"the checkpoint {ckpt} stands at step {step}: {how}"
+        f"{plan_dir} was planned for dp {plan.dp} and this job has {_ranks(dp)}; the "
+        f"checkpoint {ckpt} stands at step {step}: {how}"
     )
+
+
+def _ranks(dp: int) -> str:
+    return f"{dp} data-parallel rank" + ("" if dp == 1 else "s")

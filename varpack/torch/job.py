@@ -1,30 +1,37 @@
-"""The parts of a training job around its loop: stopping on a signal, errors agreed by every
-rank, ``metrics.jsonl``, checkpoints, the final line (``jobs/train.py`` uses them all).
+"""The parts of a training job around its loop: joining the other ranks, stopping on a signal,
+errors agreed by every rank, checkpoints, the final line (``jobs/train.py`` uses them all).
+
+- :func:`join`: this process's device, and the rendezvous with the other ranks, each checked
+  before anything waits (``varpack.torch.launch``); the rendezvous is a watched wait
+  (``varpack.torch.watch``: a deadline, and a signal ends it at once).
 
 - :class:`StopRequest`: SIGINT and SIGTERM are noted, not raised; at the end of each optimizer
   step every rank learns whether any rank got one (:meth:`StopRequest.agreed`), so all stop
   after the same step, save, and the job says so in one line. A second signal stops at once.
+  Every wait for the other ranks here (the stop flag, the set-up check, the barrier after a
+  checkpoint, the final figures) is a watched one: it ends on a signal or a timeout.
 - :func:`all_or_none`: a setup that may fail on some ranks only; each rank learns the first
   failing rank's message (:class:`JobError`), so none waits in a collective and rank 0 alone
   prints it.
 - :func:`run_job`: the top of a job's process: a :class:`~varpack.errors.VarpackError` is one
   line (written to torchelastic's error file too), exit 2; a bug keeps its traceback; a
   distributed process then leaves with ``os._exit`` (see :func:`leave`).
-- :class:`MetricsLog`: ``OUT/metrics.jsonl``, one JSON object per logged step, rank 0.
+- ``metrics.jsonl`` and the ``--record`` files: ``varpack.torch.records``.
 
-Imports: torch, ``varpack.errors``, ``varpack.torch.checkpoint``, ``varpack.torch.launch``.
+Imports: torch, ``varpack.errors``, ``varpack.torch.checkpoint``, ``varpack.torch.launch``,
+``varpack.torch.records``, ``varpack.torch.watch``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
 import sys
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -32,9 +39,20 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from varpack.errors import Interrupted, VarpackError
-from varpack.torch.checkpoint import save_checkpoint
-from varpack.torch.launch import launch_env, record_error
+from varpack.errors import ConfigError, Interrupted, VarpackError
+from varpack.torch.checkpoint import check_world, save_checkpoint
+from varpack.torch.launch import (
+    LaunchEnv,
+    LaunchError,
+    best_rank,
+    cuda_index,
+    export_torch_env,
+    launch_env,
+    record_error,
+    rendezvous,
+)
+from varpack.torch.records import plural
+from varpack.torch.watch import holding, waiting
 
 
 def count(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -72,7 +90,7 @@ class Parser(argparse.ArgumentParser):
         try:
             quiet = launch_env().rank != 0
         except VarpackError:
-            quiet = False
+            quiet = best_rank() != 0
         self.exit(2, None if quiet else f"{self.prog}: error: {message}\n")
 
 
@@ -90,18 +108,65 @@ def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
 
 
 def rank() -> int:
-    """This process's rank: the process group's, else the launcher's (0 if that is unreadable)."""
+    """This process's rank: the process group's, else the launcher's (as far as it reads)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     try:
         return launch_env().rank
     except VarpackError:
-        return 0
+        return best_rank()
 
 
 def log(rank: int, msg: str) -> None:
     if rank == 0:
         print(f"[train] {msg}", flush=True)
+
+
+def join(env: LaunchEnv, timeout: float) -> tuple[torch.device, Any]:
+    """This process's device and, with other ranks, the rendezvous (gloo on CPU, NCCL on GPU)
+    and the CPU group for small agreements (:func:`cpu_group`). Everything that can be checked
+    alone is checked first; the rendezvous waits at most ``timeout`` seconds (torch's own
+    deadline, a minute later, backs it), and a signal ends it at once."""
+    device = torch.device("cpu")
+    if torch.cuda.is_available():  # srun --gpus-per-task=1 shows each task one device: index 0
+        device = torch.device("cuda", cuda_index(env.local_rank, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    if env.world_size == 1:
+        return device, None
+    export_torch_env(env)  # under srun: RANK, WORLD_SIZE, MASTER_ADDR/PORT for env://
+    where = "{}:{}, {}".format(*rendezvous(env), plural(env.world_size, "rank"))
+    hint = ("a rank was not launched or cannot reach rank 0 there (check the task count, "
+            "MASTER_ADDR and MASTER_PORT)")  # fmt: skip
+    with waiting(f"the rendezvous ({where})", hint, everyone=True):
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout + 60))
+        return device, cpu_group()
+
+
+def check_apart(out: str, inputs: tuple[str, ...]) -> None:
+    """The run's files never go into an input: ``out`` is not, and is not inside, one of them
+    (the same on every rank, so rank 0 alone says it)."""
+    ro = Path(os.path.realpath(out))
+    for item in inputs:
+        ri = Path(os.path.realpath(item))
+        if ro == ri or ri in ro.parents:
+            raise JobError(f"--out {out} is or lies inside the input {item}; write the run "
+                           "elsewhere")  # fmt: skip
+
+
+def check_plan_world(plan: str, ckpt: Path, resume: bool, cp: int, env: LaunchEnv) -> None:
+    """Before any rendezvous: the job's world against the plan's dp (every rank reads the same
+    plan.json, so rank 0 alone says it). A plan or checkpoint that does not read is left to the
+    set-up, whose error every rank agrees on (:func:`all_or_none`)."""
+    if env.world_size % cp:
+        raise JobError(f"--cp {cp} does not divide this job's {plural(env.world_size, 'rank')}: "
+                       f"launch a multiple of {cp}")  # fmt: skip
+    try:
+        check_world(plan, env.world_size // cp, ckpt if resume else None)
+    except ConfigError as exc:
+        raise JobError(str(exc)) from None
+    except VarpackError:
+        pass
 
 
 def cpu_group() -> Any:
@@ -124,6 +189,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum = 0
+        self.watched = False  # a running Watch takes the second signal (it sees it when blocked)
         self._old = {sig: signal.signal(sig, self._note) for sig in self.SIGNALS}
 
     def restore(self) -> None:
@@ -133,7 +199,7 @@ class StopRequest:
                 signal.signal(sig, old)
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum:
+        if self.signum and not self.watched:
             raise Interrupted(signum)
         self.signum = signum
 
@@ -142,7 +208,8 @@ class StopRequest:
         if not (dist.is_available() and dist.is_initialized()):
             return self.signum
         flag = torch.tensor([self.signum], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        with waiting("the step's stop flag"):
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return int(flag)
 
 
@@ -175,7 +242,8 @@ def all_or_none(check: Callable[[], Any], group: Any = None) -> Any:
             1,
         )
     every: list[tuple[str, int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine, group=group)
+    with waiting("the set-up check"):
+        dist.all_gather_object(every, mine, group=group)
     failed = [m for m in every if m is not None]
     if error is not None and not isinstance(error, VarpackError):
         raise error
@@ -188,68 +256,35 @@ def all_or_none(check: Callable[[], Any], group: Any = None) -> Any:
 
 def checkpoint(rank: int, path: Path, model: torch.nn.Module, opt: Any, lr: Any, loader: Any,
                steps: int, run: dict[str, Any]) -> None:  # fmt: skip
-    """Rank 0 saves model, optimizer, LR and loader cursor (rank-independent); all wait."""
+    """Rank 0 saves model, optimizer, LR and loader cursor (rank-independent), never cut short by
+    a signal; all wait for it."""
     if rank == 0:
         state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "lr": lr.state_dict(),
                  "loader": loader.state_dict(), "steps_done": steps, "run": run}  # fmt: skip
-        save_checkpoint(path, state)
+        with holding():
+            save_checkpoint(path, state)
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        with waiting("the barrier after the checkpoint"):
+            dist.barrier()
 
 
-class MetricsLog:
-    """``OUT/metrics.jsonl``: one JSON object per logged step, written by rank 0 line by line
-    and flushed (a crash loses at most the line being written). A new run starts the file; a
-    resumed one appends, after dropping the lines past the checkpoint's step (those steps are
-    trained again and logged again)."""
-
-    def __init__(self, path: Path, resumed_at: int | None, enabled: bool) -> None:
-        self.path = path
-        self._file = None
-        if not enabled:
-            return
-        if resumed_at is not None and path.is_file():
-            lines = path.read_text().splitlines()
-            keep = [x for x in lines if 0 <= _step_of(x) <= resumed_at]
-            if len(keep) != len(lines):
-                tmp = path.with_name(path.name + ".tmp")
-                tmp.write_text("".join(x + "\n" for x in keep))
-                os.replace(tmp, path)
-        self._file = path.open("a" if resumed_at is not None else "w")
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-def _step_of(line: str) -> int:
-    """The line's ``step``; -1 for a line that is not a record (one cut short by a crash)."""
-    try:
-        step = json.loads(line).get("step")
-    except (ValueError, AttributeError):
-        return -1
-    return step if isinstance(step, int) else -1
-
-
-def done_line(
-    steps: int, tokens: int, rank_tokens: int, world: int, elapsed: float, device: torch.device
-) -> str:
-    """The final line: global tokens (all ranks, from the plan's step totals) and the per-rank
-    range (each rank's real tokens, gathered), so neither reads as the other."""
+def done_line(steps: int, first: int, tokens: int, rank_tokens: int, world: int,
+              elapsed: float, device: torch.device) -> str:  # fmt: skip
+    """The final line, every figure of this run's own steps (``first`` .. ``first + steps - 1``
+    of the whole run, named when it was resumed): global tokens (all ranks, from the plan's step
+    totals) and the per-rank range (each rank's real tokens, gathered), so neither reads as the
+    other."""
     per = torch.tensor([rank_tokens, -rank_tokens], dtype=torch.int64, device=device)
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(per, op=dist.ReduceOp.MAX)  # [max, -min] over ranks
+        with waiting("the final figures"):
+            dist.all_reduce(per, op=dist.ReduceOp.MAX)  # [max, -min] over ranks
     hi, lo = int(per[0]), -int(per[1])
     spread = f"{lo:,}" if lo == hi else f"{lo:,} .. {hi:,}"
+    which = f" (steps {first} to {first + steps - 1} of the run)" if first > 1 and steps else ""
     return (
-        f"done: {steps} steps in {elapsed:.1f}s; {tokens:,} tokens in all (global: every rank, "
-        f"{tokens / max(elapsed, 1e-9):,.0f} tok/s), {spread} per rank ({world} ranks)"
+        f"done: {plural(steps, 'step')}{which} in {elapsed:.1f}s; {plural(tokens, 'token')} in "
+        f"all (global: every rank, {tokens / max(elapsed, 1e-9):,.0f} tok/s), {spread} per rank "
+        f"({plural(world, 'rank')})"
     )
 
 
@@ -275,7 +310,8 @@ def run_job(main: Callable[[], int]) -> NoReturn:
         code = main()
     except VarpackError as exc:  # a user mistake: one line (as the varpack CLI does)
         message = f"varpack: error: {exc}"
-        if not isinstance(exc, JobError) or rank() == 0:
+        shared = isinstance(exc, JobError) or (isinstance(exc, LaunchError) and not exc.own)
+        if not shared or rank() == 0:
             sys.stderr.write(message + "\n")  # one write: ranks share the stream
         record_error(message)
         leave(exc.exit_code, _distributed())
@@ -299,14 +335,16 @@ def _distributed() -> bool:
 
 __all__ = [
     "JobError",
-    "MetricsLog",
     "Parser",
     "StopRequest",
     "all_or_none",
+    "check_apart",
+    "check_plan_world",
     "checkpoint",
     "count",
     "cpu_group",
     "done_line",
+    "join",
     "leave",
     "log",
     "lr_lambda",

@@ -9,7 +9,9 @@ exiting 0 (which would hide the failure from the shell and the scheduler).
 
 This module takes exactly torchrun's arguments and runs the same launcher, but catches those two
 exceptions: a worker that exits 2 (a varpack error, its line already printed), 130 or 143
-(interrupted, said so) adds nothing; another failure is one line (rank, exit code or signal).
+(interrupted, said so), or that wrote its line to torchelastic's error file (a timeout or a lost
+peer, exit 1: ``varpack.torch.watch``) adds nothing; another failure is one line (rank, exit
+code or signal).
 The exit code is the first failed worker's (128 + signal for a signal). torchelastic's own
 warnings (the workers it signals) are silenced.
 
@@ -19,6 +21,7 @@ Imports: torch (``torch.distributed.run``).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
@@ -49,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         code = failure.exitcode
-        if code not in EXPLAINED:
+        said = bool(failure.error_file) and os.path.isfile(failure.error_file)  # its own line
+        if code not in EXPLAINED and not said:
             how = f"exit code {code}" if code > 0 else f"signal {failure.signal_name()}"
             sys.stderr.write(f"torchrun: rank {rank} (pid {failure.pid}) failed with {how}\n")
         return code if code > 0 else 128 - code
