@@ -33,6 +33,7 @@ from varpack.plan.kernels.micro import Micro, shape_rule
 from varpack.plan.kernels.order import moved
 from varpack.plan.kernels.split import token_figures
 from varpack.plan.rules import capacity
+from varpack.plan.sync import slot_tokens, slotted
 
 _PIECE = 1 << 20  # samples per piece of the input fingerprint
 
@@ -56,6 +57,7 @@ def plan_meta(
     stats = plan_figures(
         step=p.step,
         rank=p.rank,
+        micro_index=p.micro_index,
         micro=m,
         pad_rows=p.pad_rows,
         warm=p.warmup,
@@ -131,7 +133,7 @@ def sample_figures(
             epochs=spans or [(0, len(step_tokens))],
             window=cfg.shuffle_window,
             dp=cfg.dp,
-            k=cfg.grad_accum,
+            k=1 if slotted(cfg.sync, cfg.grad_accum) else cfg.grad_accum,  # slots: K = 1 steps
             cap=capacity(cfg.pad_multiple, cfg.max_tokens),
             coeffs=cost_coefficients(cfg.cost_model()),
             ideal_cost=ideal_cost,
@@ -164,6 +166,7 @@ def plan_figures(
     *,
     step: np.ndarray,
     rank: np.ndarray,
+    micro_index: np.ndarray,
     micro: Micro,
     pad_rows: np.ndarray | None,
     warm: np.ndarray | None,
@@ -198,6 +201,7 @@ def plan_figures(
     stats = plan_stats(
         step=step,
         rank=rank,
+        micro=micro_index,
         count=micro.rows,
         tokens=micro.tokens,
         padded_len=micro.pad_to,
@@ -209,10 +213,14 @@ def plan_figures(
         step_tokens=step_tokens,
         num_steps=num_steps,
         dp=cfg.dp,
+        grad_accum=cfg.grad_accum,
+        sync=str(cfg.sync),
         layout=cfg.layout,
         shapes=shapes,
     )
     stats["budget_fill"] = budget_fill(stats["real_tokens"], len(step), budget_tokens(cfg))
+    if slotted(cfg.sync, cfg.grad_accum):  # the fill given up slot by slot
+        step_tokens = slot_tokens(step, micro_index, micro.tokens, num_steps, cfg.grad_accum)
     stats.update(balance_figures(step_tokens, epochs, samples.get("bound"), cfg))
     stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
     stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
@@ -234,14 +242,18 @@ def balance_figures(
     cfg: PlanConfig,
 ) -> dict[str, Any]:
     """``time_vs_ideal_bound`` (``bound``, :mod:`.bound`) and ``fill_given_up`` of a plan with a
-    token budget (budget batching, no ``--cp``: context parallelism has a cost model of its own)."""
+    token budget (budget batching, no ``--cp``: context parallelism has a cost model of its own).
+    ``step_tokens``: each step's real tokens, or with ``--sync micro`` each slot's (``grad_accum``
+    a step), the unit ranks are levelled over."""
     if cfg.batching != "budget" or cfg.max_tokens is None or cfg.cp > 1:
         return {}
-    num_steps = len(step_tokens)
+    k = cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) else 1
+    num_steps = len(step_tokens) // k
     spans = [(e["first_step"], e["num_steps"]) for e in epochs] if epochs else [(0, num_steps)]
     cap = capacity(cfg.pad_multiple, cfg.max_tokens)
-    last = np.array([a + n - 1 for a, n in spans if n > 0], dtype=np.int64)
-    fill = fill_given_up(step_tokens, cfg.micro_per_step, cap, last)
+    last = np.array([k * (a + n - 1) + j for a, n in spans if n > 0 for j in range(k)],
+                    dtype=np.int64)  # fmt: skip
+    fill = fill_given_up(step_tokens, cfg.micro_per_step // k, cap, last)
     return {"time_vs_ideal_bound": bound, "fill_given_up": fill}
 
 

@@ -20,12 +20,15 @@ from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.compose import compose_run
+from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.order import MovedTally
+from varpack.plan.kernels.pack import complete
 from varpack.plan.kernels.permute import permuted
 from varpack.plan.mix import blend_sources
 from varpack.plan.rules import capacity
 from varpack.plan.stages.batching import greedy
 from varpack.plan.stages.batching.common import EpochJoiner, order_rule, tokens_per_micro
+from varpack.plan.sync import slotted
 
 #: With ``--pp`` a step is composed from this share of its budget: a rank's micro-batches are all
 #: padded to its fullest, so partly filled ones would cost their padding (measured 0.90: 14 %
@@ -48,6 +51,18 @@ def step_fill(cfg: PlanConfig) -> float:
     return 1.0 if cfg.pp > 1 else cfg.balance_fill
 
 
+def whole_steps(
+    starts: np.ndarray, slens: np.ndarray, cfg: PlanConfig, epoch: int, slots: int
+) -> np.ndarray:
+    """An epoch composed slot by slot (``slots`` > 1) completed to whole steps: the costliest
+    micro-batches of its last partial step split (:func:`~varpack.plan.kernels.pack.complete`)."""
+    if slots == 1:
+        return starts
+    rule = cfg.micro_rule()
+    return complete(starts, slens, cfg.micro_per_step,
+                    lambda o, v: summarize(o, v, rule).cost, f"epoch {epoch}")  # fmt: skip
+
+
 def build(
     lens: np.ndarray,
     alone: np.ndarray,
@@ -62,6 +77,9 @@ def build(
     coeffs = cost_coefficients(cfg.cost_model())
     joined, slens, tally = EpochJoiner(), [], MovedTally()
     per_step = cfg.micro_per_step
+    slots = (
+        cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) else 1
+    )  # slots composed one by one (--sync micro)
     blend = blend_sources()  # a blend (--mix): every step keeps its sources' weights
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)  # the shuffle order's permutation
@@ -70,9 +88,9 @@ def build(
             alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
             coeffs,
             orule.window * orule.step,
-            step_tokens(orule.step, cfg),
+            step_tokens(orule.step, cfg) // slots,
             cfg.dp,
-            cfg.grad_accum,
+            cfg.grad_accum // slots,
             cfg.pad_multiple,
             cfg.max_tokens,
             step_fill(cfg),
@@ -80,12 +98,12 @@ def build(
         )
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
-        pos, off = got.stream, got.starts
+        pos, off = got.stream, whole_steps(got.starts, plens[got.stream], cfg, epoch, slots)
         joined.add(epoch, perm[pos], off, per_step)
         tally.add_epoch(pos, off, plens, per_step)
         slens.append(plens[pos])
         del perm, plens, pos
-    batches = Batches(*joined.join(), joined.epochs, group=cfg.grad_accum)
+    batches = Batches(*joined.join(), joined.epochs, group=cfg.grad_accum // slots)
     batches.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
     batches.moved = tally.figures(cfg.shuffle_window)
     return batches
