@@ -81,13 +81,6 @@ def slotted(sync: str | None, grad_accum: int) -> bool:
     return sync == "micro" and grad_accum > 1
 
 
-def slot_tokens(
-    step: np.ndarray, micro: np.ndarray, tokens: np.ndarray, num_steps: int, k: int
-) -> np.ndarray:
-    """Real tokens of each slot ``(step, micro)`` over all ranks, slots in order."""
-    return np.bincount(step * k + micro, weights=tokens, minlength=num_steps * k)
-
-
 def resolve_sync(sync: str | None, pp: int) -> str:
     """The model a plan is balanced for: ``--sync``, by default ``micro`` (what sharded data
     parallelism waits on, and balanced under both) or ``step`` with ``--pp`` (pipeline ranks

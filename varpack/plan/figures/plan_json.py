@@ -33,7 +33,7 @@ from varpack.plan.kernels.micro import Micro, shape_rule
 from varpack.plan.kernels.order import moved
 from varpack.plan.kernels.split import token_figures
 from varpack.plan.rules import capacity
-from varpack.plan.sync import slot_tokens, slotted
+from varpack.plan.sync import slotted
 
 _PIECE = 1 << 20  # samples per piece of the input fingerprint
 
@@ -219,8 +219,6 @@ def plan_figures(
         shapes=shapes,
     )
     stats["budget_fill"] = budget_fill(stats["real_tokens"], len(step), budget_tokens(cfg))
-    if slotted(cfg.sync, cfg.grad_accum):  # the fill given up slot by slot
-        step_tokens = slot_tokens(step, micro_index, micro.tokens, num_steps, cfg.grad_accum)
     stats.update(balance_figures(step_tokens, epochs, samples.get("bound"), cfg))
     stats.update(plan_shape_stats(micro, pad_rows, lengths, cfg))
     stats["warmup_rows"] = warmup_rows(rank, warm, cfg.dp)
@@ -243,17 +241,16 @@ def balance_figures(
 ) -> dict[str, Any]:
     """``time_vs_ideal_bound`` (``bound``, :mod:`.bound`) and ``fill_given_up`` of a plan with a
     token budget (budget batching, no ``--cp``: context parallelism has a cost model of its own).
-    ``step_tokens``: each step's real tokens, or with ``--sync micro`` each slot's (``grad_accum``
-    a step), the unit ranks are levelled over."""
+    The fill given up is a step's tokens against the median step's under both synchronisation
+    models: with ``--sync micro`` a step's slots are cut by cost, so a slot's own fill says
+    nothing of what levelling gave up."""
     if cfg.batching != "budget" or cfg.max_tokens is None or cfg.cp > 1:
         return {}
-    k = cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) else 1
-    num_steps = len(step_tokens) // k
+    num_steps = len(step_tokens)
     spans = [(e["first_step"], e["num_steps"]) for e in epochs] if epochs else [(0, num_steps)]
     cap = capacity(cfg.pad_multiple, cfg.max_tokens)
-    last = np.array([k * (a + n - 1) + j for a, n in spans if n > 0 for j in range(k)],
-                    dtype=np.int64)  # fmt: skip
-    fill = fill_given_up(step_tokens, cfg.micro_per_step // k, cap, last)
+    last = np.array([a + n - 1 for a, n in spans if n > 0], dtype=np.int64)
+    fill = fill_given_up(step_tokens, cfg.micro_per_step, cap, last)
     return {"time_vs_ideal_bound": bound, "fill_given_up": fill}
 
 

@@ -20,14 +20,17 @@ from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.compose import compose_run
-from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.order import MovedTally
-from varpack.plan.kernels.pack import complete
 from varpack.plan.kernels.permute import permuted
 from varpack.plan.mix import blend_sources
 from varpack.plan.rules import capacity
 from varpack.plan.stages.batching import greedy
-from varpack.plan.stages.batching.common import EpochJoiner, order_rule, tokens_per_micro
+from varpack.plan.stages.batching.common import (
+    EpochJoiner,
+    order_rule,
+    tokens_per_micro,
+    whole_steps,
+)
 from varpack.plan.sync import slotted
 
 #: With ``--pp`` a step is composed from this share of its budget: a rank's micro-batches are all
@@ -49,18 +52,6 @@ def step_fill(cfg: PlanConfig) -> float:
     """The budget fill a step of heavy samples keeps at least: ``--balance-fill``, or all of
     it with ``--pp`` (a rank's micro-batches are padded alike)."""
     return 1.0 if cfg.pp > 1 else cfg.balance_fill
-
-
-def whole_steps(
-    starts: np.ndarray, slens: np.ndarray, cfg: PlanConfig, epoch: int, slots: int
-) -> np.ndarray:
-    """An epoch composed slot by slot (``slots`` > 1) completed to whole steps: the costliest
-    micro-batches of its last partial step split (:func:`~varpack.plan.kernels.pack.complete`)."""
-    if slots == 1:
-        return starts
-    rule = cfg.micro_rule()
-    return complete(starts, slens, cfg.micro_per_step,
-                    lambda o, v: summarize(o, v, rule).cost, f"epoch {epoch}")  # fmt: skip
 
 
 def build(
@@ -98,7 +89,9 @@ def build(
         )
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
-        pos, off = got.stream, whole_steps(got.starts, plens[got.stream], cfg, epoch, slots)
+        pos, off = got.stream, got.starts
+        if slots > 1:
+            pos, off = whole_steps(pos, off, plens[pos], cfg, epoch)
         joined.add(epoch, perm[pos], off, per_step)
         tally.add_epoch(pos, off, plens, per_step)
         slens.append(plens[pos])
