@@ -120,7 +120,8 @@ def slot_warmup_order(shape_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rank, pos, shape = rank[o], pos[o], shape[o]
     count = np.bincount(rank, minlength=dp)
     slot = np.arange(rank.size) - np.searchsorted(rank, np.arange(dp))[rank]
-    key = np.broadcast_to(len(front) + np.arange(n, dtype=np.int64), (dp, n)).copy()
+    # the rest after the front (a rank's firsts, then the other moved ones, count + L at most)
+    key = np.broadcast_to(2 * len(front) + np.arange(n, dtype=np.int64), (dp, n)).copy()
     key[:, front] = count[:, None] + np.arange(len(front))  # moved, after the rank's own firsts
     key[rank, pos] = slot
     perm = np.argsort(key, axis=1, kind="stable")
