@@ -139,7 +139,11 @@ def balance(n: int) -> None:
               f"dp {dp}")  # fmt: skip
         print(head)
         for k in ks:
-            for layout, kw in (("packed", {}), ("padded", {"layout": "padded"}), ("pp 4", {"pp": 4})):
+            for layout, kw in (
+                ("packed", {}),
+                ("padded", {"layout": "padded"}),
+                ("pp 4", {"pp": 4}),
+            ):
                 if layout == "pp 4" and k % 4:
                     continue
                 syncs = ["step"] if layout == "pp 4" else ["step", "micro"] if k > 1 else ["step"]
