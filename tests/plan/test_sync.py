@@ -111,7 +111,7 @@ def test_slots_cut_by_cost_keep_every_micro_batch_and_lower_the_time(dp, k, wind
     before = cost.reshape(-1, dp).max(axis=1).sum()
     after = cost[order].reshape(-1, dp).max(axis=1).sum()
     assert after <= before + 1e-12
-    idx, starts = move_micro(np.arange(2 * m), np.arange(0, 2 * m + 1, 2), order)
+    (idx,), starts = move_micro((np.arange(2 * m),), np.arange(0, 2 * m + 1, 2), order)
     assert (idx.reshape(-1, 2)[:, 0] // 2 == order).all() and (np.diff(starts) == 2).all()
 
 

@@ -230,14 +230,15 @@ def _land(comm: Any) -> Any:
 def _slots_by_cost(
     comm: Any, rows: Rows, off: np.ndarray, cfg: PlanConfig, epoch: int
 ) -> tuple[Rows, np.ndarray]:
-    """:func:`~varpack.plan.stages.batching.common.whole_steps` under MPI: the count completed
-    on the last rank, then every rank holds whole blocks of ``--shuffle-window`` steps (a block
-    goes to the rank holding its first micro-batch) and cuts its blocks into slots."""
+    """Slots cut by cost, as :func:`~varpack.plan.stages.batching.costed.build` cuts them, under
+    MPI: the count completed on the last rank, then every rank holds whole blocks of
+    ``--shuffle-window`` steps (a block goes to the rank holding its first micro-batch) and cuts
+    its blocks into slots."""
     rows, off = complete_tail(comm, rows, off, cfg, f"epoch {epoch}")
     rows, off = whole_units(comm, rows, off, cfg.shuffle_window * cfg.micro_per_step)
     cost = summarize(off, rows["lens"], cfg.micro_rule()).cost
     order = slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window)
-    idx, off = move_micro(np.arange(count(rows), dtype=np.int64), off, order)
+    (idx,), off = move_micro((np.arange(count(rows), dtype=np.int64),), off, order)
     return take_index(rows, idx), off
 
 

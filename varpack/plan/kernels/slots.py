@@ -15,9 +15,9 @@ follows the block's, and a micro-batch moves by less than one block.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from varpack.plan.kernels.order import snake
-from varpack.plan.segments import gather_positions
 
 
 def slot_order(cost: np.ndarray, dp: int, k: int, window: int) -> np.ndarray:
@@ -48,15 +48,28 @@ def slot_order(cost: np.ndarray, dp: int, k: int, window: int) -> np.ndarray:
     return out
 
 
-def move_micro(
-    idx: np.ndarray, starts: np.ndarray, order: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(idx, starts)`` of a stream cut into micro-batches at ``starts``, the micro-batches
-    moved into ``order``.
+@njit(cache=True)
+def _gather(src, starts, order, new_starts):  # type: ignore[no-untyped-def]
+    """``src``'s runs ``starts[order[i]] .. starts[order[i] + 1]`` one after the other."""
+    out = np.empty(len(src), dtype=src.dtype)
+    for i in range(len(order)):
+        a, b = starts[order[i]], starts[order[i] + 1]
+        out[new_starts[i] : new_starts[i] + b - a] = src[a:b]
+    return out
 
-    >>> idx, starts = move_micro(np.arange(5), np.array([0, 1, 3, 5]), np.array([2, 0, 1]))
+
+def move_micro(
+    arrays: tuple[np.ndarray, ...], starts: np.ndarray, order: np.ndarray
+) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """``(arrays, starts)`` of a stream cut into micro-batches at ``starts`` (``arrays``: its
+    columns, position by position), the micro-batches moved into ``order`` (one new array per
+    column, no temporary of the stream's size).
+
+    >>> (idx,), starts = move_micro((np.arange(5),), np.array([0, 1, 3, 5]), np.array([2, 0, 1]))
     >>> idx.tolist(), starts.tolist()
     ([3, 4, 0, 1, 2], [0, 2, 3, 5])
     """
-    pos, new_starts = gather_positions(starts[:-1][order], np.diff(starts)[order])
-    return idx[pos], new_starts
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    new_starts = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(np.diff(starts)[order], out=new_starts[1:])
+    return tuple(_gather(a, starts, order, new_starts) for a in arrays), new_starts

@@ -22,6 +22,7 @@ from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.bands import band_items, deal_steps
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete
+from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.segments import gather_positions, segment_max
 from varpack.plan.stages.batching import greedy, pipeline
 from varpack.plan.stages.batching.common import (
@@ -99,7 +100,9 @@ def build(
         pos, starts = gather_positions(starts[:-1][order], np.diff(starts)[order])
         idx = idx[pos]
         if slots > 1:  # --sync micro: whole steps, slots cut by cost
-            idx, starts = whole_steps(idx, starts, lens[idx], cfg, epoch)
+            starts, cost = whole_steps(starts, lens[idx], cfg, epoch)
+            order = slot_order(cost, dp, cfg.grad_accum, cfg.shuffle_window)
+            (idx,), starts = move_micro((idx,), starts, order)
         else:
             starts = complete(
                 starts,

@@ -16,7 +16,6 @@ from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.order import ORDERS, OrderRule, step_size
 from varpack.plan.kernels.pack import PackRule, complete, pack
 from varpack.plan.kernels.shapes import round_up, round_up_to
-from varpack.plan.kernels.slots import move_micro, slot_order
 
 
 def order_rule(cfg: PlanConfig, tokens_per_micro: float | None = None) -> OrderRule:
@@ -82,15 +81,14 @@ class EpochJoiner:
 
 
 def whole_steps(
-    idx: np.ndarray, starts: np.ndarray, slens: np.ndarray, cfg: PlanConfig, epoch: int
+    starts: np.ndarray, slens: np.ndarray, cfg: PlanConfig, epoch: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """An epoch composed slot by slot (``--sync micro``, or grad-accum 1) as whole steps: the
-    costliest micro-batches of its last partial step split
-    (:func:`~varpack.plan.kernels.pack.complete`), then each window's micro-batches cut into
-    slots by cost and the slots dealt to its steps
-    (:func:`~varpack.plan.kernels.slots.slot_order`). ``slens``: the lengths of ``idx``."""
+    """``(starts, cost)`` of an epoch composed slot by slot (``--sync micro``, or grad-accum 1)
+    completed to whole steps: the costliest micro-batches of its last partial step split
+    (:func:`~varpack.plan.kernels.pack.complete`), and each micro-batch's cost, by which
+    :func:`~varpack.plan.kernels.slots.slot_order` cuts each window's slots (once the caller let
+    ``slens``, the stream's lengths, go: they are as long as the stream)."""
     rule = cfg.micro_rule()
     starts = complete(starts, slens, cfg.micro_per_step,
                       lambda o, v: summarize(o, v, rule).cost, f"epoch {epoch}")  # fmt: skip
-    cost = summarize(starts, slens, rule).cost
-    return move_micro(idx, starts, slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window))
+    return starts, summarize(starts, slens, rule).cost

@@ -22,6 +22,7 @@ from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.compose import compose_run
 from varpack.plan.kernels.order import MovedTally
 from varpack.plan.kernels.permute import permuted
+from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.mix import blend_sources
 from varpack.plan.rules import capacity
 from varpack.plan.stages.batching import greedy
@@ -91,8 +92,13 @@ def build(
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
         pos, off = got.stream, got.starts
+        del got
         if (slots > 1 or cfg.grad_accum == 1) and blend is None:  # slots cut by cost
-            pos, off = whole_steps(pos, off, plens[pos], cfg, epoch)
+            sl = plens[pos]
+            off, cost = whole_steps(off, sl, cfg, epoch)
+            del sl
+            order = slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window)
+            (pos,), off = move_micro((pos,), off, order)
         joined.add(epoch, perm[pos], off, per_step)
         tally.add_epoch(pos, off, plens, per_step)
         slens.append(plens[pos])
