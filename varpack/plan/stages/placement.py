@@ -30,9 +30,8 @@ def assign(
     """Rank and position of every micro-batch in its step (by ``cost`` if given: ``--cp``)."""
     micro = shaped.micro
     cost = micro.cost if cost is None else cost
-    if slotted(
-        cfg.sync, cfg.grad_accum
-    ):  # ranks meet at every micro-batch: each slot balanced across them
+    # ranks meet at every micro-batch: each slot balanced across them
+    if slotted(cfg.sync, cfg.grad_accum):
         index, lane = algo.balance_slots(batches.step, cost, cfg.dp, cfg.grad_accum)
         slot = batches.step * cfg.grad_accum + index
         offsets = algo.step_offsets(int(slot.max()) + 1 if len(slot) else 0, cfg.dp, cfg.seed)

@@ -7,9 +7,11 @@ epoch the shuffle order's permutation comes with the lengths moved along
 :func:`varpack.plan.kernels.compose.compose_run` deals each window of it to steps, ranks and
 micro-batches by cost: heavy samples one per rank of a step, the rest filled to each rank's
 level within the budget. Every ``grad_accum`` consecutive micro-batches of a step are one rank's
-share, so the assign stage moves them whole (``Batches.group``). Where an epoch cannot be
-composed so (fewer samples than whole steps need), the plan is composed by tokens
-(:mod:`.greedy`).
+share, so the assign stage moves them whole (``Batches.group``). With ``--sync micro`` (and
+at grad-accum 1) the windows are composed as steps of grad-accum 1 (slots: one micro-batch per
+rank), and each window's micro-batches are then cut into slots by cost and dealt to its steps
+(:mod:`varpack.plan.kernels.slots`). Where an epoch cannot be composed so (fewer samples than
+whole steps need), the plan is composed by tokens (:mod:`.greedy`).
 """
 
 from __future__ import annotations
