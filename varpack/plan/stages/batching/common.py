@@ -12,8 +12,9 @@ import numpy as np
 
 from varpack.plan.config import PlanConfig
 from varpack.plan.kernels import assign
+from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.order import ORDERS, OrderRule, step_size
-from varpack.plan.kernels.pack import PackRule, pack
+from varpack.plan.kernels.pack import PackRule, complete, pack
 from varpack.plan.kernels.shapes import round_up, round_up_to
 
 
@@ -77,3 +78,17 @@ class EpochJoiner:
         stream = self.streams[0] if one else np.concatenate(self.streams)
         step = self.steps[0] if one else np.concatenate(self.steps)
         return stream, np.append(np.concatenate(self.offs), self.n_pos), step
+
+
+def whole_steps(
+    starts: np.ndarray, slens: np.ndarray, cfg: PlanConfig, epoch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, cost)`` of an epoch composed slot by slot (``--sync micro``, or grad-accum 1)
+    completed to whole steps: the costliest micro-batches of its last partial step split
+    (:func:`~varpack.plan.kernels.pack.complete`), and each micro-batch's cost, by which
+    :func:`~varpack.plan.kernels.slots.slot_order` cuts each window's slots (once the caller let
+    ``slens``, the stream's lengths, go: they are as long as the stream)."""
+    rule = cfg.micro_rule()
+    starts = complete(starts, slens, cfg.micro_per_step,
+                      lambda o, v: summarize(o, v, rule).cost, f"epoch {epoch}")  # fmt: skip
+    return starts, summarize(starts, slens, rule).cost

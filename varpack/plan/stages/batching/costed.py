@@ -7,9 +7,11 @@ epoch the shuffle order's permutation comes with the lengths moved along
 :func:`varpack.plan.kernels.compose.compose_run` deals each window of it to steps, ranks and
 micro-batches by cost: heavy samples one per rank of a step, the rest filled to each rank's
 level within the budget. Every ``grad_accum`` consecutive micro-batches of a step are one rank's
-share, so the assign stage moves them whole (``Batches.group``). Where an epoch cannot be
-composed so (fewer samples than whole steps need), the plan is composed by tokens
-(:mod:`.greedy`).
+share, so the assign stage moves them whole (``Batches.group``). With ``--sync micro`` (and
+at grad-accum 1) the windows are composed as steps of grad-accum 1 (slots: one micro-batch per
+rank), and each window's micro-batches are then cut into slots by cost and dealt to its steps
+(:mod:`varpack.plan.kernels.slots`). Where an epoch cannot be composed so (fewer samples than
+whole steps need), the plan is composed by tokens (:mod:`.greedy`).
 """
 
 from __future__ import annotations
@@ -22,10 +24,17 @@ from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.compose import compose_run
 from varpack.plan.kernels.order import MovedTally
 from varpack.plan.kernels.permute import permuted
+from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.mix import blend_sources
 from varpack.plan.rules import capacity
 from varpack.plan.stages.batching import greedy
-from varpack.plan.stages.batching.common import EpochJoiner, order_rule, tokens_per_micro
+from varpack.plan.stages.batching.common import (
+    EpochJoiner,
+    order_rule,
+    tokens_per_micro,
+    whole_steps,
+)
+from varpack.plan.sync import slotted
 
 #: With ``--pp`` a step is composed from this share of its budget: a rank's micro-batches are all
 #: padded to its fullest, so partly filled ones would cost their padding (measured 0.90: 14 %
@@ -63,6 +72,10 @@ def build(
     joined, slens, tally = EpochJoiner(), [], MovedTally()
     per_step = cfg.micro_per_step
     blend = blend_sources()  # a blend (--mix): every step keeps its sources' weights
+    # --sync micro: slots composed one by one and cut by cost, but a blend's steps are
+    # composed whole (a slot of dp micro-batches is too small to hold the weights) and the
+    # assign stage cuts each step into slots
+    slots = cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) and blend is None else 1
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)  # the shuffle order's permutation
         got = compose_run(
@@ -70,9 +83,9 @@ def build(
             alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
             coeffs,
             orule.window * orule.step,
-            step_tokens(orule.step, cfg),
+            step_tokens(orule.step, cfg) // slots,
             cfg.dp,
-            cfg.grad_accum,
+            cfg.grad_accum // slots,
             cfg.pad_multiple,
             cfg.max_tokens,
             step_fill(cfg),
@@ -81,11 +94,18 @@ def build(
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
         pos, off = got.stream, got.starts
+        del got
+        if (slots > 1 or cfg.grad_accum == 1) and blend is None:  # slots cut by cost
+            sl = plens[pos]
+            off, cost = whole_steps(off, sl, cfg, epoch)
+            del sl
+            order = slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window)
+            (pos,), off = move_micro((pos,), off, order)
         joined.add(epoch, perm[pos], off, per_step)
         tally.add_epoch(pos, off, plens, per_step)
         slens.append(plens[pos])
         del perm, plens, pos
-    batches = Batches(*joined.join(), joined.epochs, group=cfg.grad_accum)
+    batches = Batches(*joined.join(), joined.epochs, group=cfg.grad_accum // slots)
     batches.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
     batches.moved = tally.figures(cfg.shuffle_window)
     return batches
