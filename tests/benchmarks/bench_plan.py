@@ -36,8 +36,9 @@ from varpack.manifest.tables import plan_tables
 from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig, plan_arrays
 from varpack.plan.cost import sample_cost
-from varpack.plan.figures.stats import mixing, step_loads
+from varpack.plan.figures.stats import mixing
 from varpack.plan.kernels.micro import summarize
+from varpack.plan.sync import step_loads
 
 DP = 8
 MODEL = "qwen2.5-0.5b"

@@ -51,6 +51,22 @@ def heavy_bodied(n: int, rng: np.random.Generator, cap: int = 16384) -> np.ndarr
     return np.clip(np.rint(rng.lognormal(np.log(450), 1.45, n)), 1, cap).astype(np.int64)
 
 
+def heavy_tail(n: int, rng: np.random.Generator, cap: int = 32768) -> np.ndarray:
+    """Chat-like samples (log-normal, median 450, sigma 0.9) with 0.5 % at 20-32 K tokens."""
+    x = np.exp(rng.normal(np.log(450), 0.9, n))
+    long = rng.random(n) < 0.005
+    x[long] = rng.uniform(20_000, 32_000, int(long.sum()))
+    return np.clip(np.rint(x), 1, cap).astype(np.int64)
+
+
+def rollouts(n: int, rng: np.random.Generator, cap: int = 8192) -> np.ndarray:
+    """RL rollouts: a prompt (log-normal, median 350, sigma 0.7, 16-4096 tokens) and a response
+    (log-normal, median 4200, sigma 1.0) cut at a ``cap``-token generation limit (25 % reach it)."""
+    prompt = np.clip(np.rint(np.exp(rng.normal(np.log(350), 0.7, n))), 16, 4096)
+    response = np.clip(np.rint(np.exp(rng.normal(np.log(4200), 1.0, n))), 1, cap)
+    return (prompt + response).astype(np.int64)
+
+
 def doc_lengths() -> np.ndarray:
     with DOCS.open() as f:
         return np.array([int(row["tokens"]) for row in csv.DictReader(f)], dtype=np.int64)

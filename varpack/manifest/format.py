@@ -43,9 +43,10 @@ FORMAT = "varpack.plan"
 #: the newest format version this varpack writes; it reads every version from OLDEST on (keys a
 #: later version added: :data:`varpack.manifest.schema.ADDED`). 2: config.balance_fill, the
 #: stats time_vs_ideal_bound and fill_given_up, and the checksum; 3: ``parent`` (a plan made by
-#: ``varpack replan``). A plan is written with the lowest version whose readers understand it
-#: (:func:`version_of`): ``varpack plan`` writes PLAN_VERSION, so earlier readers keep reading it.
-VERSION = 3
+#: ``varpack replan``); 4: ``config.sync`` and ``stats.time_vs_ideal_by_sync`` (an older plan
+#: reads as ``sync = "step"``). A plan is written with the lowest version whose readers understand
+#: it (:func:`version_of`).
+VERSION = 4
 PLAN_VERSION = 2
 OLDEST = 1
 PLAN_JSON = "plan.json"
@@ -218,12 +219,19 @@ def write_plan_json(
 
 
 def version_of(meta: dict[str, Any]) -> int:
-    """The lowest format version that holds every top-level key of ``meta``.
+    """The lowest format version that holds every key of ``meta`` (top-level, and one level in).
 
-    >>> version_of({"config": {}}), version_of({"parent": {}})
-    (2, 3)
+    >>> version_of({"config": {}}), version_of({"parent": {}}), version_of({"config": {"sync": 1}})
+    (2, 3, 4)
     """
-    return max([PLAN_VERSION, *(v for k, v in ADDED.items() if "." not in k and k in meta)])
+    return max([PLAN_VERSION, *(v for k, v in ADDED.items() if _holds(meta, k))])
+
+
+def _holds(meta: dict[str, Any], key: str) -> bool:
+    """Whether ``meta`` has ``key`` (``section.key``: inside that section)."""
+    section, _, name = key.rpartition(".")
+    where = meta.get(section) if section else meta
+    return isinstance(where, dict) and name in where
 
 
 def _dump(doc: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ the LR factor per step, and each rank's load per step relative to the step mean.
 (tokens, LR, load, a blend's shares, CP memory) draws percentile bands instead: the min, p10,
 median, p90 and max of each of :data:`BUCKETS` runs of consecutive steps (:func:`step_bands`). The plot reads the manifests and
 scores micro-batches with the plan's own cost model (:func:`varpack.plan.kernels.micro.summarize`,
-:func:`varpack.plan.figures.stats.step_loads`). matplotlib is imported only when a plot is drawn
+:func:`varpack.plan.sync.step_loads`). matplotlib is imported only when a plot is drawn
 (the ``plot`` extra).
 
 The figure is an output like any other (:mod:`varpack.atomic`): it must stay apart from the plan
@@ -28,11 +28,12 @@ from varpack.atomic import atomic_file, check_output
 from varpack.errors import ConfigError, VarpackError
 from varpack.manifest.carry import name_codes
 from varpack.manifest.format import load_plan
+from varpack.manifest.schema import config_of
 from varpack.plan.config import PlanConfig
 from varpack.plan.cp.cost import cp_load, cp_model
-from varpack.plan.figures.stats import step_loads
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.mix import step_shares
+from varpack.plan.sync import step_loads
 
 _MAX_POINTS = 200_000
 #: above this many steps, each per-step panel draws percentile bands over buckets of steps
@@ -158,7 +159,7 @@ def plot(
     from matplotlib.ticker import MaxNLocator
 
     plan = load_plan(path, verify=True, full=True)
-    cfg = PlanConfig.from_mapping(plan.meta["config"]).resolved()
+    cfg = config_of(plan.meta)
     mix = plan.meta.get("mix") if cfg.cp == 1 else None
     steps, ranks, tokens, costs, lens_all, places, offs, ids, starts = ([] for _ in range(9))
     srcs: list[np.ndarray] = []

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from varpack.errors import ConfigError
 from varpack.manifest.format import Plan, carried_columns, load_plan, write_plan
 from varpack.manifest.remaining import epoch_streams, plan_streams
-from varpack.manifest.schema import FINGERPRINT_KEY, plan_fingerprint
+from varpack.manifest.schema import FINGERPRINT_KEY, config_of, plan_fingerprint
 from varpack.manifest.validate.figures import combine, recompute_stats
 from varpack.manifest.validate.files import RankRows, rank_rows
 from varpack.manifest.validate.pieces import recompute_tokens
@@ -139,7 +139,7 @@ def replan(
     # every rank file's sha256 and plan.json's checksum verified (its content is varpack's)
     plan = load_plan(parent, verify=True)
     meta = plan.meta
-    cfg = PlanConfig.from_mapping(meta["config"], where=f"{parent}/plan.json config").resolved()
+    cfg = config_of(meta, where=f"{parent}/plan.json config")
     first, end = plan.first_step, plan.first_step + plan.num_steps
     if not first <= from_step < end:
         raise ConfigError(

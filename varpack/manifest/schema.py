@@ -52,6 +52,8 @@ ADDED = {
     "parent": 3,
     "selection": 3,
     "mix": 3,
+    "config.sync": 4,
+    "stats.time_vs_ideal_by_sync": 4,
 }
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -359,10 +361,19 @@ def meta_problems(meta: Any, full: bool = False) -> list[str]:
         )
     if full:
         try:
-            PlanConfig.from_mapping(meta["config"], where="plan.json config").resolved()
+            config_of(meta)
         except VarpackError as exc:
             out.append(f"plan.json config is invalid: {exc}")
     return out
+
+
+def config_of(meta: dict[str, Any], where: str = "plan.json config") -> PlanConfig:
+    """plan.json's config, resolved. A plan from before ``--sync`` (version 3 and older) was
+    balanced once per step: it reads as ``sync = "step"``, whatever the default now."""
+    values = dict(meta.get("config", {}))
+    if "sync" in absent(meta, "config"):
+        values.setdefault("sync", "step")
+    return PlanConfig.from_mapping(values, where=where).resolved()
 
 
 def plan_fingerprint(meta: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from varpack.plan.kernels.micro import MicroRule
 from varpack.plan.kernels.pack import PackRule
 from varpack.plan.models import PRESETS, ModelDims
 from varpack.plan.oversize import resolve_oversize
+from varpack.plan.sync import resolve_sync
 
 #: Largest length, budget or count a manifest can hold (its int32 columns).
 INT32_MAX = 2**31 - 1
@@ -77,6 +78,13 @@ class PlanConfig(ContextOptions):
     )
     dp: int = option(1, "data-parallel ranks (one manifest each)", bounds=(1, COUNT_MAX))
     grad_accum: int = option(1, "micro-batches per rank per optimizer step", bounds=(1, COUNT_MAX))
+    sync: str | None = option(
+        None,
+        "what ranks wait on: micro (FSDP, ZeRO-3: every micro-batch, so each slot is balanced "
+        "across ranks) or step (DDP with no_sync, Megatron DP, pipelines: once per optimizer "
+        "step, so each rank's step sum is); default micro, step with --pp",
+        ("micro", "step"),
+    )
     cost: str = option(
         "tokens",
         "cost model used to balance ranks and to score the plan",
@@ -230,7 +238,7 @@ class PlanConfig(ContextOptions):
         cfg = self
         for name, choices in CHOICES.items():
             value = getattr(cfg, name)
-            if value not in choices:
+            if value not in choices and (value is not None or name != "sync"):
                 raise ConfigError(f"--{_flag(name)} {value!r}: choose one of {', '.join(choices)}")
         for f in fields(cfg):
             if "bounds" in f.metadata:
@@ -261,7 +269,7 @@ class PlanConfig(ContextOptions):
         return self.layout == "padded" and (self.max_shapes is not None or self.pp > 1)
 
     def _resolve_shapes(self) -> PlanConfig:
-        cfg = self
+        cfg = dataclasses.replace(self, sync=resolve_sync(self.sync, self.pp))
         if cfg.grad_accum % cfg.pp:
             raise ConfigError(
                 f"--grad-accum {cfg.grad_accum} must be a multiple of --pp {cfg.pp} "

@@ -34,6 +34,7 @@ class AllRanks:
 
     step: np.ndarray  # per micro-batch
     rank_of: np.ndarray
+    micro_index: np.ndarray  # its place on its rank in its step
     micro: Micro
     ids: np.ndarray  # per planned sample
     lens: np.ndarray
@@ -84,6 +85,7 @@ def combine(
     return AllRanks(
         step=step,
         rank_of=rank_of,
+        micro_index=np.concatenate([rk.micro for rk in ranks]),
         micro=allm,
         ids=np.concatenate([rk.ids for rk in ranks]),
         lens=np.concatenate([rk.lens for rk in ranks]),
@@ -153,6 +155,7 @@ def recompute_stats(
     return plan_figures(
         step=whole.step,
         rank=whole.rank_of,
+        micro_index=whole.micro_index,
         micro=whole.micro,
         pad_rows=pad_rows,
         warm=warm if warm.any() else None,

@@ -34,7 +34,12 @@ from varpack.manifest.format import (
     read_meta,
 )
 from varpack.manifest.rankfiles import duplicate_names, file_problem
-from varpack.manifest.schema import FINGERPRINT_KEY, fingerprint_problem, meta_problems
+from varpack.manifest.schema import (
+    FINGERPRINT_KEY,
+    config_of,
+    fingerprint_problem,
+    meta_problems,
+)
 from varpack.manifest.validate.report import Report
 from varpack.plan.config import PlanConfig
 
@@ -98,7 +103,7 @@ def check_fingerprint(meta: dict[str, Any], files_ok: bool, replay: bool, report
 def read_config(meta: dict[str, Any], report: Report) -> PlanConfig | None:
     """plan.json's config, resolved; ``None`` (one violation) if it is invalid."""
     try:
-        return PlanConfig.from_mapping(meta.get("config", {}), where="plan.json config").resolved()
+        return config_of(meta)
     except VarpackError as exc:
         report.add(f"plan.json config is invalid: {exc}")
         return None

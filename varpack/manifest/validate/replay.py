@@ -17,9 +17,10 @@ import numpy as np
 import pyarrow as pa
 
 from varpack.manifest.format import CARRY_PREFIX, manifest_schema
+from varpack.manifest.schema import config_of
 from varpack.manifest.tables import plan_tables
 from varpack.manifest.validate.report import SHOW, Report
-from varpack.plan import PlanConfig, make_plan
+from varpack.plan import make_plan
 
 #: plan.json keys the planner decides from config + input (stats are recomputed elsewhere)
 _DECIDED = ("layout", "num_steps", "epochs", "shape_lengths", "dropped")
@@ -35,7 +36,7 @@ def check_replay(
     """Re-plan ``metadata`` (ids, lens in sort order) with plan.json's config; one violation per
     differing plan.json key and per rank (the first few) whose rows differ."""
     ids, lens = metadata
-    cfg = PlanConfig.from_mapping(meta["config"], where="plan.json config").resolved()
+    cfg = config_of(meta)
     arrays, again, _ = make_plan(ids, lens, cfg)
     for key in _DECIDED:
         if json.loads(json.dumps(again.get(key))) != meta.get(key):  # as plan.json holds it

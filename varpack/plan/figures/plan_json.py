@@ -33,6 +33,7 @@ from varpack.plan.kernels.micro import Micro, shape_rule
 from varpack.plan.kernels.order import moved
 from varpack.plan.kernels.split import token_figures
 from varpack.plan.rules import capacity
+from varpack.plan.sync import slotted
 
 _PIECE = 1 << 20  # samples per piece of the input fingerprint
 
@@ -56,6 +57,7 @@ def plan_meta(
     stats = plan_figures(
         step=p.step,
         rank=p.rank,
+        micro_index=p.micro_index,
         micro=m,
         pad_rows=p.pad_rows,
         warm=p.warmup,
@@ -131,7 +133,7 @@ def sample_figures(
             epochs=spans or [(0, len(step_tokens))],
             window=cfg.shuffle_window,
             dp=cfg.dp,
-            k=cfg.grad_accum,
+            k=1 if slotted(cfg.sync, cfg.grad_accum) else cfg.grad_accum,  # slots: K = 1 steps
             cap=capacity(cfg.pad_multiple, cfg.max_tokens),
             coeffs=cost_coefficients(cfg.cost_model()),
             ideal_cost=ideal_cost,
@@ -164,6 +166,7 @@ def plan_figures(
     *,
     step: np.ndarray,
     rank: np.ndarray,
+    micro_index: np.ndarray,
     micro: Micro,
     pad_rows: np.ndarray | None,
     warm: np.ndarray | None,
@@ -198,6 +201,7 @@ def plan_figures(
     stats = plan_stats(
         step=step,
         rank=rank,
+        micro=micro_index,
         count=micro.rows,
         tokens=micro.tokens,
         padded_len=micro.pad_to,
@@ -209,6 +213,8 @@ def plan_figures(
         step_tokens=step_tokens,
         num_steps=num_steps,
         dp=cfg.dp,
+        grad_accum=cfg.grad_accum,
+        sync=str(cfg.sync),
         layout=cfg.layout,
         shapes=shapes,
     )
@@ -234,7 +240,10 @@ def balance_figures(
     cfg: PlanConfig,
 ) -> dict[str, Any]:
     """``time_vs_ideal_bound`` (``bound``, :mod:`.bound`) and ``fill_given_up`` of a plan with a
-    token budget (budget batching, no ``--cp``: context parallelism has a cost model of its own)."""
+    token budget (budget batching, no ``--cp``: context parallelism has a cost model of its own).
+    The fill given up is a step's tokens against the median step's under both synchronisation
+    models: with ``--sync micro`` a step's slots are cut by cost, so a slot's own fill says
+    nothing of what levelling gave up."""
     if cfg.batching != "budget" or cfg.max_tokens is None or cfg.cp > 1:
         return {}
     num_steps = len(step_tokens)

@@ -23,6 +23,7 @@ from numba import njit
 
 from varpack.plan.figures.merge import WHOLE, Merge, length_histogram
 from varpack.plan.rules import LAYOUT_CODE, volume
+from varpack.plan.sync import SYNC_MODELS
 
 #: the one-line meaning of "time vs ideal", printed wherever the figure is
 TIME_VS_IDEAL_LEGEND = (
@@ -159,14 +160,6 @@ def chunked_sum(values: np.ndarray, fn: Any, merge: Merge = WHOLE) -> float:
     return total
 
 
-def step_loads(
-    step: np.ndarray, rank: np.ndarray, cost: np.ndarray, num_steps: int, dp: int
-) -> np.ndarray:
-    """(steps, dp) matrix of each rank's cost in each step."""
-    flat = np.bincount(step * dp + rank, weights=cost, minlength=num_steps * dp)
-    return flat.reshape(num_steps, dp)
-
-
 def rank_shapes(rank: np.ndarray, rows: np.ndarray, pad_to: np.ndarray, dp: int) -> list[list[Any]]:
     """Distinct shapes each rank sees, LARGEST FIRST, as ``[rows, pad_to]`` (plan.json's format).
 
@@ -267,6 +260,7 @@ def plan_stats(
     *,
     step: np.ndarray,
     rank: np.ndarray,
+    micro: np.ndarray,
     count: np.ndarray,
     tokens: np.ndarray,
     padded_len: np.ndarray,
@@ -278,17 +272,27 @@ def plan_stats(
     step_tokens: np.ndarray,
     num_steps: int,
     dp: int,
+    grad_accum: int,
+    sync: str,
     layout: str,
     shapes: list[list[Any]],
 ) -> dict[str, Any]:
-    """The stats block of plan.json (plain JSON types)."""
+    """The stats block of plan.json (plain JSON types). Time and imbalance are scored under
+    the plan's synchronisation model ``sync`` (:mod:`varpack.plan.sync`), and
+    ``time_vs_ideal_by_sync`` under each one; ``micro``: each micro-batch's place on its rank
+    in its step."""
     real = int(tokens.sum())
     padded = int(volume(count, padded_len, LAYOUT_CODE[layout]).sum())
-    loads = step_loads(step, rank, cost, num_steps, dp)
-    peak = loads.max(axis=1)
-    imbalance = peak / np.maximum(loads.mean(axis=1), 1e-300)
-    est = float(peak.sum())
     ideal = ideal_cost / dp
+    times = {
+        n: fn(step, rank, micro, cost, num_steps, dp, grad_accum) for n, fn in SYNC_MODELS.items()
+    }
+    by_sync = {n: float(t.sum()) / ideal if ideal else 1.0 for n, t in times.items()}
+    peak = times[sync]
+    # a step's time over its ranks' mean: the slowest rank's share (step), or what the slots'
+    # slowest ranks add up to (micro)
+    imbalance = peak / np.maximum(np.bincount(step, weights=cost, minlength=num_steps) / dp, 1e-300)
+    est = float(peak.sum())
     return {
         "real_tokens": real,
         "padded_tokens": padded,
@@ -300,6 +304,7 @@ def plan_stats(
         "est_time": est,
         "ideal_time": ideal,
         "time_vs_ideal": est / ideal if ideal else 1.0,
+        "time_vs_ideal_by_sync": by_sync,
         "lr_factor_min": float(lr.min()) if num_steps else 1.0,
         "lr_factor_max": float(lr.max()) if num_steps else 1.0,
         "step_samples_min": int(step_samples.min()) if num_steps else 0,

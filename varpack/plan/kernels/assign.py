@@ -131,6 +131,48 @@ def balance_ranks(
     return balance_any_order(step, cost, dp, k)
 
 
+@njit(cache=True)
+def _slots_in_order(cost, dp, k):  # type: ignore[no-untyped-def]
+    """:func:`balance_slots` where step ``s`` is micro-batches ``s*dp*k .. (s+1)*dp*k - 1``."""
+    m = len(cost)
+    width = dp * k
+    slot = np.empty(m, dtype=np.int64)
+    lane = np.empty(m, dtype=np.int64)
+    for base in range(0, m, width):
+        order = np.argsort(-cost[base : base + width], kind="mergesort")  # ties by position
+        for q in range(width):
+            slot[base + order[q]] = q // dp
+            lane[base + order[q]] = q % dp
+    return slot, lane
+
+
+def balance_slots(
+    step: np.ndarray, cost: np.ndarray, dp: int, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(micro, lane)`` of every micro-batch when ranks meet at every micro-batch: each step's
+    ``dp*k`` micro-batches, costliest first (ties by position), cut into ``k`` slots of ``dp``;
+    ``lane`` is the place in its slot (0: the costliest). A step lasts the sum of its slots'
+    costliest micro-batches, and sorted slots make that sum the least any split of the step's
+    micro-batches into ``k`` slots of ``dp`` can reach (the ``j``-th costliest slot waits on at
+    least the ``j*dp``-th costliest micro-batch).
+
+    >>> micro, lane = balance_slots(np.zeros(4, np.int64), np.array([1.0, 4, 2, 4]), 2, 2)
+    >>> micro.tolist(), lane.tolist()
+    ([1, 0, 1, 0], [1, 0, 0, 1])
+    """
+    m = len(step)
+    width = dp * k
+    assert m % width == 0
+    first = int(step[0]) if m else 0
+    if np.array_equal(step, steps_in_order(m, width) + first):  # the planner's: steps in order
+        return _slots_in_order(np.ascontiguousarray(cost, dtype=np.float64), dp, k)  # type: ignore[no-any-return]
+    pos = np.arange(m, dtype=np.int64)
+    order = np.lexsort((pos, -cost, step))  # by step, costliest first, ties by position
+    q = np.empty(m, dtype=np.int64)
+    q[order] = pos % width
+    return q // dp, q % dp
+
+
 def step_offsets(num_steps: int, dp: int, seed: int) -> np.ndarray:
     """A pseudo-random rank offset for each step, drawn from ``(seed, step)`` (splitmix64).
 

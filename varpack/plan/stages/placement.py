@@ -4,9 +4,12 @@ Every step's ``dp x grad_accum`` micro-batches go to the ranks, ``grad_accum`` e
 the slowest rank (:func:`varpack.plan.kernels.assign.balance_ranks`), then each step's ranks are
 rotated by an offset drawn from ``(seed, step)`` (:func:`~varpack.plan.kernels.assign.step_offsets`):
 balancing hands a step's costliest share to the lowest rank on ties, and without the rotation one
-rank would be the slowest step after step. Pipeline groups (``--pp``,
-padded) move whole, one group per rank and step; with ``--pp`` in the packed layout every
-micro-batch of a (step, rank) takes the largest shape among them (one shape per pipeline step).
+rank would be the slowest step after step. With ``--sync micro`` ranks meet at every micro-batch:
+each step's micro-batches are sorted by cost and cut into ``grad_accum`` slots of ``dp``
+(:func:`~varpack.plan.kernels.assign.balance_slots`), one per rank, rotated by slot. Pipeline
+groups (``--pp``, padded) move whole, one group per rank and step; with ``--pp`` in the packed
+layout every micro-batch of a (step, rank) takes the largest shape among them (one shape per
+pipeline step).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from varpack.plan.config import PlanConfig
 from varpack.plan.kernels import assign as algo
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.segments import group_max
+from varpack.plan.sync import slotted
 
 
 def assign(
@@ -26,6 +30,13 @@ def assign(
     """Rank and position of every micro-batch in its step (by ``cost`` if given: ``--cp``)."""
     micro = shaped.micro
     cost = micro.cost if cost is None else cost
+    if slotted(
+        cfg.sync, cfg.grad_accum
+    ):  # ranks meet at every micro-batch: each slot balanced across them
+        index, lane = algo.balance_slots(batches.step, cost, cfg.dp, cfg.grad_accum)
+        slot = batches.step * cfg.grad_accum + index
+        offsets = algo.step_offsets(int(slot.max()) + 1 if len(slot) else 0, cfg.dp, cfg.seed)
+        return Placement((lane + offsets[slot]) % cfg.dp, batches.step, index, micro)
     if not batches.group:
         rank, index = algo.balance_ranks(batches.step, cost, cfg.dp, cfg.grad_accum)
     else:

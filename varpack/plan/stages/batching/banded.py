@@ -6,8 +6,10 @@ cut into bands (:func:`varpack.plan.kernels.bands.band_items`: one micro-batch e
 cost (:func:`~varpack.plan.kernels.bands.deal_steps`): heavy bands one per rank of a step, the
 rest in a snake over the window's lengths. Where a rank holds one band per step (grad-accum 1, or
 ``--pp``), bands are capped by cost so the ranks of a step cost alike; with more, the assign
-stage levels a rank's bands (longest-processing-time first). The count is completed to whole
-steps by splitting the costliest bands (:func:`varpack.plan.kernels.pack.complete`).
+stage levels a rank's bands (longest-processing-time first). With ``--sync micro`` each slot
+(one band per rank) is composed as a step of grad-accum 1, and ``grad_accum`` consecutive slots
+make a step. The count is completed to whole steps by splitting the costliest bands
+(:func:`varpack.plan.kernels.pack.complete`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from varpack.plan.stages.batching.common import (
     epoch_order,
     order_rule,
     tokens_per_micro,
+    whole_steps,
 )
 from varpack.plan.stages.batching.pipeline import expand_groups
 from varpack.plan.stages.shaping import shape_rows
+from varpack.plan.sync import slotted
 
 
 def merge_small(
@@ -69,12 +73,14 @@ def build(
 ) -> Batches:
     """Micro-batches and steps of all epochs in the padded layout, composed by cost."""
     assert cfg.max_tokens is not None
-    k, dp, pp = cfg.grad_accum, cfg.dp, cfg.pp > 1
+    dp, pp = cfg.dp, cfg.pp > 1
+    slots = cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) else 1  # (--sync micro)
+    k = cfg.grad_accum // slots  # a rank's micro-batches in what is composed: a step or a slot
     m = k if pp else 1  # micro-batches per band
-    per_step = dp if pp else dp * k  # bands per step
+    per_step = dp if pp else dp * k  # bands per step (per slot)
     eff = effective_lengths(lens, cfg, lengths)
     lin, quad = cost_coefficients(cfg.cost_model())
-    capped = pp or k == 1
+    capped = pp or k == 1 and slots == 1  # slots cut by cost need no cap
     orule = order_rule(cfg, tokens_per_micro(eff, np.zeros(len(lens), bool), cfg, cfg.pack_rule()))
     joined = EpochJoiner()
     mrule = cfg.micro_rule()
@@ -92,15 +98,18 @@ def build(
         order = deal_steps(starts, np.asarray(bounds, np.int64), heavy, item_cost, per_step, dp)
         pos, starts = gather_positions(starts[:-1][order], np.diff(starts)[order])
         idx = idx[pos]
-        starts = complete(
-            starts,
-            lens[idx],
-            per_step,
-            lambda o, v: summarize(o, v, mrule).cost if not pp else np.diff(o).astype(float),
-            f"epoch {epoch}",
-            min_size=m,
-        )
-        joined.add(epoch, idx, starts, per_step)
+        if slots > 1:  # --sync micro: whole steps, slots cut by cost
+            idx, starts = whole_steps(idx, starts, lens[idx], cfg, epoch)
+        else:
+            starts = complete(
+                starts,
+                lens[idx],
+                per_step,
+                lambda o, v: summarize(o, v, mrule).cost if not pp else np.diff(o).astype(float),
+                f"epoch {epoch}",
+                min_size=m,
+            )
+        joined.add(epoch, idx, starts, per_step * slots)
     stream, offsets, step = joined.join()
     if not pp:
         return Batches(stream, offsets, step, joined.epochs)

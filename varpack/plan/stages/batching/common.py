@@ -12,9 +12,11 @@ import numpy as np
 
 from varpack.plan.config import PlanConfig
 from varpack.plan.kernels import assign
+from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.order import ORDERS, OrderRule, step_size
-from varpack.plan.kernels.pack import PackRule, pack
+from varpack.plan.kernels.pack import PackRule, complete, pack
 from varpack.plan.kernels.shapes import round_up, round_up_to
+from varpack.plan.kernels.slots import move_micro, slot_order
 
 
 def order_rule(cfg: PlanConfig, tokens_per_micro: float | None = None) -> OrderRule:
@@ -77,3 +79,17 @@ class EpochJoiner:
         stream = self.streams[0] if one else np.concatenate(self.streams)
         step = self.steps[0] if one else np.concatenate(self.steps)
         return stream, np.append(np.concatenate(self.offs), self.n_pos), step
+
+
+def whole_steps(
+    idx: np.ndarray, starts: np.ndarray, slens: np.ndarray, cfg: PlanConfig, epoch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """An epoch composed slot by slot (``--sync micro``) as whole steps: the costliest
+    micro-batches of its last partial step split (:func:`~varpack.plan.kernels.pack.complete`),
+    then each window's micro-batches cut into slots by cost and the slots dealt to its steps
+    (:func:`~varpack.plan.kernels.slots.slot_order`). ``slens``: the lengths of ``idx``."""
+    rule = cfg.micro_rule()
+    starts = complete(starts, slens, cfg.micro_per_step,
+                      lambda o, v: summarize(o, v, rule).cost, f"epoch {epoch}")  # fmt: skip
+    cost = summarize(starts, slens, rule).cost
+    return move_micro(idx, starts, slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window))

@@ -25,7 +25,13 @@ from varpack.plan.kernels.permute import permuted
 from varpack.plan.mix import blend_sources
 from varpack.plan.rules import capacity
 from varpack.plan.stages.batching import greedy
-from varpack.plan.stages.batching.common import EpochJoiner, order_rule, tokens_per_micro
+from varpack.plan.stages.batching.common import (
+    EpochJoiner,
+    order_rule,
+    tokens_per_micro,
+    whole_steps,
+)
+from varpack.plan.sync import slotted
 
 #: With ``--pp`` a step is composed from this share of its budget: a rank's micro-batches are all
 #: padded to its fullest, so partly filled ones would cost their padding (measured 0.90: 14 %
@@ -62,6 +68,9 @@ def build(
     coeffs = cost_coefficients(cfg.cost_model())
     joined, slens, tally = EpochJoiner(), [], MovedTally()
     per_step = cfg.micro_per_step
+    slots = (
+        cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) else 1
+    )  # slots composed one by one (--sync micro)
     blend = blend_sources()  # a blend (--mix): every step keeps its sources' weights
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)  # the shuffle order's permutation
@@ -70,9 +79,9 @@ def build(
             alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
             coeffs,
             orule.window * orule.step,
-            step_tokens(orule.step, cfg),
+            step_tokens(orule.step, cfg) // slots,
             cfg.dp,
-            cfg.grad_accum,
+            cfg.grad_accum // slots,
             cfg.pad_multiple,
             cfg.max_tokens,
             step_fill(cfg),
@@ -81,11 +90,13 @@ def build(
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
         pos, off = got.stream, got.starts
+        if slots > 1:
+            pos, off = whole_steps(pos, off, plens[pos], cfg, epoch)
         joined.add(epoch, perm[pos], off, per_step)
         tally.add_epoch(pos, off, plens, per_step)
         slens.append(plens[pos])
         del perm, plens, pos
-    batches = Batches(*joined.join(), joined.epochs, group=cfg.grad_accum)
+    batches = Batches(*joined.join(), joined.epochs, group=cfg.grad_accum // slots)
     batches.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
     batches.moved = tally.figures(cfg.shuffle_window)
     return batches
