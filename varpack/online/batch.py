@@ -123,12 +123,24 @@ class BatchPlan:
         samples reaches), ``ideal_time``, ``est_time`` (in cost-model units)."""
         return batch_figures(self.arrays)
 
-    def _nested(self, values: np.ndarray) -> Steps:
+    def pad_to(self, step: int, rank: int) -> np.ndarray:
+        """The padded length of each of rank ``rank``'s micro-batches in step ``step`` (the
+        packed total rounded up to ``pad_multiple``; in the padded layout, the row length)."""
+        return self.arrays.micro.pad_to[self._rows[step, rank]]  # type: ignore[no-any-return]
+
+    @cached_property
+    def _rows(self) -> np.ndarray:
+        """``[steps, dp, K]``: each micro-batch's row in :attr:`arrays`."""
         p = self.arrays
         k, dp = self.micro_per_step, self.dp
         order = np.argsort((p.step * dp + p.rank) * k + p.micro_index, kind="stable")
+        return order.reshape(self.num_steps, dp, k)
+
+    def _nested(self, values: np.ndarray) -> Steps:
+        p = self.arrays
+        k, dp = self.micro_per_step, self.dp
         bounds = p.offsets.tolist()  # by step, rank, then run order
-        flat = [values[bounds[i] : bounds[i + 1]] for i in order.tolist()]
+        flat = [values[bounds[i] : bounds[i + 1]] for i in self._rows.ravel().tolist()]
         per_step = dp * k
         return [
             [flat[s * per_step + r * k : s * per_step + (r + 1) * k] for r in range(dp)]
