@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -39,3 +45,25 @@ def clipped_token_losses(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tenso
     ratio = torch.exp(logp - old)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
     return -surrogate * mask
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def torchrun(nproc: int, script: Path, *args: object, timeout: float = 300) -> str:
+    """``torchrun --standalone`` of ``script`` on the CPU (one thread a process, this checkout
+    first on the path) in a session of its own, so a timeout kills every rank; its stdout."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", str(script), *map(str, args)]  # fmt: skip
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=path)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          cwd=ROOT, start_new_session=True) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{out}\n{err[-4000:]}"
+    return out
