@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import time
 from typing import Any
 
@@ -106,20 +105,11 @@ def clipped_loss_sum(logp: torch.Tensor, f: dict[str, torch.Tensor], clip: float
     return -(surrogate * f["response_mask"]).sum()
 
 
-def digest(plan: BatchPlan) -> bytes:
-    h = hashlib.sha256()
-    for ranks in plan.steps:
-        for mbs in ranks:
-            h.update(b"".join(mb.tobytes() + b"|" for mb in mbs) + b"/")
-    return h.digest()
-
-
 def verify_plan(plan: BatchPlan, rank: int, world: int) -> None:
     """Every rank holds the same plan, and the ranks' micro-batches cover the batch once."""
     every: list[Any] = [None] * world
-    dist.all_gather_object(
-        every, (digest(plan), [mb.tolist() for s in plan.rank_steps(rank) for mb in s])
-    )
+    mine = [mb.tolist() for step in plan.rank_steps(rank) for mb in step]
+    dist.all_gather_object(every, (plan.digest(), mine))
     assert len({d for d, _ in every}) == 1, "ranks planned differently"
     ran = sorted(i for _, mbs in every for mb in mbs for i in mb)
     assert ran == list(range(len(plan.sample_step))), "a sample missing or run twice"

@@ -199,7 +199,7 @@ for ranks in plan.steps:
     for mbs in ranks:
         for mb in mbs:
             h.update(mb.tobytes() + b"|")
-print(h.hexdigest())
+print(h.hexdigest(), plan.digest())
 """
 
 
@@ -213,11 +213,12 @@ def test_every_process_computes_the_same_plan(tmp_path) -> None:
             for mb in mbs:
                 h.update(mb.tobytes() + b"|")
     code = _IN_A_PROCESS.replace("{flops}", repr(FLOPS))
-    for hashseed in ("1", "2"):
+    for hashseed in ("1",):  # another process, another hash seed than this one's (random)
         out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "lens.npy")], check=True,
                              capture_output=True, text=True, cwd=ROOT,
                              env={"PYTHONHASHSEED": hashseed, "PATH": ""})  # fmt: skip
-        assert out.stdout.strip() == h.hexdigest()
+        got, digest = out.stdout.split()
+        assert got == h.hexdigest() and digest == plan.digest()
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ The contract (what every plan holds, and the property tests in ``tests/online/``
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -115,6 +116,15 @@ class BatchPlan:
         if not 0 <= rank < self.dp:
             raise ConfigError(f"rank {rank} is not one of the plan's dp = {self.dp} ranks")
         return [ranks[rank] for ranks in self.steps]
+
+    def digest(self) -> str:
+        """A sha256 of who runs what (hex): ranks that planned alike hold the same one, so one
+        small all-gather checks that no rank planned from other lengths or options."""
+        h = hashlib.sha256()
+        p = self.arrays
+        for part in (p.ids[p.stream], p.offsets, p.step, p.rank, p.micro_index):
+            h.update(np.ascontiguousarray(part, dtype=np.int64).tobytes() + b"|")
+        return h.hexdigest()
 
     @cached_property
     def figures(self) -> dict[str, Any]:

@@ -77,8 +77,10 @@ def deal_steps(unit_cost: np.ndarray, steps: int, rng: np.random.Generator) -> n
     each stratum's units to the steps in a random order (a short last stratum to as many
     steps, drawn at random). Every step gets the same number of units, give or take one.
 
+    Strata {5, 3} and {2, 1}: each step draws one unit of each.
+
     >>> deal_steps(np.array([5.0, 1, 3, 2]), 2, np.random.default_rng(0)).tolist()
-    [0, 0, 1, 1]
+    [1, 1, 0, 0]
     """
     u = len(unit_cost)
     shuffled = rng.permutation(u)
