@@ -1,9 +1,11 @@
-"""Shuffled balance across grad-accum and layouts: section (b2) of bench_plan.py (`--only balance`).
+"""Shuffled balance across grad-accum, layouts and synchronisation models: section (b2) of
+bench_plan.py (`--only balance`).
 
-dp 8, budget 16K (bimodal: 128K; documents: 8K, split), flops cost of Qwen2.5-0.5B (hidden 896,
-kv 128, 24 layers), shuffled order (window 8), grad-accum 1, 2, 4, 16, in the packed layout,
-the padded layout and with ``--pp 4`` (packed; grad-accum 4 and 16, which ``--pp 4`` needs).
-Sets:
+Budget 16K (bimodal: 128K; documents: 8K, split; heavy tail: 32K), dp 8 (heavy tail: 32, RL
+rollouts: 16), flops cost of Qwen2.5-0.5B (hidden 896, kv 128, 24 layers), shuffled order (window
+8), grad-accum 1, 2, 4, 16 (dp 16 and 32: 1, 2, 4, 8), in the packed layout, the padded layout
+and with ``--pp 4`` (packed, ``--sync step``; grad-accum 4 and 16, which ``--pp 4`` needs), each
+plan made for ``--sync step`` and for ``--sync micro`` (at grad-accum 1 they are one plan). Sets:
 
 * **long-SFT tail** (:func:`sft_tail`, our own generator of the Llama 3 SFT statistic): 99.89 %
   chat-like samples (log-normal, median 450 tokens, sigma 0.9: mean about 690, 82 % under 1K)
@@ -11,14 +13,17 @@ Sets:
   holds fewer long samples;
 * bimodal (synth), heavy-bodied 10K and 30K (log-normal, median 450, sigma 1.45, capped);
 * **real documents** (``data/doc_lengths.csv``: 11.6K files of four sources tokenized by a
-  byte-level BPE, ``make_doc_lengths.py``), 8K budget, ``--oversize split``.
+  byte-level BPE, ``make_doc_lengths.py``), 8K budget, ``--oversize split``;
+* **heavy tail** (:func:`heavy_tail`): chat-like samples with 0.5 % at 20–32K, budget 32K, dp 32;
+* **RL rollouts** (:func:`rollouts`): prompt + response, 25 % of responses cut at an 8K
+  generation cap, budget 16K, dp 16.
 
-Every row is a real plan (``make_plan``) scored by plan.json's own stats: time vs ideal, the
-per-plan lower bound (``time_vs_ideal_bound``: no composition of the plan's windows does
-better), the fill given up (mean and max over steps, below the median step), mixing, padding.
-The yardstick is a window + LPT strategy a trainer might write: each window of the shuffled
-stream packed in stream order to the budget, its micro-batches dealt to its steps in a snake by
-cost, and each step's micro-batches to ranks by LPT (same scoring).
+Every row is a real plan (``make_plan``) scored by plan.json's own stats under the plan's model:
+time vs ideal, the per-plan lower bound (``time_vs_ideal_bound``: no composition of the plan's
+windows does better), the fill given up (mean and max over steps, below the median step), mixing,
+padding; *other* is its time under the other model, and *check* recomputes both times with the
+independent scorer of :mod:`rl_peers`. Section (b2') compares RL rollout batches planned by peers
+(Karmarkar-Karp by tokens, ROLL) and by varpack (:func:`rl_peers.rollout_table`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import numpy as np
 
 from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig, make_plan
-from varpack.plan.kernels.order import snake
 
 DP = 8
 MODEL = "qwen2.5-0.5b"
@@ -72,85 +76,89 @@ def doc_lengths() -> np.ndarray:
         return np.array([int(row["tokens"]) for row in csv.DictReader(f)], dtype=np.int64)
 
 
-def datasets(quick: bool) -> dict[str, tuple[np.ndarray, int, dict[str, object]]]:
+Set = tuple[np.ndarray, int, int, dict[str, object], tuple[int, ...]]
+
+
+def datasets(quick: bool) -> dict[str, Set]:
+    """name -> (lengths, budget, dp, extra options, grad-accums)."""
     big = 30_000 if quick else 400_000
+    dp8 = GRAD_ACCUM
     return {
-        f"long-SFT tail {big // 1000}K": (sft_tail(big, np.random.default_rng(0)), 16384, {}),
-        "long-SFT tail 30K": (sft_tail(30_000, np.random.default_rng(1)), 16384, {}),
-        "bimodal 20K": (sample_lengths("bimodal", 20_000, np.random.default_rng(0)), 131072, {}),
-        "heavy-bodied 10K": (heavy_bodied(10_000, np.random.default_rng(0)), 16384, {}),
-        "heavy-bodied 30K": (heavy_bodied(30_000, np.random.default_rng(0)), 16384, {}),
-        "documents 11.6K (split)": (doc_lengths(), 8192, {"oversize": "split"}),
-    }
+        f"long-SFT tail {big // 1000}K": (sft_tail(big, np.random.default_rng(0)), 16384, DP, {},
+                                          dp8),
+        "long-SFT tail 30K": (sft_tail(30_000, np.random.default_rng(1)), 16384, DP, {}, dp8),
+        "bimodal 20K": (sample_lengths("bimodal", 20_000, np.random.default_rng(0)), 131072, DP,
+                        {}, dp8),
+        "heavy-bodied 10K": (heavy_bodied(10_000, np.random.default_rng(0)), 16384, DP, {}, dp8),
+        "heavy-bodied 30K": (heavy_bodied(30_000, np.random.default_rng(0)), 16384, DP, {}, dp8),
+        "documents 11.6K (split)": (doc_lengths(), 8192, DP, {"oversize": "split"}, dp8),
+        "heavy tail 200K, dp 32": (heavy_tail(200_000, np.random.default_rng(0)), 32768, 32, {},
+                                   (1, 2, 4, 8)),
+        "RL rollouts 60K, dp 16": (rollouts(60_000, np.random.default_rng(0)), 16384, 16, {},
+                                   (1, 2, 4, 8)),
+    }  # fmt: skip
 
 
-def plan_stats(lens: np.ndarray, budget: int, **kw: object) -> dict:  # type: ignore[type-arg]
+def make(lens: np.ndarray, budget: int, dp: int, **kw: object) -> tuple:  # type: ignore[type-arg]
     srt = np.sort(lens, kind="stable")
-    cfg = PlanConfig(max_tokens=budget, dp=DP, cost="flops", model_preset=MODEL, order="shuffle",
+    cfg = PlanConfig(max_tokens=budget, dp=dp, cost="flops", model_preset=MODEL, order="shuffle",
                      **kw)  # type: ignore[arg-type]  # fmt: skip
-    return make_plan(np.arange(len(srt)), srt, cfg)[1]["stats"]
+    arrays, meta, _ = make_plan(np.arange(len(srt)), srt, cfg)
+    return arrays, meta["stats"]
 
 
-def yardstick(lens: np.ndarray, budget: int, k: int, rng: np.random.Generator) -> float:
-    """Window + LPT (see module doc): time vs ideal."""
-    from bench_plan import Layout, _greedy_sorted, score
+def checked(arrays: object, stats: dict, dp: int) -> str:  # type: ignore[type-arg]
+    """The plan's times scored again by the independent scorer of ``rl_peers``: ``ok`` when
+    both models agree with plan.json's figures (to 1e-6)."""
+    from rl_peers import Micro, independent_times
 
-    x = lens[rng.permutation(len(lens))]
-    x = x[x <= budget]
-    off = _greedy_sorted(x, budget)
-    cfg = PlanConfig(max_tokens=2**31 - 1, cost="flops", model_preset=MODEL).resolved()
-    from varpack.plan.cost import sample_cost
-
-    cost = np.add.reduceat(sample_cost(x, cfg.cost_model()), off[:-1])
-    per_step, window = DP * k, 8 * DP * k
-    m = (len(cost) // per_step) * per_step
-    order, step = [], []
-    for a in range(0, m, window):  # a window's micro-batches dealt to its steps by cost
-        b = min(a + window, m)
-        idx = a + np.argsort(-cost[a:b], kind="stable")
-        steps = (b - a) // per_step
-        order.append(idx)
-        step.append(a // per_step + snake(np.arange(b - a), np.full(b - a, steps)))
-    order_a, step_a = np.concatenate(order), np.concatenate(step)
-    rank = np.empty(m, dtype=np.int64)
-    for s in np.unique(step_a):  # each step's micro-batches to ranks by LPT
-        mine = order_a[step_a == s]
-        load = np.zeros(DP)
-        fill = np.zeros(DP, dtype=np.int64)
-        for i in mine[np.argsort(-cost[mine], kind="stable")]:
-            open_ = np.flatnonzero(fill < k)
-            r = open_[np.argmin(load[open_])]
-            rank[i], load[r], fill[r] = r, load[r] + cost[i], fill[r] + 1
-    pos = np.concatenate([np.arange(off[i], off[i + 1]) for i in order_a])
-    new_off = np.concatenate(([0], np.cumsum(np.diff(off)[order_a])))
-    lay = Layout(x[pos], new_off, step_a, rank[order_a], "packed")
-    return score(lay, x)["time"]
+    p = arrays
+    sl = p.lens[p.stream] if p.stream_lens is None else p.stream_lens  # type: ignore[attr-defined]
+    m = Micro(np.split(sl, p.offsets[1:-1]), p.micro.pad_to, p.cfg.layout == "padded",  # type: ignore[attr-defined]
+              p.step, p.rank, p.micro_index)  # type: ignore[attr-defined]  # fmt: skip
+    got = independent_times(m, dp)
+    want = stats["time_vs_ideal_by_sync"]
+    return "ok" if all(abs(got[k] - want[k]) < 1e-6 * want[k] for k in got) else f"{got}"
 
 
 def balance(n: int) -> None:
     quick = n < 400_000
     print(
-        f"\n(b2) shuffled balance: dp {DP}, flops cost of {MODEL}, window 8; time = sum of the "
-        "slowest rank per step / ideal; bound = no composition of the plan's windows does better; "
-        "fill given up = mean / max below the median step"
+        f"\n(b2) shuffled balance: flops cost of {MODEL}, window 8; each plan balanced for --sync "
+        "step (ranks meet once a step: DDP, Megatron) or micro (at every micro-batch: FSDP, "
+        "ZeRO-3), scored under its own model: time / ideal, bound (no composition of the plan's "
+        "windows does better under that model), gap; 'other' = its time under the other model; "
+        "fill given up = mean / max below the median step; check = both times recomputed by an "
+        "independent scorer (rl_peers.independent_times)"
     )
-    head = (f"{'layout':<8} {'K':>3} {'time':>6} {'bound':>6} {'gap':>6} {'fill up':>12} "
-            f"{'mixing':>7} {'padding':>8} {'yardstick':>10}")  # fmt: skip
-    for name, (lens, budget, extra) in datasets(quick).items():
+    head = (f"{'layout':<7} {'K':>3} {'sync':<5} {'time':>6} {'bound':>6} {'gap':>6} {'other':>6} "
+            f"{'fill up':>12} {'mixing':>7} {'padding':>8} {'check':>6}")  # fmt: skip
+    for name, (lens, budget, dp, extra, ks) in datasets(quick).items():
         q50, q99 = np.percentile(lens, [50, 99])
-        print(f"\n{name}: {len(lens):,} samples, p50 {q50:.0f}, p99 {q99:.0f}, budget {budget:,}")
+        print(f"\n{name}: {len(lens):,} samples, p50 {q50:.0f}, p99 {q99:.0f}, budget {budget:,}, "
+              f"dp {dp}")  # fmt: skip
         print(head)
-        for k in GRAD_ACCUM:
-            yard = yardstick(lens, budget, k, np.random.default_rng(1))
-            for layout, kw in (("packed", {}), ("padded", {"layout": "padded"}),
-                               ("pp 4", {"pp": 4})):  # fmt: skip
+        for k in ks:
+            for layout, kw in (
+                ("packed", {}),
+                ("padded", {"layout": "padded"}),
+                ("pp 4", {"pp": 4}),
+            ):
                 if layout == "pp 4" and k % 4:
                     continue
-                s = plan_stats(lens, budget, grad_accum=k, **extra, **kw)
-                f = s["fill_given_up"]
-                print(
-                    f"{layout:<8} {k:>3} {s['time_vs_ideal']:>6.3f} {s['time_vs_ideal_bound']:>6.3f} "
-                    f"{s['time_vs_ideal'] - s['time_vs_ideal_bound']:>+6.3f} "
-                    f"{100 * f['mean']:>5.1f}/{100 * f['max']:>5.1f}% {s['mixing']:>7.3f} "
-                    f"{100 * s['padding_ratio']:>7.2f}% {yard:>10.3f}"
-                )
+                syncs = ["step"] if layout == "pp 4" else ["step", "micro"] if k > 1 else ["step"]
+                for sync in syncs:
+                    arrays, s = make(lens, budget, dp, grad_accum=k, sync=sync, **extra, **kw)
+                    f = s["fill_given_up"]
+                    both = s["time_vs_ideal_by_sync"]
+                    other = both["micro" if sync == "step" else "step"]
+                    print(
+                        f"{layout:<7} {k:>3} {sync if k > 1 else 'both':<5} "
+                        f"{s['time_vs_ideal']:>6.3f} {s['time_vs_ideal_bound']:>6.3f} "
+                        f"{s['time_vs_ideal'] - s['time_vs_ideal_bound']:>+6.3f} {other:>6.3f} "
+                        f"{100 * f['mean']:>5.1f}/{100 * f['max']:>5.1f}% {s['mixing']:>7.3f} "
+                        f"{100 * s['padding_ratio']:>7.2f}% {checked(arrays, s, dp):>6}"
+                    )
+    from rl_peers import rollout_table
+
+    rollout_table(2 if quick else 8, quick)

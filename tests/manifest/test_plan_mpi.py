@@ -80,6 +80,8 @@ def _options(rng: np.random.Generator, budget: int) -> list[object]:
         k = args.index("--grad-accum") + 1
         args[k] = 2 * -(-int(args[k]) // 2)  # type: ignore[call-overload]
         args += ["--pp", 2]
+    if rng.random() < 0.4 and "--pp" not in args:  # balanced per step (default: per slot)
+        args += ["--sync", "step"]
     return args
 
 

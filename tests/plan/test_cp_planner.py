@@ -61,8 +61,10 @@ def test_cp_plans_keep_every_promise(kw):
     assert meta["cp"]["distributed_samples"] == int((arrays.cp_placement < 0).sum())
 
 
-def test_gds_keeps_each_steps_samples_and_balances_compute_over_dp_ranks():
-    shuffled = dict(dp=4, grad_accum=2, order="shuffle", seed=1)  # mixed lengths in each step
+@pytest.mark.parametrize("sync", ["step", "micro"])
+def test_gds_keeps_each_steps_samples_and_balances_compute_over_dp_ranks(sync):
+    # mixed lengths in each step; balanced per step, or per slot (each rank's micro j)
+    shuffled = dict(dp=4, grad_accum=2, order="shuffle", seed=1, sync=sync)
     gds, _, _ = _plan(**shuffled)
     greedy, _, _ = _plan(**shuffled, cp_batching="greedy")
     assert np.array_equal(gds.step, greedy.step)
@@ -73,7 +75,8 @@ def test_gds_keeps_each_steps_samples_and_balances_compute_over_dp_ranks():
 
     def slowest_rank_flops(p):  # type: ignore[no-untyped-def]
         f = np.add.reduceat(sample_flops(p.lens[p.stream], PRESETS["qwen2.5-0.5b"]), p.offsets[:-1])
-        return np.bincount(p.step * 4 + p.rank, weights=f).reshape(-1, 4).max(axis=1).sum()
+        unit = p.step * 2 + p.micro_index if sync == "micro" else p.step  # what ranks wait on
+        return np.bincount(unit * 4 + p.rank, weights=f).reshape(-1, 4).max(axis=1).sum()
 
     assert slowest_rank_flops(gds) < 0.97 * slowest_rank_flops(greedy)
 

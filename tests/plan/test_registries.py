@@ -14,6 +14,7 @@ from varpack.plan.lr import LR_SCALINGS
 from varpack.plan.stages.batching import BATCHERS, batcher_name
 from varpack.plan.stages.select import OVERSIZE
 from varpack.plan.stages.warmup import WARMUPS
+from varpack.plan.sync import SYNC_MODELS
 
 REGISTRIES = {
     "order": ORDERS,
@@ -22,6 +23,7 @@ REGISTRIES = {
     "oversize": OVERSIZE,
     "warmup": WARMUPS,
     "cp_placement": CP_PLACEMENTS,
+    "sync": SYNC_MODELS,
 }
 
 

@@ -369,6 +369,16 @@ def bound_text(s: dict[str, Any]) -> str:
     return "" if b is None else f" (bound {b:.3f})"
 
 
+def sync_text(s: dict[str, Any], sync: str | None, other: bool = False) -> str:
+    """`` under micro sync``: the model the time is scored under (``other``: and the time
+    under the other model), where the plan records both."""
+    both = s.get("time_vs_ideal_by_sync")
+    if not both or sync not in both:
+        return ""
+    rest = [f"{v:.3f}x under {k}" for k, v in both.items() if k != sync]
+    return f" under {sync} sync" + (f" ({', '.join(rest)})" if other and rest else "")
+
+
 def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig, arrays: Any = None) -> str:
     """The one-line summary of a new plan (thousands separators; budget fill when known): the
     samples as in ``validate`` (pieces after splitting, epochs), the tokens planned (epochs x
@@ -392,7 +402,7 @@ def summary_line(out: str, meta: dict[str, Any], cfg: PlanConfig, arrays: Any = 
         f"{out}: {samples_text(meta['input']['num_samples'], s['dropped'], epochs, t, drawn)} -> "
         f"{meta['num_steps']:,} steps x {cfg.dp} ranks x {cfg.grad_accum} micro-batches; "
         f"{tokens_text(s['real_tokens'], epochs, t, mix is not None)}, {fill_text}"
-        f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal{bound_text(s)}, "
+        f"padding {100 * s['padding_ratio']:.2f}%, time {s['time_vs_ideal']:.3f}x ideal{bound_text(s)}{sync_text(s, cfg.sync)}, "
         f"imbalance max {s['imbalance_max']:.3f}, mixing {s['mixing']:.3f}{lr}; {token_line(t)}"
     )
 

@@ -150,7 +150,7 @@ def _verdict(plan: str, report: Any, replay: bool) -> int:
             click.echo(f"violation: {' '.join(line.split())}")
         click.echo(f"{plan}: {len(report.problems)} violation(s)", err=True)
         return 1
-    from varpack.cli.plan import bound_text
+    from varpack.cli.plan import bound_text, sync_text
 
     f = report.facts
     replayed = "; re-planned with its config: same rows" if replay else ""
@@ -165,7 +165,7 @@ def _verdict(plan: str, report: Any, replay: bool) -> int:
     click.echo(
         f"OK {plan}: {samples} -> {f['steps']:,} steps x {f['dp']} ranks x "
         f"{f['grad_accum']} micro-batches; {tokens}, {fill_text}padding {100 * f['padding_ratio']:.2f}%, "
-        f"time {f['time_vs_ideal']:.3f}x ideal{bound_text(f)}; "
+        f"time {f['time_vs_ideal']:.3f}x ideal{bound_text(f)}{sync_text(f, f.get('sync'), True)}; "
         f"{token_line(f['tokens'])}{replayed}"
     )
     from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND

@@ -250,6 +250,20 @@ def _moved_rows(s: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[str, str]]
     ]
 
 
+def _sync(cfg: dict[str, Any]) -> str:
+    """The model the plan was balanced for (a plan from before ``--sync``: step)."""
+    return str(cfg.get("sync", "step"))
+
+
+def _sync_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """Time vs ideal under each synchronisation model (absent in older plans)."""
+    both = s.get("time_vs_ideal_by_sync")
+    if not both:
+        return []
+    text = ", ".join(f"{name} {value:.4f}" for name, value in both.items())
+    return [("by sync", f"{text} (ranks meet once a step / at every micro-batch)")]
+
+
 def _balance_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
     """The bound on time vs ideal and the fill given up for balance (absent in older plans)."""
     if "time_vs_ideal_bound" not in s:
@@ -377,8 +391,9 @@ def render(info: dict[str, Any]) -> str:
         ),
         _fill_row(s),
         ("padded tokens", f"{s['padded_tokens']:,} (padding {100 * s['padding_ratio']:.3f}%)"),
-        ("time vs ideal", f"{s['time_vs_ideal']:.4f} (cost {s['cost']})"),
+        ("time vs ideal", f"{s['time_vs_ideal']:.4f} (cost {s['cost']}, {_sync(cfg)} sync)"),
         ("", f"({TIME_VS_IDEAL_LEGEND})"),
+        *_sync_rows(s),
         *_balance_rows(s),
         (
             "imbalance",

@@ -158,9 +158,8 @@ def test_a_rank_with_a_heavy_sample_gets_lighter_micro_batches():
     # one sample at the budget costs ~4 micro-batches of short ones: its rank's other
     # micro-batches hold fewer tokens, and its step is better balanced than by tokens
     lens = _sorted([300] * 3000 + [16384])
-    cfg = PlanConfig(
-        max_tokens=16384, dp=4, grad_accum=4, order="shuffle", shuffle_window=10_000, **FLOPS
-    )
+    cfg = PlanConfig(max_tokens=16384, dp=4, grad_accum=4, order="shuffle", shuffle_window=10_000,
+                     sync="step", **FLOPS)  # fmt: skip
     p = plan_arrays(np.arange(len(lens)), lens, cfg)
     top = p.micro.max_len == 16384
     in_step = p.step == p.step[top][0]
@@ -246,7 +245,7 @@ def test_grad_accum_1_stays_near_its_bound():
 def test_balance_fill_bounds_what_compensation_gives_up():
     # a heavy rank's other micro-batches are left light; --balance-fill 1 forbids it
     lens = _sorted([300] * 6000 + [16384] * 3)
-    cfg = PlanConfig(max_tokens=16384, dp=4, grad_accum=4, order="shuffle", **FLOPS)
+    cfg = PlanConfig(max_tokens=16384, dp=4, grad_accum=4, order="shuffle", sync="step", **FLOPS)
     lev = make_plan(np.arange(len(lens)), lens, cfg)[1]["stats"]
     full = make_plan(np.arange(len(lens)), lens, dataclasses.replace(cfg, balance_fill=1.0))[1]
     assert lev["fill_given_up"]["max"] > 0.1 > full["stats"]["fill_given_up"]["max"]

@@ -30,11 +30,14 @@ from varpack.manifest.mpi.permute import permuted_share
 from varpack.plan import PlanConfig
 from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.cuts import next_cuts
+from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.order import OrderRule, regroup
 from varpack.plan.kernels.pack import pack, pack_steps
+from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.stages.batching import composes_by_cost
 from varpack.plan.stages.batching.common import effective_lengths, order_rule
 from varpack.plan.stages.batching.costed import step_fill, step_tokens
+from varpack.plan.sync import slotted
 
 Epoch = tuple[Rows, np.ndarray, int, int]  # (rows, off, first micro-batch, epoch's count)
 
@@ -49,8 +52,8 @@ def shuffle_epochs(
     last epoch has drawn from them; ``held["again"]()`` selects them again."""
     if composes_by_cost(cfg) and cfg.layout == "packed":
         got = _costed(comm, held, cfg)
-        if got is not None:
-            return got[0], True, got[1]
+        if got is not None:  # per-rank groups, except slots cut by cost (--sync micro)
+            return got[0], not slotted(cfg.sync, cfg.grad_accum), got[1]
         if "rows" not in held:  # the last epoch let them go
             held["rows"] = held.pop("again")()  # type: ignore[operator]
     return _greedy(comm, held, cfg, lengths), False, None
@@ -187,21 +190,25 @@ def _costed(
     orule = order_rule(cfg, _sorted_micro(comm, base, cfg, base["lens"]))
     del base
     coeffs = cost_coefficients(cfg.cost_model())
+    slots = cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) else 1  # as costed.build
     epochs, tallies = [], []
     for epoch in range(cfg.epochs):
         rows = _draw(comm, held, cfg, epoch)
-        window_tok, step_tok = orule.window * orule.step, step_tokens(orule.step, cfg)
-        rows["_window"] = _cost_windows(comm, rows["lens"], window_tok, step_tok, cfg)
+        window_tok, step_tok = orule.window * orule.step, step_tokens(orule.step, cfg) // slots
+        per = cfg.micro_per_step // slots  # micro-batches the kernel composes as a step
+        rows["_window"] = _cost_windows(comm, rows["lens"], window_tok, step_tok, per)
         rows, window = _whole_windows(comm, rows)
         starts = _starts(window)
         del window
-        args = (coeffs, window_tok, step_tok, cfg.dp, cfg.grad_accum, cfg.pad_multiple,
+        args = (coeffs, window_tok, step_tok, cfg.dp, cfg.grad_accum // slots, cfg.pad_multiple,
                 cfg.max_tokens, step_fill(cfg))  # fmt: skip
         got = compose_share(comm, rows, starts, args)
         if not comm.allreduce(got is not None, op=_land(comm)):
             return None
         assert got is not None
         rows, off = got
+        if per == cfg.dp:  # slots (steps at grad-accum 1) cut by cost, as whole_steps does
+            rows, off = _slots_by_cost(comm, rows, off, cfg, epoch)
         epochs.append(_numbered(comm, rows, off))
         tallies.append(moved_tally(comm, epochs[-1], cfg.micro_per_step))
     return epochs, None if comm.Get_rank() else [t for t in tallies if t is not None]
@@ -220,8 +227,22 @@ def _land(comm: Any) -> Any:
     return MPI.LAND
 
 
+def _slots_by_cost(
+    comm: Any, rows: Rows, off: np.ndarray, cfg: PlanConfig, epoch: int
+) -> tuple[Rows, np.ndarray]:
+    """:func:`~varpack.plan.stages.batching.common.whole_steps` under MPI: the count completed
+    on the last rank, then every rank holds whole blocks of ``--shuffle-window`` steps (a block
+    goes to the rank holding its first micro-batch) and cuts its blocks into slots."""
+    rows, off = complete_tail(comm, rows, off, cfg, f"epoch {epoch}")
+    rows, off = whole_units(comm, rows, off, cfg.shuffle_window * cfg.micro_per_step)
+    cost = summarize(off, rows["lens"], cfg.micro_rule()).cost
+    order = slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window)
+    idx, off = move_micro(np.arange(count(rows), dtype=np.int64), off, order)
+    return take_index(rows, idx), off
+
+
 def _cost_windows(
-    comm: Any, lens: np.ndarray, window_tok: int, step_tok: int, cfg: PlanConfig
+    comm: Any, lens: np.ndarray, window_tok: int, step_tok: int, per_step: int
 ) -> np.ndarray:
     """Each position's window, as the composing kernel cuts them: by tokens before it, and the
     first window after which a short tail is left (fewer tokens than a step, or positions than
@@ -243,7 +264,7 @@ def _cost_windows(
     del cut
     gpos, starts_tok = at + starts, tok[starts]
     del tok
-    short = (total - starts_tok < max(step_tok, 1)) | (size - gpos < 2 * cfg.micro_per_step)
+    short = (total - starts_tok < max(step_tok, 1)) | (size - gpos < 2 * per_step)
     short &= gpos > 0
     first = int(gpos[short][0]) if short.any() else size
     where = min(comm.allgather(first))

@@ -19,6 +19,7 @@ import numpy as np
 
 from varpack.plan import PlanArrays
 from varpack.plan.lr import lr_factors, step_totals
+from varpack.plan.sync import slotted
 
 
 def reorder_ranks(comm: Any, p: PlanArrays) -> None:
@@ -28,7 +29,8 @@ def reorder_ranks(comm: Any, p: PlanArrays) -> None:
     k, dp = p.cfg.grad_accum, p.cfg.dp
     rows, pad_to = p.micro.rows.astype(np.int64), p.micro.pad_to.astype(np.int64)
     if p.cfg.pp == 1:
-        new, count = _reordered(comm, p.rank, p.step * k + p.micro_index, rows, pad_to, dp)
+        slots = slotted(p.cfg.sync, k)  # the same positions move on every rank
+        new, count = _reordered(comm, p.rank, p.step * k + p.micro_index, rows, pad_to, dp, slots)
         p.step, p.micro_index = new // k, new % k
         p.warmup = new < count[p.rank]
         return
@@ -43,10 +45,18 @@ def reorder_ranks(comm: Any, p: PlanArrays) -> None:
 
 
 def _reordered(
-    comm: Any, rank: np.ndarray, pos: np.ndarray, rows: np.ndarray, pad_to: np.ndarray, dp: int
+    comm: Any,
+    rank: np.ndarray,
+    pos: np.ndarray,
+    rows: np.ndarray,
+    pad_to: np.ndarray,
+    dp: int,
+    slots: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """New position of each item (at ``pos`` in its data-parallel ``rank``'s order, of shape
-    ``(rows, pad_to)``) and each data-parallel rank's count of leaders (its warm-up prefix)."""
+    ``(rows, pad_to)``) and each data-parallel rank's count of leaders (its warm-up prefix).
+    ``slots``: every leader's position moves to the front on every rank, as
+    :func:`varpack.plan.stages.warmup.slot_warmup_order` moves them."""
     first = np.lexsort((pos, pad_to, rows, rank))
     head = np.ones(len(first), dtype=bool)
     key = np.stack((rank[first], rows[first], pad_to[first]))
@@ -76,8 +86,14 @@ def _reordered(
     at = np.searchsorted(lkey, q)
     is_lead = (at < len(lkey)) & (lkey[np.minimum(at, len(lkey) - 1)] == q)
     before = at - start[rank]  # leaders of this rank at earlier positions
-    new = np.where(is_lead, lslot[np.minimum(at, len(lkey) - 1)], pos + count[rank] - before)
-    return new, count
+    lead_new = lslot[np.minimum(at, len(lkey) - 1)]
+    if not slots:
+        return np.where(is_lead, lead_new, pos + count[rank] - before), count
+    front = np.unique(spos)  # positions that move on every rank
+    c = np.searchsorted(front, pos)  # front positions before (or at) each item's
+    moved = (c < len(front)) & (front[np.minimum(c, len(front) - 1)] == pos)
+    rest = np.where(moved, count[rank] + c - before, len(front) + pos - c)
+    return np.where(is_lead, lead_new, rest), count
 
 
 def global_totals(comm: Any, p: PlanArrays) -> None:

@@ -259,6 +259,8 @@ def _facts(
         "dropped": len(meta.get("dropped") or []),
         "padding_ratio": stats["padding_ratio"],
         "time_vs_ideal": stats["time_vs_ideal"],
+        "time_vs_ideal_by_sync": stats.get("time_vs_ideal_by_sync"),
+        "sync": cfg.sync,
         "time_vs_ideal_bound": stats.get("time_vs_ideal_bound"),
         "fill_given_up": stats.get("fill_given_up"),
         "budget_fill": stats["budget_fill"],

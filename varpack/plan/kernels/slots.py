@@ -32,7 +32,7 @@ def slot_order(cost: np.ndarray, dp: int, k: int, window: int) -> np.ndarray:
     [1, 3, 2, 0, 5, 7, 6, 4]
     """
     m = len(cost)
-    if m == 0 or k == 1:
+    if m == 0:
         return np.arange(m, dtype=np.int64)
     size = window * k * dp
     pos = np.arange(m, dtype=np.int64)

@@ -26,6 +26,7 @@ import numpy as np
 
 from varpack.plan.arrays import Placement
 from varpack.plan.config import PlanConfig
+from varpack.plan.sync import slotted
 
 _SHIFT = 31  # a shape (rows, pad_to) as one int64 key: rows << 31 | pad_to (both < 2**31)
 
@@ -98,6 +99,35 @@ def warmup_order(shape_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return perm, warmup
 
 
+def slot_warmup_order(shape_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`warmup_order` for ranks that meet at every micro-batch (``--sync micro``): the
+    positions holding any rank's first micro-batch of a shape move to the front on every rank,
+    so that every later position still pairs the micro-batches the plan balanced as a slot.
+    Inside that front, each rank runs its own first micro-batch of every shape first, largest
+    first, then the others in plan order. Returns ``(perm, warmup)`` as :func:`warmup_order`.
+
+    >>> perm, warm = slot_warmup_order(np.array([[0, 0, 1, 0], [1, 0, 0, 0]]))
+    >>> perm.tolist(), warm.astype(int).tolist()
+    ([[2, 0, 1, 3], [0, 1, 2, 3]], [[1, 1, 0, 0], [1, 1, 0, 0]])
+    """
+    ids = np.asarray(shape_ids, np.int64)
+    dp, n = ids.shape
+    if ids.size == 0:
+        return np.zeros((dp, n), np.int64), np.zeros((dp, n), bool)
+    rank, pos, shape = _first_occurrence(ids)
+    front = np.unique(pos)  # the positions that move, on every rank
+    o = np.lexsort((-shape, rank))
+    rank, pos, shape = rank[o], pos[o], shape[o]
+    count = np.bincount(rank, minlength=dp)
+    slot = np.arange(rank.size) - np.searchsorted(rank, np.arange(dp))[rank]
+    # the rest after the front (a rank's firsts, then the other moved ones, count + L at most)
+    key = np.broadcast_to(2 * len(front) + np.arange(n, dtype=np.int64), (dp, n)).copy()
+    key[:, front] = count[:, None] + np.arange(len(front))  # moved, after the rank's own firsts
+    key[rank, pos] = slot
+    perm = np.argsort(key, axis=1, kind="stable")
+    return perm, np.arange(n)[None, :] < count[:, None]
+
+
 def first_new_shape_after_prefix(shape_ids: np.ndarray, warmup_mask: np.ndarray) -> int:
     """Position of the first micro-batch after the warm-up prefix whose shape the prefix lacks.
 
@@ -155,6 +185,7 @@ def reorder_plan(
     dp: int,
     grad_accum: int,
     whole_steps: bool = False,
+    whole_slots: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``--warmup reorder`` on a whole plan: new ``(step, micro, warmup)`` of every micro-batch.
 
@@ -162,7 +193,8 @@ def reorder_plan(
     ``num_steps * grad_accum`` of them) and shape ``(rows, pad_to)``. Each rank's micro-batches are
     permuted by :func:`warmup_order`; with ``whole_steps`` (pipeline parallel: a step's
     micro-batches on a rank share one shape) whole (step, rank) groups move instead, so each step
-    keeps one shape. Ranks never exchange micro-batches.
+    keeps one shape; with ``whole_slots`` (``--sync micro``) the same positions move on every
+    rank (:func:`slot_warmup_order`). Ranks never exchange micro-batches.
 
     >>> st, mi, w = reorder_plan(np.array([0, 1, 2]), np.zeros(3, int), np.zeros(3, int),
     ...                          np.ones(3, int), np.array([8, 8, 16]), 1, 1)
@@ -179,7 +211,7 @@ def reorder_plan(
         perm = (perm_g[:, :, None] * k + np.arange(k)).reshape(dp, n)
         warm = np.repeat(warm_g, k, axis=1)
     else:
-        perm, warm = warmup_order(ids)
+        perm, warm = (slot_warmup_order if whole_slots else warmup_order)(ids)
     moved = np.take_along_axis(order, perm, axis=1).ravel()  # micro-batch run at each position
     pos = np.tile(np.arange(n, dtype=np.int64), dp)
     new_step = np.empty(m, np.int64)
@@ -199,7 +231,7 @@ def _reorder(placed: Placement, cfg: PlanConfig) -> Placement:
     m = placed.micro
     step, index, warm = reorder_plan(
         placed.step, placed.rank, placed.micro_index, m.rows, m.pad_to, cfg.dp, cfg.grad_accum,
-        cfg.pp > 1,
+        cfg.pp > 1, slotted(cfg.sync, cfg.grad_accum),
     )  # fmt: skip
     return dataclasses.replace(placed, step=step, micro_index=index, warmup=warm)
 

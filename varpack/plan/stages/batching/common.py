@@ -84,9 +84,10 @@ class EpochJoiner:
 def whole_steps(
     idx: np.ndarray, starts: np.ndarray, slens: np.ndarray, cfg: PlanConfig, epoch: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """An epoch composed slot by slot (``--sync micro``) as whole steps: the costliest
-    micro-batches of its last partial step split (:func:`~varpack.plan.kernels.pack.complete`),
-    then each window's micro-batches cut into slots by cost and the slots dealt to its steps
+    """An epoch composed slot by slot (``--sync micro``, or grad-accum 1) as whole steps: the
+    costliest micro-batches of its last partial step split
+    (:func:`~varpack.plan.kernels.pack.complete`), then each window's micro-batches cut into
+    slots by cost and the slots dealt to its steps
     (:func:`~varpack.plan.kernels.slots.slot_order`). ``slens``: the lengths of ``idx``."""
     rule = cfg.micro_rule()
     starts = complete(starts, slens, cfg.micro_per_step,

@@ -68,10 +68,11 @@ def build(
     coeffs = cost_coefficients(cfg.cost_model())
     joined, slens, tally = EpochJoiner(), [], MovedTally()
     per_step = cfg.micro_per_step
-    slots = (
-        cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) else 1
-    )  # slots composed one by one (--sync micro)
     blend = blend_sources()  # a blend (--mix): every step keeps its sources' weights
+    # --sync micro: slots composed one by one and cut by cost, but a blend's steps are
+    # composed whole (a slot of dp micro-batches is too small to hold the weights) and the
+    # assign stage cuts each step into slots
+    slots = cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) and blend is None else 1
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)  # the shuffle order's permutation
         got = compose_run(
@@ -90,7 +91,7 @@ def build(
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
         pos, off = got.stream, got.starts
-        if slots > 1:
+        if (slots > 1 or cfg.grad_accum == 1) and blend is None:  # slots cut by cost
             pos, off = whole_steps(pos, off, plens[pos], cfg, epoch)
         joined.add(epoch, perm[pos], off, per_step)
         tally.add_epoch(pos, off, plens, per_step)

@@ -14,7 +14,8 @@ memory allows). Then, per step, a numba kernel re-forms its micro-batches:
    has short samples to balance the long ones with.
 
 Every step keeps exactly ``grad_accum`` micro-batches per rank (one group per rank, which the
-assign stage moves whole). A step where this fails (no room left for a sample, a rank with fewer
+assign stage moves whole). With ``--sync micro`` the step's samples go straight to its
+``dp x grad_accum`` micro-batches the same way, and the assign stage cuts them into slots. A step where this fails (no room left for a sample, a rank with fewer
 samples than micro-batches) keeps its greedy micro-batches, which always fit, grouped per rank by
 the same costliest-first rule. A ``--max-tokens`` below ``C x cp`` leaves GDS room to pair.
 """
@@ -28,6 +29,7 @@ from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cp.cost import cp_model
 from varpack.plan.stages.batching import greedy
+from varpack.plan.sync import slotted
 
 
 @njit(cache=True)
@@ -143,9 +145,13 @@ def regroup_steps(
     by GDS: ``(permutation of the stream, new offsets)``."""
     model = cp_model(cfg)
     cap = model.bucket * model.n  # memory, not --max-tokens: a lower budget leaves GDS room
+    # --sync micro: every micro-batch of the step levelled alike (the assign stage cuts slots)
+    dp, k = (
+        (cfg.micro_per_step, 1) if slotted(cfg.sync, cfg.grad_accum) else (cfg.dp, cfg.grad_accum)
+    )
     perm, new_off, _ = _regroup(
-        np.ascontiguousarray(lens, dtype=np.int64), offsets.astype(np.int64), cfg.dp,
-        cfg.grad_accum, cap, model.lin, model.quad,
+        np.ascontiguousarray(lens, dtype=np.int64), offsets.astype(np.int64), dp, k, cap,
+        model.lin, model.quad,
     )  # fmt: skip
     return perm, new_off
 
@@ -164,5 +170,5 @@ def build(
     batches.stream = batches.stream[perm]
     batches.stream_lens = batches.stream_lens[perm]
     batches.offsets = offsets
-    batches.group = cfg.grad_accum
+    batches.group = 0 if slotted(cfg.sync, cfg.grad_accum) else cfg.grad_accum
     return batches
