@@ -15,17 +15,19 @@
     counts, then each rank's micro-batches by KK into ceil(tokens / budget) parts, the count the
     most any rank needs, ordered heaviest in the middle) and ``roll`` (ROLL: each mini-batch
     sorted, dealt round robin to the ranks, cut under the budget with lengths rounded to 128,
-    micro-batch counts evened by splitting the largest). All scored by one function of this file
-    (not varpack's): a micro-batch costs its samples' FLOPs (packed, varlen attention); time vs
-    ideal under ``step`` sync (a step waits for its slowest rank's sum) and ``micro`` sync (each
-    micro-batch slot waits for its slowest rank); micro-batches over the budget; micro-batches
-    per rank per step. varpack is planned with the matching ``sync``.
+    micro-batch counts evened by splitting the largest; scored packed, as varlen kernels run it,
+    and ``roll-padded``, as its document pads a micro-batch: B rows of its longest sample rounded
+    up to 128). The Karmarkar-Karp partition and the scorer are the benchmarks' own
+    (``rl_peers.py``, shared with ``bench_plan.py``'s RL section, not varpack's code): a packed
+    micro-batch costs its samples' FLOPs; time vs ideal under ``step`` sync (a step waits for its
+    slowest rank's sum) and ``micro`` sync (each micro-batch slot waits for its slowest rank);
+    micro-batches over the budget; micro-batches per rank per step. varpack is planned with the
+    matching ``sync``; a peer is scored under both.
 """
 
 from __future__ import annotations
 
 import argparse
-import heapq
 import os
 import subprocess
 import sys
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from statistics import NormalDist
 
 import numpy as np
+from rl_peers import Micro, independent_times, karmarkar_karp
 
 from varpack.online import plan_batch
 
@@ -62,63 +65,32 @@ def rollout(
     return np.repeat(prompts, group)[:n] + resp
 
 
-def flops(lens: np.ndarray) -> np.ndarray:
-    s = np.asarray(lens, dtype=np.float64)
-    return LAYERS * ((20.0 * H * H + 4.0 * H * KV) * s + 4.0 * H * s * s)
-
-
-def score(plan: Plan, lens: np.ndarray, dp: int) -> dict[str, float]:
-    """Time vs ideal under both sync models, micro-batches over the budget, per rank and step."""
-    c = flops(lens)
-    ideal = c.sum() / dp
-    t_step = t_micro = 0.0
-    over = 0
-    counts = []
-    for ranks in plan:
-        loads = [[float(c[mb].sum()) for mb in ranks[r]] for r in range(dp)]
-        k = len(loads[0])
-        assert all(len(x) == k for x in loads), "ranks with unequal micro-batch counts"
-        counts.append(k)
-        t_step += max(sum(x) for x in loads)
-        t_micro += sum(max(loads[r][j] for r in range(dp)) for j in range(k))
-        over += sum(int(len(mb) > 1 and lens[mb].sum() > BUDGET) for mbs in ranks for mb in mbs)
+def score(plan: Plan, lens: np.ndarray, dp: int, round_to: int = 0) -> dict[str, float]:
+    """Time vs ideal under both sync models by the benchmarks' one independent scorer
+    (``rl_peers.independent_times``: its own FLOPs formula; ``round_to``: scored as padded
+    micro-batches of ``B x T`` rows, ``T`` the longest rounded up to it), micro-batches over the
+    budget, micro-batches per rank per step; every sample checked to run exactly once."""
+    mlens, pad_to, step, rank, index = [], [], [], [], []
+    over, counts = 0, []
+    for k, ranks in enumerate(plan):
+        counts += [len(mbs) for mbs in ranks]
+        for r, mbs in enumerate(ranks):
+            for j, mb in enumerate(mbs):
+                x = lens[mb]
+                mlens.append(x)
+                top = -(-int(x.max()) // round_to) * round_to if round_to else 0
+                pad_to.append(top if round_to else int(x.sum()))
+                step.append(k), rank.append(r), index.append(j)
+                over += int(len(mb) > 1 and (len(mb) * top if round_to else x.sum()) > BUDGET)
     seen = np.sort(np.concatenate([mb for ranks in plan for mbs in ranks for mb in mbs]))
     assert np.array_equal(seen, np.arange(len(lens))), "a sample missing or twice"
-    return {
-        "step": t_step / ideal,
-        "micro": t_micro / ideal,
-        "over": over,
-        "k": float(np.mean(counts)),
-    }
+    m = Micro(mlens, np.array(pad_to), bool(round_to), np.array(step), np.array(rank),
+              np.array(index))  # fmt: skip
+    return {**independent_times(m, dp), "over": over, "k": float(np.mean(counts)),
+            "even": float(len(set(counts)) == 1)}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------- the peers ----
-
-
-def karmarkar_karp(weights: list[int], k: int, equal_size: bool) -> list[list[int]]:
-    """Largest differencing into ``k`` parts (Karmarkar-Karp): partial partitions merged two at a
-    time from a heap, the pair with the largest spread first, largest set against smallest."""
-    order = sorted(range(len(weights)), key=lambda i: (weights[i], i))
-    heap: list[tuple[int, int, list[tuple[int, list[int]]]]] = []
-
-    def push(sets: list[tuple[int, list[int]]]) -> None:
-        sets.sort(key=lambda s: (-s[0], -len(s[1])))
-        heapq.heappush(heap, (-(sets[0][0] - sets[-1][0]), len(heap) + len(order), sets))
-
-    if equal_size:
-        for off in range(0, len(order), k):
-            push([(weights[i], [i]) for i in order[off : off + k]])
-    else:
-        for i in order:
-            push([(weights[i], [i])] + [(0, []) for _ in range(k - 1)])
-    serial = 0
-    while len(heap) > 1:
-        a, b = heapq.heappop(heap)[2], heapq.heappop(heap)[2]
-        serial += 1
-        merged = [(a[j][0] + b[k - 1 - j][0], a[j][1] + b[k - 1 - j][1]) for j in range(k)]
-        merged.sort(key=lambda s: (-s[0], -len(s[1])))
-        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), -serial, merged))
-    return [sorted(s[1]) for s in heap[0][2]]
 
 
 def mini_batches(n: int, steps: int, group: int, seed: int) -> list[np.ndarray]:
@@ -136,12 +108,12 @@ def kk_plan(
     """verl's dynamic batching with balanced ranks, by tokens."""
     plan = []
     for mb in mini_batches(len(lens), steps, group, seed):
-        parts = karmarkar_karp(lens[mb].tolist(), dp, equal_size=len(mb) % dp == 0)
+        parts = karmarkar_karp(lens[mb], dp, equal_size=len(mb) % dp == 0)
         shards = [mb[p] for p in parts]
         count = max(-(-int(lens[s].sum()) // budget) for s in shards)  # all-reduced: the max
         ranks = []
         for s in shards:
-            mbs = [s[p] for p in karmarkar_karp(lens[s].tolist(), count, False)]
+            mbs = [s[np.sort(p)] for p in karmarkar_karp(lens[s], count, False)]
             mbs.sort(key=lambda x: (-int(lens[x].sum()), int(x[0])))
             ranks.append(mbs[::2][::-1] + mbs[1::2])  # light ones at both ends
         plan.append(ranks)
@@ -200,6 +172,8 @@ _FIRST = """
 import time, sys
 t0, c0 = time.perf_counter(), time.process_time()
 import numpy as np
+from rl_peers import Micro, independent_times, karmarkar_karp
+
 from varpack.online import plan_batch
 t1, c1 = time.perf_counter(), time.process_time()
 lens = np.load(sys.argv[1])
@@ -229,8 +203,9 @@ def latency(quick: bool) -> None:
     for n in TARGET_MS:
         lens = rollout(n, seed=n)
 
-        def call() -> None:
-            plan_batch(lens, dp=DP, max_tokens=BUDGET, mini_batches=STEPS, **DIMS).steps
+        def call(lens: np.ndarray = lens) -> None:
+            plan = plan_batch(lens, dp=DP, max_tokens=BUDGET, mini_batches=STEPS, **DIMS)
+            assert len(plan.steps) == STEPS  # the nested lists a rank reads, built too
 
         call()  # the first call: kernels loaded
         wall, cpu = _timed(call, repeat)
@@ -264,10 +239,11 @@ def quality(quick: bool) -> None:
         rows = {}
         for name, fn in (("kk", kk_plan), ("roll", roll_plan)):
             t = time.perf_counter()
-            rows[name] = (
-                score(fn(lens, DP, BUDGET, STEPS, group), lens, DP),
-                time.perf_counter() - t,
-            )
+            plan = fn(lens, DP, BUDGET, STEPS, group)
+            took = time.perf_counter() - t
+            rows[name] = (score(plan, lens, DP), took)
+            if name == "roll":  # as its document pads them: B rows of the longest, rounded
+                rows["roll-padded"] = (score(plan, lens, DP, round_to=128), took)
         for sync in ("step", "micro"):
             t = time.perf_counter()
             plan = varpack_plan(lens, DP, BUDGET, STEPS, group, sync=sync)
@@ -277,7 +253,7 @@ def quality(quick: bool) -> None:
                   f"{s['k']:>6.1f} {1e3 * took:>8.1f}")  # fmt: skip
         for model in ("step", "micro"):
             ours = rows[f"varpack-{model}"][0][model]
-            best = min(rows["kk"][0][model], rows["roll"][0][model])
+            best = min(v[0][model] for k, v in rows.items() if not k.startswith("varpack"))
             verdict = "ahead" if ours < best else "BEHIND"
             print(f"{'':>6} {model}: varpack {ours:.6f} vs best peer {best:.6f}: {verdict} "
                   f"(idle {100 * (ours - 1):.4f} % vs {100 * (best - 1):.4f} %)")  # fmt: skip
