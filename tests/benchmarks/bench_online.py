@@ -172,8 +172,6 @@ _FIRST = """
 import time, sys
 t0, c0 = time.perf_counter(), time.process_time()
 import numpy as np
-from rl_peers import Micro, independent_times, karmarkar_karp
-
 from varpack.online import plan_batch
 t1, c1 = time.perf_counter(), time.process_time()
 lens = np.load(sys.argv[1])
