@@ -77,22 +77,28 @@ def check_contract(plan: BatchPlan, lens: np.ndarray, *, dp: int, steps: int, ma
     group=st.sampled_from([1, 4]),
     cost=st.sampled_from(["tokens", "flops"]),
     seed=st.integers(0, 3),
+    shapes=st.sampled_from([None, 2]),
 )
 def test_every_plan_keeps_the_contract(n, dp, steps, budget, layout, pad_multiple, pp, sync,
-                                       group, cost, seed) -> None:  # fmt: skip
+                                       group, cost, seed, shapes) -> None:  # fmt: skip
     assume(not (pp > 1 and (layout == "padded" or sync == "micro")))
+    assume(not (shapes and layout == "padded"))
     lens = np.random.default_rng(seed).integers(1, 2 * budget, n)
     dims = FLOPS if cost == "flops" else {"cost": cost}
     try:
         plan = plan_batch(lens, dp=dp, max_tokens=budget, mini_batches=steps, sync=sync,
                           layout=layout, pad_multiple=pad_multiple, pp=pp, seed=seed,
-                          groups=group if group > 1 else None,
-                          oversize="error" if pp > 1 else "alone", **dims)  # fmt: skip
+                          groups=group if group > 1 else None, max_shapes=shapes,
+                          oversize="error" if pp > 1 or shapes else "alone", **dims)  # fmt: skip
     except ConfigError as err:  # too few samples for the ranks, or oversize with pp: one line
         assert "\n" not in str(err)
         assume(False)
     check_contract(plan, lens, dp=dp, steps=steps, max_tokens=budget, layout=layout,
                    pad_multiple=pad_multiple, pp=pp)  # fmt: skip
+    if shapes:
+        assert (
+            len({int(x) for s in range(steps) for r in range(dp) for x in plan.pad_to(s, r)}) <= 2
+        )
     if group > 1:  # a group's samples share a step
         for g in range(-(-n // group)):
             assert len(set(plan.sample_step[g * group : (g + 1) * group].tolist())) == 1
@@ -131,6 +137,20 @@ def test_a_long_sample_runs_alone_and_split_pieces_cover_it() -> None:
     assert (covered == 1).all()  # every token of the long sample once
     with pytest.raises(ConfigError, match="do not fit max_tokens=100 even alone"):
         plan_batch(lens, dp=2, max_tokens=100, oversize="error")
+
+
+def test_bounded_shapes() -> None:
+    lens = rollout(1024, seed=9)
+    plan = plan_batch(lens, dp=4, max_tokens=16384, mini_batches=2, max_shapes=3,
+                      oversize="error", pad_multiple=64)  # fmt: skip
+    check_contract(plan, lens, dp=4, steps=2, max_tokens=16384, pad_multiple=64)
+    shapes = {int(x) for s in range(2) for r in range(4) for x in plan.pad_to(s, r)}
+    assert len(shapes) <= 3 and max(shapes) <= 16384
+    for s, ranks in enumerate(plan.steps):  # every micro-batch fits the shape it is padded to
+        for r, mbs in enumerate(ranks):
+            assert all(lens[mb].sum() <= t for mb, t in zip(mbs, plan.pad_to(s, r), strict=True))
+    with pytest.raises(ConfigError, match="max_shapes needs layout='packed'"):
+        plan_batch(lens, dp=4, max_tokens=16384, max_shapes=3, layout="padded")
 
 
 def test_loss_tokens_and_forward_only() -> None:

@@ -177,6 +177,7 @@ def plan_batch(
     groups: Any = None,
     oversize: str = "alone",
     loss_tokens: Any = None,
+    max_shapes: int | None = None,
 ) -> BatchPlan:
     """Plan one batch of samples of ``lengths`` tokens (see the module doc for the contract).
 
@@ -200,6 +201,8 @@ def plan_batch(
             to 4 budgets), ``split`` (pieces of the budget) or ``error``.
         loss_tokens: tokens of each sample the loss counts (say, its response); their sum per
             step is ``plan.step_loss_tokens``.
+        max_shapes: at most this many padded lengths over the whole plan (packed layout: each
+            micro-batch padded up to one of them, within the budget), for compiled models.
 
     Raises:
         ConfigError, InputError: one line saying what is wrong and what to do.
@@ -215,14 +218,15 @@ def plan_batch(
         raise ConfigError("forward_only plans one pass: leave mini_batches at 1")
     if sync not in ("micro", "step"):
         raise ConfigError(f"sync={sync!r}: choose micro or step")
-    if layout == "padded" and pp > 1:
-        raise ConfigError("pp > 1 needs layout='packed' (one shape per pipeline step)")
+    if layout == "padded" and (pp > 1 or max_shapes is not None):
+        what = "pp > 1" if pp > 1 else "max_shapes"
+        raise ConfigError(f"{what} needs layout='packed' here (the padded layout is cut sorted)")
     if forward_only and pp == 1:
         sync = "micro"  # an inference pass: every slot balanced, whatever the trainer waits on
     options = dict(
         dp=dp, max_tokens=max_tokens, cost=cost, hidden=hidden, kv_hidden=kv_hidden,
         layers=layers, sync=sync, layout=layout, pad_multiple=pad_multiple, pp=pp, seed=seed,
-        oversize=oversize,
+        oversize=oversize, max_shapes=max_shapes,
     )  # fmt: skip
     if oversize not in ("alone", "split", "error"):
         raise ConfigError(f"oversize={oversize!r}: choose alone, split or error")
