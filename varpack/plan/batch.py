@@ -55,10 +55,12 @@ from varpack.plan.stages.select import select
 from varpack.plan.stages.shaping import shape
 from varpack.plan.sync import SYNC_MODELS, slotted
 
-#: Slots the composer deals at once. Its deal scans every slot of a window per sample, so a
-#: window of a whole 64 K-sample step (1,600 slots at dp 8) costs 0.21 s; windows of 128 slots
-#: cost 0.034 s for the same balance (time vs ideal within 1e-5 under both sync models)
-WINDOW_SLOTS = 128
+#: Most slots the composer deals at once. Its deal scans every slot of a window per sample: a
+#: window of a whole 64 K-sample step (1,600 slots at dp 8) costs 0.21 s, so a longer step is
+#: composed in equal windows of at most this many (4 of 400: 0.08 s). A window covering a whole
+#: step balances best (64 K samples, 4 steps of 404 slots: time vs ideal under micro sync
+#: 1.00010; windows of 128 slots 1.00025, of 256 slots 1.00031: what a window leaves moves on)
+WINDOW_SLOTS = 512
 #: Steps are composed from this share of the tokens sorted packing puts in a slot (as offline:
 #: the composer then needs a few more slots rarely, fewer never)
 STEP_SHARE = 0.98
@@ -171,7 +173,9 @@ def _compose(
     assert cfg.max_tokens is not None
     whole = chosen.group is None or cfg.split_len == fit_len(cfg.max_tokens, cfg.pad_multiple)
     if cfg.layout == "packed" and whole:
-        got = compose_run(lens, alone, cost_coefficients(cfg.cost_model()), WINDOW_SLOTS * slot,
+        total = int(lens.sum())
+        windows = -(-total // (WINDOW_SLOTS * slot))  # equal windows, the whole step where it can
+        got = compose_run(lens, alone, cost_coefficients(cfg.cost_model()), total // windows + 1,
                           slot, cfg.dp, 1, cfg.pad_multiple, cfg.max_tokens, step_fill(cfg))  # fmt: skip
         if got is not None:
             return rows[got.stream], got.starts
