@@ -3,6 +3,8 @@ in order, and the split mini-batch's loss and gradients equal to the unsplit one
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -188,6 +190,10 @@ def test_a_variable_length_list_and_bad_batches() -> None:
     }
     with pytest.raises(InputError, match="row 1 of attention_mask has no real token"):
         Rollout(bad)
+    proto = SimpleNamespace(batch=_batch(4)[0], non_tensor_batch={"uid": np.arange(4)})
+    assert Rollout(proto).lengths.tolist() == Rollout(proto.batch).lengths.tolist()  # verl's
+    with pytest.raises(InputError, match="not int"):
+        Rollout(3)
     bad = {**_batch(4)[0], "scores": torch.zeros(3)}
     with pytest.raises(InputError, match="scores: 3 entries for a batch of 4"):
         Rollout(bad)

@@ -74,15 +74,21 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 class Rollout:
     """A rollout batch, its real tokens flattened once (see the module doc)."""
 
-    def __init__(
-        self, data: Mapping[str, Any] | Sequence[torch.Tensor], mask: str = "attention_mask"
-    ) -> None:
+    def __init__(self, data: Any, mask: str = "attention_mask") -> None:
+        """``data``: a dict (or a ``TensorDict``: anything with ``items()``), verl's
+        ``DataProto`` (its ``batch`` and ``non_tensor_batch``), or a list of 1-D tensors."""
         self._per_token: dict[str, torch.Tensor] = {}
         self._per_sample: dict[str, Any] = {}
-        if isinstance(data, Mapping):
-            self._from_padded(data, mask)
-        else:
+        if hasattr(data, "batch") and hasattr(data, "non_tensor_batch"):  # a DataProto
+            data = {**dict(data.batch.items()), **dict(data.non_tensor_batch)}
+        if isinstance(data, list | tuple):
             self._from_list(data)
+        elif hasattr(data, "items"):
+            self._from_padded(dict(data.items()), mask)
+        else:
+            raise InputError(
+                f"a rollout is a dict of tensors or a list of them, not {type(data).__name__}"
+            )
         self.starts = np.concatenate(([0], np.cumsum(self.lengths)))  # each sample's first token
 
     def _from_list(self, seqs: Sequence[torch.Tensor]) -> None:
