@@ -56,11 +56,11 @@ from varpack.plan.stages.shaping import shape
 from varpack.plan.sync import SYNC_MODELS, slotted
 
 #: Most slots the composer deals at once. Its deal scans every slot of a window per sample: a
-#: window of a whole 64 K-sample step (1,600 slots at dp 8) costs 0.21 s, so a longer step is
-#: composed in equal windows of at most this many (4 of 400: 0.08 s). A window covering a whole
-#: step balances best (64 K samples, 4 steps of 404 slots: time vs ideal under micro sync
-#: 1.00010; windows of 128 slots 1.00025, of 256 slots 1.00031: what a window leaves moves on)
-WINDOW_SLOTS = 512
+#: window of a whole 64 K-sample step (1,600 slots at dp 8) costs 0.21 s, so a step is composed
+#: in equal windows of at most this many: 0.04 s, the same balance (64 K samples in 4 steps,
+#: time vs ideal under micro sync 1.000108; 1.000103 in windows of 512 slots, 0.09 s). Equal
+#: windows matter: windows of 256 slots and a short remainder gave 1.00031
+WINDOW_SLOTS = 128
 #: Steps are composed from this share of the tokens sorted packing puts in a slot (as offline:
 #: the composer then needs a few more slots rarely, fewer never)
 STEP_SHARE = 0.98
