@@ -16,7 +16,7 @@ import pytest
 from testkit import cli, write_metadata
 
 from varpack.errors import ConfigError
-from varpack.manifest.format import load_plan
+from varpack.manifest.format import VERSION, load_plan
 from varpack.manifest.replan import replan
 from varpack.manifest.validate import validate_plan
 from varpack.metadata.synth import sample_lengths
@@ -62,7 +62,7 @@ def test_the_same_dp_is_the_identity(tmp_path: Path) -> None:
     plan = _plan(tmp_path, "plan", "--dp", 2, "--grad-accum", 2, "--order", "shuffle")
     replan(plan, tmp_path / "child", 17)
     assert _rows(tmp_path / "child") == _rows(plan, 17)  # every column of every row
-    assert json.loads((tmp_path / "child" / "plan.json").read_text())["version"] == 3
+    assert json.loads((tmp_path / "child" / "plan.json").read_text())["version"] == VERSION
 
 
 @pytest.mark.parametrize("dp", [1, 3, 6])

@@ -45,9 +45,10 @@ FORMAT = "varpack.plan"
 #: stats time_vs_ideal_bound and fill_given_up, and the checksum; 3: ``parent`` (a plan made by
 #: ``varpack replan``); 4: ``config.sync`` and ``stats.time_vs_ideal_by_sync`` (an older plan
 #: reads as ``sync = "step"``). A plan is written with the lowest version whose readers understand
-#: it (:func:`version_of`).
+#: it (:func:`version_of`): ``varpack plan`` writes PLAN_VERSION, the version of its planner
+#: (``validate --replay`` refuses older plans: this planner may place their samples otherwise).
 VERSION = 4
-PLAN_VERSION = 2
+PLAN_VERSION = 4
 OLDEST = 1
 PLAN_JSON = "plan.json"
 
@@ -221,8 +222,8 @@ def write_plan_json(
 def version_of(meta: dict[str, Any]) -> int:
     """The lowest format version that holds every key of ``meta`` (top-level, and one level in).
 
-    >>> version_of({"config": {}}), version_of({"parent": {}}), version_of({"config": {"sync": 1}})
-    (2, 3, 4)
+    >>> version_of({"config": {}}), version_of({"parent": {}, "config": {"sync": "micro"}})
+    (4, 4)
     """
     return max([PLAN_VERSION, *(v for k, v in ADDED.items() if _holds(meta, k))])
 
