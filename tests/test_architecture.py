@@ -26,13 +26,18 @@ ALLOWED = {
     "metadata": GROUND,
     "sort": GROUND | {"metadata"},
     "plan": {"errors", "fingerprint"},
+    "online": {"errors", "plan"},
     "manifest": GROUND | {"metadata", "sort", "plan"},
-    "torch": GROUND | {"metadata", "manifest"},
+    "torch": GROUND | {"metadata", "manifest", "online"},
     "cli": GROUND | {"metadata", "sort", "plan", "manifest"},
-    "integrations": GROUND | {"metadata", "manifest", "torch"},
+    "integrations": GROUND | {"metadata", "manifest", "torch", "online"},
 }
-#: third-party packages a varpack package must not import (the plan is pure arrays)
-FORBIDDEN = {"plan": {"pyarrow", "polars", "torch", "mpi4py"}}
+#: third-party packages a varpack package must not import (the plan is pure arrays; a batch
+#: planned in memory too: RL loops call it between generation and training)
+FORBIDDEN = {
+    "plan": {"pyarrow", "polars", "torch", "mpi4py"},
+    "online": {"pyarrow", "polars", "torch", "mpi4py"},
+}
 #: distributions whose import name differs, or that are installed for a binary, not an import
 IMPORT_NAME = {"mpich": None}
 

@@ -13,6 +13,8 @@ The only part of varpack that imports torch. The pieces:
 - :func:`compile_warmup` (``warmup``): one forward/backward per shape before training.
 - :func:`packed_attention`, :func:`attention_meta` (``attention``): attention that keeps packed
   samples apart (varlen kernels, FlexAttention, SDPA), inputs built once per batch.
+- ``rollout``: an RL rollout batch (padded tensors as verl holds them, or a list of token
+  tensors) cut into a :class:`varpack.online.BatchPlan`'s micro-batches, outputs put back.
 - ``masks``: block-diagonal masks and FlexAttention block masks; ``model``: a small reference GPT;
   ``hf``: :func:`~varpack.torch.hf.hf_inputs` for Hugging Face ``transformers`` models.
 - ``launch``: rank, world size and local rank from torchrun or Slurm (``srun``), and the

@@ -1,0 +1,282 @@
+"""plan_batch's contract: every sample once, equal counts, the budget, pp, groups, totals, sync,
+determinism across processes, and one-line refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from varpack.errors import ConfigError, InputError, VarpackError
+from varpack.online import BatchPlan, plan_batch
+from varpack.plan.kernels.lanes import level_lanes
+
+ROOT = Path(__file__).resolve().parents[2]
+FLOPS = {"cost": "flops", "hidden": 896, "kv_hidden": 128, "layers": 24}
+
+
+def rollout(n: int, seed: int = 0, group: int = 1, cap: int = 4096) -> np.ndarray:
+    """Prompt + response lengths, a quarter of the responses at the generation cap."""
+    rng = np.random.default_rng(seed)
+    prompts = np.clip(rng.lognormal(np.log(300), 0.6, -(-n // group)), 16, 2048).astype(np.int64)
+    resp = np.minimum(rng.lognormal(np.log(cap) - 0.607, 0.9, n), cap).astype(np.int64) + 1
+    return np.repeat(prompts, group)[:n] + resp
+
+
+def volume(lens: np.ndarray, layout: str, multiple: int) -> int:
+    """A micro-batch's tokens under the budget rule: the packed total or B x T, rounded."""
+    if layout == "packed":
+        return -(-int(lens.sum()) // multiple) * multiple
+    return len(lens) * (-(-int(lens.max()) // multiple) * multiple)
+
+
+def check_contract(plan: BatchPlan, lens: np.ndarray, *, dp: int, steps: int, max_tokens: int,
+                   layout: str = "packed", pad_multiple: int = 1, pp: int = 1) -> None:  # fmt: skip
+    """What every plan promises (the module doc of varpack.online.batch)."""
+    assert len(plan.steps) == steps == plan.num_steps
+    k = plan.micro_per_step
+    assert k >= 1 and k % pp == 0
+    seen = []
+    for s, ranks in enumerate(plan.steps):
+        assert len(ranks) == dp
+        tokens = samples = 0
+        for mbs in ranks:
+            assert len(mbs) == k  # every rank the same number in a step
+            for mb in mbs:
+                assert mb.dtype == np.int64 and len(mb) >= 1
+                # only a sample that does not fit alone may exceed the budget, alone
+                assert len(mb) == 1 or volume(lens[mb], layout, pad_multiple) <= max_tokens
+                tokens += int(lens[mb].sum())
+                samples += len(mb)
+                seen.append(mb)
+        assert plan.step_tokens[s] == tokens and plan.step_samples[s] == samples
+    order = np.concatenate(seen)
+    assert np.array_equal(np.sort(order), np.arange(len(lens)))  # every sample exactly once
+    for s, ranks in enumerate(plan.steps):
+        for mbs in ranks:
+            for mb in mbs:
+                assert (plan.sample_step[mb] == s).all()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(8, 400),
+    dp=st.integers(1, 4),
+    steps=st.integers(1, 3),
+    budget=st.integers(64, 600),
+    layout=st.sampled_from(["packed", "padded"]),
+    pad_multiple=st.sampled_from([1, 8]),
+    pp=st.sampled_from([1, 2]),
+    sync=st.sampled_from(["micro", "step"]),
+    group=st.sampled_from([1, 4]),
+    cost=st.sampled_from(["tokens", "flops"]),
+    seed=st.integers(0, 3),
+    shapes=st.sampled_from([None, 2]),
+)
+def test_every_plan_keeps_the_contract(n, dp, steps, budget, layout, pad_multiple, pp, sync,
+                                       group, cost, seed, shapes) -> None:  # fmt: skip
+    assume(not (pp > 1 and (layout == "padded" or sync == "micro")))
+    assume(not (shapes and layout == "padded"))
+    lens = np.random.default_rng(seed).integers(1, 2 * budget, n)
+    dims = FLOPS if cost == "flops" else {"cost": cost}
+    try:
+        plan = plan_batch(lens, dp=dp, max_tokens=budget, mini_batches=steps, sync=sync,
+                          layout=layout, pad_multiple=pad_multiple, pp=pp, seed=seed,
+                          groups=group if group > 1 else None, max_shapes=shapes,
+                          oversize="error" if pp > 1 or shapes else "alone", **dims)  # fmt: skip
+    except ConfigError as err:  # too few samples for the ranks, or oversize with pp: one line
+        assert "\n" not in str(err)
+        assume(False)
+    check_contract(plan, lens, dp=dp, steps=steps, max_tokens=budget, layout=layout,
+                   pad_multiple=pad_multiple, pp=pp)  # fmt: skip
+    if shapes:
+        assert (
+            len({int(x) for s in range(steps) for r in range(dp) for x in plan.pad_to(s, r)}) <= 2
+        )
+    if group > 1:  # a group's samples share a step
+        for g in range(-(-n // group)):
+            assert len(set(plan.sample_step[g * group : (g + 1) * group].tolist())) == 1
+
+
+def test_steps_are_equal_random_draws_of_the_batch() -> None:
+    lens = rollout(4096, seed=3)
+    plan = plan_batch(lens, dp=8, max_tokens=16384, mini_batches=4, **FLOPS)
+    check_contract(plan, lens, dp=8, steps=4, max_tokens=16384)
+    counts = np.bincount(plan.sample_step)
+    assert counts.tolist() == [1024] * 4  # the same number of samples each
+    for s in range(4):  # ... and the batch's length mix (a stratified draw)
+        mine = lens[plan.sample_step == s]
+        assert abs(np.median(mine) / np.median(lens) - 1) < 0.05
+    other = plan_batch(lens, dp=8, max_tokens=16384, mini_batches=4, seed=1, **FLOPS)
+    assert not np.array_equal(other.sample_step, plan.sample_step)  # the seed draws the steps
+
+
+def test_a_long_sample_runs_alone_and_split_pieces_cover_it() -> None:
+    lens = np.array([50] * 30 + [300, 90])
+    alone = plan_batch(lens, dp=2, max_tokens=100, mini_batches=2)
+    check_contract(alone, lens, dp=2, steps=2, max_tokens=100)
+    mb = [mb for ranks in alone.steps for mbs in ranks for mb in mbs if 30 in mb]
+    assert [m.tolist() for m in mb] == [[30]]
+    split = plan_batch(lens, dp=2, max_tokens=100, mini_batches=2, oversize="split")
+    assert split.piece_starts is not None and split.piece_lengths is not None
+    covered = np.zeros(300, dtype=int)
+    for s, ranks in enumerate(split.steps):
+        for r, mbs in enumerate(ranks):
+            for j, mb in enumerate(mbs):
+                starts, sizes = split.piece_starts[s][r][j], split.piece_lengths[s][r][j]
+                assert sizes.sum() <= 100
+                for i, a, b in zip(mb, starts, sizes, strict=True):
+                    if i == 30:
+                        covered[a : a + b] += 1
+    assert (covered == 1).all()  # every token of the long sample once
+    with pytest.raises(ConfigError, match="do not fit max_tokens=100 even alone"):
+        plan_batch(lens, dp=2, max_tokens=100, oversize="error")
+
+
+def test_bounded_shapes() -> None:
+    lens = rollout(1024, seed=9)
+    plan = plan_batch(lens, dp=4, max_tokens=16384, mini_batches=2, max_shapes=3,
+                      oversize="error", pad_multiple=64)  # fmt: skip
+    check_contract(plan, lens, dp=4, steps=2, max_tokens=16384, pad_multiple=64)
+    shapes = {int(x) for s in range(2) for r in range(4) for x in plan.pad_to(s, r)}
+    assert len(shapes) <= 3 and max(shapes) <= 16384
+    for s, ranks in enumerate(plan.steps):  # every micro-batch fits the shape it is padded to
+        for r, mbs in enumerate(ranks):
+            assert all(lens[mb].sum() <= t for mb, t in zip(mbs, plan.pad_to(s, r), strict=True))
+    with pytest.raises(ConfigError, match="max_shapes needs layout='packed'"):
+        plan_batch(lens, dp=4, max_tokens=16384, max_shapes=3, layout="padded")
+
+
+def test_loss_tokens_and_forward_only() -> None:
+    lens = rollout(512, seed=5)
+    resp = lens // 2
+    plan = plan_batch(lens, dp=4, max_tokens=8192, mini_batches=2, loss_tokens=resp)
+    for s in range(2):
+        assert plan.step_loss_tokens[s] == resp[plan.sample_step == s].sum()
+    fwd = plan_batch(lens, dp=4, max_tokens=32768, forward_only=True, sync="step")
+    check_contract(fwd, lens, dp=4, steps=1, max_tokens=32768)
+    assert fwd.forward_only and fwd.sync == "micro"  # an inference pass: balanced per slot
+    assert fwd.micro_per_step < plan.micro_per_step * 2  # its own, larger budget
+    with pytest.raises(ConfigError, match="forward_only plans one pass"):
+        plan_batch(lens, dp=4, max_tokens=8192, mini_batches=2, forward_only=True)
+
+
+def _time(plan: BatchPlan, cost: np.ndarray, model: str) -> float:
+    """A plan's time computed here from ``plan.steps`` (independent of the planner's figures)."""
+    total = 0.0
+    for ranks in plan.steps:
+        loads = np.array([[cost[mb].sum() for mb in mbs] for mbs in ranks])  # [dp, K]
+        total += loads.sum(axis=1).max() if model == "step" else loads.max(axis=0).sum()
+    return total / (cost.sum() / len(plan.steps[0]))
+
+
+@pytest.mark.parametrize("sync", ["micro", "step"])
+def test_balanced_under_its_sync_model_and_figures_agree(sync) -> None:
+    lens = rollout(2048, seed=7, group=16)
+    plan = plan_batch(lens, dp=8, max_tokens=16384, mini_batches=4, sync=sync, groups=16,
+                      cost="tokens")  # fmt: skip
+    fig = plan.figures
+    cost = lens.astype(float)
+    for model in ("step", "micro"):
+        assert fig["time_vs_ideal_by_sync"][model] == pytest.approx(_time(plan, cost, model))
+    assert fig["time_vs_ideal"] == fig["time_vs_ideal_by_sync"][sync]
+    assert 1.0 <= fig["bound"] <= fig["time_vs_ideal"] + 1e-12
+    assert fig["time_vs_ideal_by_sync"][sync] < 1.005
+    if sync == "micro":  # slots balanced, and each rank's sum over a step levelled too
+        assert fig["time_vs_ideal_by_sync"]["step"] < 1.0005
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 12), st.integers(1, 3), st.integers(0, 99))
+def test_levelled_ranks_differ_by_at_most_one_slot_spread(dp, k, steps, seed) -> None:
+    cost = np.random.default_rng(seed).random(dp * k * steps) * 100
+    step = np.repeat(np.arange(steps), dp * k)
+    micro = np.tile(np.repeat(np.arange(k), dp), steps)
+    rank = level_lanes(step, micro, cost, dp, k)
+    for s in range(steps):
+        on = step == s
+        slots = np.bincount(micro[on] * dp + rank[on], minlength=k * dp).reshape(k, dp)
+        assert (slots == 1).all()  # each slot: one micro-batch per rank
+        sums = np.bincount(rank[on], weights=cost[on], minlength=dp)
+        spread = max(np.ptp(cost[on][micro[on] == j]) for j in range(k))
+        assert sums.max() - sums.min() <= spread + 1e-9
+
+
+_IN_A_PROCESS = """
+import hashlib, sys
+import numpy as np
+from varpack.online import plan_batch
+lens = np.load(sys.argv[1])
+plan = plan_batch(lens, dp=4, max_tokens=8192, mini_batches=3, groups=8, **{flops})
+h = hashlib.sha256()
+for ranks in plan.steps:
+    for mbs in ranks:
+        for mb in mbs:
+            h.update(mb.tobytes() + b"|")
+print(h.hexdigest(), plan.digest())
+"""
+
+
+def test_every_process_computes_the_same_plan(tmp_path) -> None:
+    lens = rollout(1024, seed=11, group=8)
+    np.save(tmp_path / "lens.npy", lens)
+    plan = plan_batch(lens, dp=4, max_tokens=8192, mini_batches=3, groups=8, **FLOPS)
+    h = hashlib.sha256()
+    for ranks in plan.steps:
+        for mbs in ranks:
+            for mb in mbs:
+                h.update(mb.tobytes() + b"|")
+    code = _IN_A_PROCESS.replace("{flops}", repr(FLOPS))
+    for hashseed in ("1",):  # another process, another hash seed than this one's (random)
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "lens.npy")], check=True,
+                             capture_output=True, text=True, cwd=ROOT,
+                             env={"PYTHONHASHSEED": hashseed, "PATH": ""})  # fmt: skip
+        got, digest = out.stdout.split()
+        assert got == h.hexdigest() and digest == plan.digest()
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda: plan_batch([], dp=2, max_tokens=10), InputError, "non-empty"),
+        (lambda: plan_batch([3, 0, 2], dp=1, max_tokens=10), InputError, "lengths[1] = 0"),
+        (lambda: plan_batch([1.5, 2.0], dp=1, max_tokens=10), InputError, "integers"),
+        (lambda: plan_batch([3, 4], dp=0, max_tokens=10), ConfigError, "dp=0"),
+        (
+            lambda: plan_batch([3, 4], dp=1, max_tokens=10, mini_batches=0),
+            ConfigError,
+            "mini_batches",
+        ),
+        (lambda: plan_batch([3] * 4, dp=4, max_tokens=10, mini_batches=2), ConfigError, "lower dp"),
+        (lambda: plan_batch([3, 4], dp=1, max_tokens=10, sync="fsdp"), ConfigError, "sync="),
+        (lambda: plan_batch([3, 4], dp=1, max_tokens=10, cost="flops"), ConfigError, "hidden"),
+        (
+            lambda: plan_batch([3, 4], dp=1, max_tokens=10, pp=2, layout="padded"),
+            ConfigError,
+            "packed",
+        ),
+        (
+            lambda: plan_batch([3, 4], dp=1, max_tokens=10, pp=2),
+            ConfigError,
+            "sync=micro conflicts",
+        ),
+        (lambda: plan_batch([3, 4], dp=1, max_tokens=10, groups=[0]), InputError, "groups"),
+        (
+            lambda: plan_batch([3, 4], dp=1, max_tokens=10, loss_tokens=[1, -1]),
+            InputError,
+            "negative",
+        ),
+    ],
+)
+def test_bad_input_is_one_line(call, error, words) -> None:
+    with pytest.raises(error) as got:
+        call()
+    assert isinstance(got.value, VarpackError)
+    assert words in str(got.value) and "\n" not in str(got.value)
+    assert "--" not in str(got.value)  # the API's names, not the command line's

@@ -1,0 +1,263 @@
+"""One batch planned in memory: a rollout batch cut into a given number of steps (RL).
+
+An RL trainer gets a new batch every iteration, after generation, and trains it in a fixed number
+of optimizer steps (the PPO / GRPO mini-batches). :func:`plan_batch_arrays` plans such a batch
+with the planner's stages, as a run of one epoch cut into ``steps`` steps, nothing carried across
+batches and nothing written:
+
+1. **select** (:mod:`.stages.select`): the input checks; a sample longer than the budget gets a
+   micro-batch of its own (``oversize="alone"``), is split into pieces or refused;
+2. **steps** (:func:`deal_steps`): the units (a sample; a group the caller keeps in one step; the
+   pieces of a split sample) are dealt to the steps at random, stratified by cost: of every
+   ``steps`` consecutive units in cost order each step draws one, which at random. Every step is
+   a random draw of the batch with the same number of units and the batch's length mix;
+3. **order + pack**, per step: its samples, in a random order, composed by cost into *slots* of
+   ``dp`` micro-batches of equal cost (:func:`varpack.plan.kernels.compose.compose_run` at
+   grad-accum 1, in windows of :data:`WINDOW_SLOTS` slots); in the padded layout, sorted and cut
+   under the budget (:func:`varpack.plan.kernels.pack.pack`). Every rank of every step then runs
+   ``K`` micro-batches, the most any step needs, rounded up to a multiple of ``pp``: the other
+   steps split their costliest (:func:`varpack.plan.kernels.pack.complete`), and each step's
+   micro-batches are cut into slots by cost (:func:`varpack.plan.kernels.slots.slot_order`);
+4. **shapes** and **assign** (:mod:`.stages.shaping`, :mod:`.stages.placement`) at grad-accum
+   ``K``, as for a plan from files; with ``sync="micro"`` the ranks of each slot are then dealt so
+   that each rank's sum over its step is level too (:mod:`.kernels.lanes`);
+5. **totals** (:func:`varpack.plan.lr.step_totals`): each step's global tokens and samples.
+
+What the offline planner adds for a plan on disk (plan.json's figures, fingerprints, shuffle
+windows, warm-up, LR factors) is left out: :func:`batch_figures` scores a batch when asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from varpack.errors import ConfigError
+from varpack.plan.arrays import Batches, PlanArrays, Selection
+from varpack.plan.config import PlanConfig
+from varpack.plan.cost import cost_coefficients, sample_cost
+from varpack.plan.figures.bound import time_bound
+from varpack.plan.kernels import assign as algo
+from varpack.plan.kernels.compose import compose_run
+from varpack.plan.kernels.lanes import level_lanes
+from varpack.plan.kernels.micro import summarize
+from varpack.plan.kernels.pack import complete, oversize_mask, pack
+from varpack.plan.kernels.slots import move_micro, slot_order
+from varpack.plan.kernels.split import fit_len
+from varpack.plan.lr import step_totals
+from varpack.plan.rules import capacity
+from varpack.plan.stages.batching.costed import step_fill
+from varpack.plan.stages.placement import assign
+from varpack.plan.stages.select import select
+from varpack.plan.stages.shaping import shape
+from varpack.plan.sync import SYNC_MODELS, slotted
+
+#: Most slots the composer deals at once. Its deal scans every slot of a window per sample: a
+#: window of a whole 64 K-sample step (1,600 slots at dp 8) costs 0.21 s, so a step is composed
+#: in equal windows of at most this many: 0.04 s, the same balance (64 K samples in 4 steps,
+#: time vs ideal under micro sync 1.000108; 1.000103 in windows of 512 slots, 0.09 s). Equal
+#: windows matter: windows of 256 slots and a short remainder gave 1.00031
+WINDOW_SLOTS = 128
+#: Steps are composed from this share of the tokens sorted packing puts in a slot (as offline:
+#: the composer then needs a few more slots rarely, fewer never)
+STEP_SHARE = 0.98
+_STREAM = 0x6F6E6C696E65  # the batch planner's random stream, apart from the offline orders'
+
+
+@lru_cache(maxsize=256)
+def batch_config(**options: Any) -> PlanConfig:
+    """The resolved config of a batch (cached: an RL loop plans with the same options each
+    iteration, and resolving checks every option)."""
+    return PlanConfig(order="shuffle", **options).resolved()
+
+
+def deal_steps(unit_cost: np.ndarray, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """The step of every unit: units sorted by cost (ties at random) in strata of ``steps``,
+    each stratum's units to the steps in a random order (a short last stratum to as many
+    steps, drawn at random). Every step gets the same number of units, give or take one.
+
+    Strata {5, 3} and {2, 1}: each step draws one unit of each.
+
+    >>> deal_steps(np.array([5.0, 1, 3, 2]), 2, np.random.default_rng(0)).tolist()
+    [1, 1, 0, 0]
+    """
+    u = len(unit_cost)
+    shuffled = rng.permutation(u)
+    order = shuffled[np.argsort(-np.asarray(unit_cost, np.float64)[shuffled], kind="stable")]
+    strata = -(-u // steps)
+    draw = np.argsort(rng.random((strata, steps)), axis=1, kind="stable").ravel()[:u]
+    out = np.empty(u, dtype=np.int64)
+    out[order] = draw
+    return out
+
+
+def plan_batch_arrays(
+    lens: np.ndarray, cfg: PlanConfig, steps: int, groups: np.ndarray | None = None
+) -> PlanArrays:
+    """A batch of samples ``lens`` (any order) planned into ``steps`` steps: the plan's arrays,
+    ``ids`` holding each planned unit's index into ``lens``. ``cfg``: resolved, shuffled order;
+    its ``grad_accum`` is replaced by the micro-batches per rank the batch needs. ``groups``:
+    a group number per sample; a group's samples go to one step."""
+    chosen = select(np.arange(len(lens), dtype=np.int64), lens, cfg)
+    rng = np.random.default_rng([cfg.seed, _STREAM])
+    unit_step = _unit_steps(chosen, steps, groups, rng)
+    per_step = np.bincount(unit_step, minlength=steps)
+    if per_step.min() < cfg.dp:
+        raise ConfigError(
+            f"{len(lens)} samples cannot give each of {cfg.dp} ranks a micro-batch in each of "
+            f"{steps} steps (a step holds {int(per_step.min())}); lower dp or mini_batches"
+        )
+    perm = rng.permutation(len(unit_step))  # each step's samples in a random order
+    rows = perm[np.argsort(unit_step[perm], kind="stable")]
+    bounds = np.concatenate(([0], np.cumsum(per_step)))
+    slot = int(STEP_SHARE * cfg.dp * _tokens_per_micro(chosen))  # tokens a slot is composed of
+    parts = [_compose(rows[bounds[s] : bounds[s + 1]], chosen, cfg, slot) for s in range(steps)]
+    k = max(-(-(len(starts) - 1) // cfg.dp) for _, starts in parts)
+    k = -(-k // cfg.pp) * cfg.pp
+    cfg = dataclasses.replace(cfg, grad_accum=k)
+    batches = _whole_steps(parts, chosen, cfg, steps)
+    shaped = shape(batches, chosen.lens, cfg, None)
+    placed = assign(batches, shaped, cfg)
+    rank = placed.rank
+    if slotted(cfg.sync, k):  # each slot's ranks: level sums over the step too
+        rank = level_lanes(placed.step, placed.micro_index, placed.micro.cost, cfg.dp, k)
+    micro = placed.micro
+    step_samples, step_tokens = step_totals(placed.step, micro.samples, micro.tokens, steps)
+    return PlanArrays(
+        cfg=cfg,
+        ids=chosen.ids,
+        lens=chosen.lens,
+        stream=batches.stream,
+        offsets=batches.offsets,
+        micro=micro,
+        step=placed.step,
+        rank=rank,
+        micro_index=placed.micro_index,
+        step_tokens=step_tokens,
+        step_samples=step_samples,
+        lr=np.ones(steps),
+        epochs=batches.epochs,
+        oversize_alone=chosen.oversize_alone,
+        stream_lens=shaped.stream_lens,
+        sample_offsets=chosen.offsets,
+        group=chosen.group,
+        notes=chosen.notes,
+    )
+
+
+def _unit_steps(
+    chosen: Selection, steps: int, groups: np.ndarray | None, rng: np.random.Generator
+) -> np.ndarray:
+    """The step of every selected unit: units of one group, or pieces of one sample, together."""
+    if steps == 1:
+        return np.zeros(len(chosen.ids), dtype=np.int64)
+    cost = sample_cost(chosen.lens, chosen.cfg.cost_model())
+    if groups is None and chosen.group is None:
+        return deal_steps(cost, steps, rng)
+    key = chosen.ids if groups is None else groups[chosen.ids]
+    _, unit = np.unique(key, return_inverse=True)
+    unit = unit.ravel()
+    return deal_steps(np.bincount(unit, weights=cost), steps, rng)[unit]
+
+
+def _compose(
+    rows: np.ndarray, chosen: Selection, cfg: PlanConfig, slot: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One step's samples (``rows`` of the selection) as ``(stream, starts)``: slots of ``dp``
+    micro-batches of ``slot`` tokens composed by cost (packed; split pieces only where they fill
+    the budget, so two of a sample never fit together), or sorted and cut under the budget."""
+    lens, alone = chosen.lens[rows], chosen.alone[rows]
+    assert cfg.max_tokens is not None
+    whole = chosen.group is None or cfg.split_len == fit_len(cfg.max_tokens, cfg.pad_multiple)
+    if cfg.layout == "packed" and whole:
+        total = int(lens.sum())
+        windows = -(-total // (WINDOW_SLOTS * slot))  # equal windows, the whole step where it can
+        got = compose_run(lens, alone, cost_coefficients(cfg.cost_model()), total // windows + 1,
+                          slot, cfg.dp, 1, cfg.pad_multiple, cfg.max_tokens, step_fill(cfg))  # fmt: skip
+        if got is not None:
+            return rows[got.stream], got.starts
+    order = np.lexsort((np.arange(len(rows)), lens))  # sorted, ties in the step's random order
+    group = None if chosen.group is None else chosen.group[rows[order]]
+    _, starts = pack(lens[order], np.array([0, len(rows)]), alone[order], cfg.pack_rule(), 0, group)
+    return rows[order], starts
+
+
+def _tokens_per_micro(chosen: Selection) -> float:
+    """Real tokens a micro-batch holds when the batch is packed sorted (sizes the slots)."""
+    lens = np.sort(chosen.lens)
+    rule = chosen.cfg.pack_rule()
+    alone = oversize_mask(lens, rule) if chosen.alone.any() else np.zeros(len(lens), np.bool_)
+    _, starts = pack(lens, np.array([0, len(lens)]), alone, rule)
+    return float(lens.sum()) / (len(starts) - 1)
+
+
+def _whole_steps(
+    parts: list[tuple[np.ndarray, np.ndarray]], chosen: Selection, cfg: PlanConfig, steps: int
+) -> Batches:
+    """The steps' micro-batches, each step completed to ``dp x K`` (its costliest split) and
+    cut into slots by cost, as one stream numbered into steps."""
+    rule = cfg.micro_rule()
+    per_step = cfg.micro_per_step
+    streams, offs, at = [], [], 0
+    for s, (rows, starts) in enumerate(parts):
+        try:
+            starts = complete(starts, chosen.lens[rows], per_step,
+                              lambda o, v: summarize(o, v, rule).cost, f"step {s}")  # fmt: skip
+        except ConfigError:
+            raise ConfigError(
+                f"step {s} holds {len(rows)} samples, too few for {cfg.dp} ranks x {cfg.grad_accum} "
+                "micro-batches (what the other steps need); lower dp or mini_batches, or raise "
+                "max_tokens"
+            ) from None
+        streams.append(rows)
+        offs.append(starts[:-1] + at)
+        at += len(rows)
+    stream = np.concatenate(streams)
+    starts = np.append(np.concatenate(offs), at)
+    slens = chosen.lens[stream]
+    cost = summarize(starts, slens, rule).cost
+    pos, starts = move_micro(
+        np.arange(len(stream)), starts, slot_order(cost, cfg.dp, cfg.grad_accum, 1)
+    )
+    step = algo.steps_in_order(len(starts) - 1, per_step)
+    epochs = [{"epoch": 0, "first_step": 0, "num_steps": steps}]
+    return Batches(stream[pos], starts, step, epochs, stream_lens=slens[pos])
+
+
+def batch_figures(p: PlanArrays) -> dict[str, Any]:
+    """A batch's time against the ideal under each sync model (``time_vs_ideal``: the plan's
+    own), and the lower bound no composition of its steps' samples can beat (``bound``)."""
+    cfg = p.cfg
+    ideal_cost = float(sample_cost(p.lens, cfg.cost_model()).sum())
+    ideal = ideal_cost / cfg.dp
+    n = p.num_steps
+    times = {
+        name: float(
+            fn(p.step, p.rank, p.micro_index, p.micro.cost, n, cfg.dp, cfg.grad_accum).sum()
+        )
+        for name, fn in SYNC_MODELS.items()
+    }
+    by_sync = {name: t / ideal if ideal else 1.0 for name, t in times.items()}
+    assert cfg.max_tokens is not None
+    bound = time_bound(
+        sample_step=np.repeat(p.step, p.micro.samples),
+        sample_len=p.stream_lens if p.stream_lens is not None else p.lens[p.stream],
+        step_tokens=p.step_tokens,
+        epochs=[(0, n)],
+        window=1,  # each step's samples are its own (dealt before composing)
+        dp=cfg.dp,
+        k=1 if slotted(cfg.sync, cfg.grad_accum) else cfg.grad_accum,
+        cap=capacity(cfg.pad_multiple, cfg.max_tokens),
+        coeffs=cost_coefficients(cfg.cost_model()),
+        ideal_cost=ideal_cost,
+    )
+    return {
+        "time_vs_ideal": by_sync[str(cfg.sync)],
+        "time_vs_ideal_by_sync": by_sync,
+        "bound": bound,
+        "ideal_time": ideal,
+        "est_time": times[str(cfg.sync)],
+    }
