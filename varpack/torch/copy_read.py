@@ -95,6 +95,23 @@ class CopyFiles:
         pos = (at[k] + starts * item - lo[k]) // item
         return buf.view(dtype)[segment_gather_index(pos, lens)]
 
+    def gather_files(
+        self, files: np.ndarray, dtype: np.dtype, starts: np.ndarray, lens: np.ndarray
+    ) -> np.ndarray:
+        """:meth:`gather` of samples that lie in the files ``files`` (one per sample), in the
+        samples' order: one gather per file."""
+        if len(self.files) == 1:
+            return self.gather(0, dtype, starts, lens)
+        dst = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=dst[1:])
+        out = np.empty(int(dst[-1]), dtype=dtype)
+        for f in np.unique(files).tolist():
+            sel = np.flatnonzero(files == f)
+            out[segment_gather_index(dst[sel], lens[sel])] = self.gather(
+                f, dtype, starts[sel], lens[sel]
+            )
+        return out
+
     def _read_spans(self, f: int, buf: np.ndarray, lo: np.ndarray, at: np.ndarray) -> None:
         handle = self._file(f)
         view = buf.data  # bytes: buf is uint8
