@@ -176,12 +176,13 @@ class Opened:
         bad = (length < 0) | (length > longest) | (start < 0) | (start > tokens - length)
         if bad.any():
             k = int(np.argmax(bad))
+            name = self.files[file[k]]
             raise InputError(
-                f"{self.files[file[k]]}{token_index.SUFFIX}: the token index places sample id "
-                f"{int(ids[k])} at {int(start[k])} + {int(length[k])} tokens, outside its copy "
-                f"of {int(np.broadcast_to(tokens, bad.shape)[k]):,} tokens (the index is "
-                f"damaged, or belongs to another copy); "
-                f"{token_index.REWRITE.format(self.files[file[k]])}"
+                f"{name}{token_index.SUFFIX}: the token index places sample id {int(ids[k])} "
+                f"at token {int(start[k]):,}, {int(length[k]):,} tokens long: outside its copy "
+                f"({int(np.broadcast_to(tokens, bad.shape)[k]):,} tokens, the longest sample "
+                f"{int(np.broadcast_to(longest, bad.shape)[k]):,}), so the index is damaged or "
+                f"belongs to another copy; {token_index.REWRITE.format(name)}"
             )
         if offset is None and int(length.max(initial=0)) <= CHUNK:  # the usual case
             one = np.ones(len(pos), dtype=np.int64)
