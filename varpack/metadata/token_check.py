@@ -5,7 +5,7 @@ copy. A flipped bit in it, or a copy rewritten since (two samples of the same le
 copy of another dataset of the same size), would make the reader return another sample's tokens
 with the length the plan expects. So the index also holds, per sample, a 64-bit **check value**
 of ``(sample id, length, tokens)``, and the reader recomputes it over every sample it returns
-(:func:`first_mismatch`, one numba pass over the gathered micro-batch): a wrong position, length,
+(:func:`gather_verified`, one numba pass that gathers the micro-batch and hashes it): a wrong position, length,
 id or token is refused instead of trained on.
 
 A sample longer than :data:`CHUNK` tokens has one check value per chunk of :data:`CHUNK` tokens
@@ -137,45 +137,129 @@ def chunk_span(
 
 
 @njit(cache=True)
-def _first_mismatch(
-    u: np.ndarray, ids: np.ndarray, length: np.ndarray, k0: np.ndarray, count: np.ndarray,
-    want: np.ndarray, chunk: int,
+def _out_of_bounds(
+    file: np.ndarray, start: np.ndarray, length: np.ndarray, tokens: np.ndarray,
+    longest: np.ndarray,
 ) -> int:  # fmt: skip
-    at, w = 0, 0  # the segment's first token in u, its first expected value in want
-    for s in range(len(ids)):
-        n = length[s]
-        for k in range(k0[s], k0[s] + count[s]):
-            take = n if n <= chunk else min(chunk, n - k * chunk)
-            if _chunk_value(u, at, take, ids[s], n, k) != want[w]:
-                return s
-            at += take
-            w += 1
+    for s in range(len(start)):
+        f = file[s]
+        if not (0 <= length[s] <= longest[f] and 0 <= start[s] <= tokens[f] - length[s]):
+            return s
     return -1
 
 
-def first_mismatch(
-    tokens: np.ndarray,
+def out_of_bounds(
+    file: np.ndarray, start: np.ndarray, length: np.ndarray, tokens: np.ndarray,
+    longest: np.ndarray,
+) -> int:  # fmt: skip
+    """The first sample whose ``[start, start + length)`` does not lie in its copy ``file``
+    of ``tokens[file]`` tokens, or is longer than its copy's longest sample; -1 if none.
+
+    >>> one = np.array([0, 0])
+    >>> out_of_bounds(one, np.array([0, 5]), np.array([5, 6]), np.array([10]), np.array([6]))
+    1
+    """
+    return int(_out_of_bounds(file, start, length, tokens, longest))
+
+
+@njit(cache=True)
+def _gather_verified(
+    src: np.ndarray, src_start: np.ndarray, count: np.ndarray, dst: np.ndarray,
+    dst_start: np.ndarray, ids: np.ndarray, length: np.ndarray, k0: np.ndarray,
+    check: np.ndarray, table: np.ndarray, chunk: int,
+) -> int:  # fmt: skip
+    for s in range(len(count)):
+        a, b, n, size = src_start[s], dst_start[s], count[s], length[s]
+        for i in range(n):  # the copy, then the hash over it while it is in the cache
+            dst[b + i] = src[a + i]
+        k, end = k0[s], b + n
+        first = np.int64(check[s]) if check[s] < np.uint64(1 << 62) else np.int64(-1)
+        while True:  # one value for a short sample, one per chunk read of a long one
+            take = size if size <= chunk else min(chunk, size - k * chunk)
+            if take < 0 or b + take > end:
+                return s
+            if size <= chunk:
+                want = check[s]
+            elif 0 <= first and first + k < len(table):  # the sample's chunk values
+                want = table[first + k]
+            else:
+                return s
+            if _chunk_value(dst, b, take, ids[s], size, k) != want:
+                return s
+            b, k = b + take, k + 1
+            if b >= end:
+                break
+    return -1
+
+
+def gather_verified(
+    src: np.ndarray,
+    src_start: np.ndarray,
+    count: np.ndarray,
+    dst: np.ndarray,
+    dst_start: np.ndarray,
     ids: np.ndarray,
     length: np.ndarray,
     k0: np.ndarray,
-    count: np.ndarray,
-    want: np.ndarray,
+    check: np.ndarray,
+    table: np.ndarray,
 ) -> int:
-    """The first segment of ``tokens`` whose check values are not ``want``, or -1.
+    """Copy ``src[src_start : src_start + count]`` of each sample to ``dst[dst_start : ...]``
+    and verify it on the way: the first sample whose tokens do not hash to their check values
+    (or whose chunk values lie outside ``table``), or -1.
 
-    ``tokens`` holds, per sample ``ids[s]`` of ``length[s]`` tokens, its chunks ``k0[s] ..
-    k0[s] + count[s] - 1`` (the whole sample when it is at most :data:`CHUNK` long), one
-    sample after another; ``want`` their expected values in the same order.
+    Sample ``s`` (id ``ids[s]``, ``length[s]`` tokens) is read whole when it is at most
+    :data:`CHUNK` long, and hashes to ``check[s]``; else it is read as its chunks from
+    ``k0[s]`` on (:func:`read_span`), which hash to ``table[check[s] + k]``. One pass, in
+    numba: the copy costs less than NumPy's gather, the hash about as much again.
 
     >>> t = np.arange(20, dtype=np.int32)
-    >>> check, _ = sample_values(t, np.array([0, 5]), np.array([5, 15]), np.array([1, 2]))
-    >>> one = np.ones(2, dtype=np.int64)
-    >>> first_mismatch(t, np.array([1, 2]), np.array([5, 15]), 0 * one, one, check)
+    >>> check, table = sample_values(t, np.array([0, 5]), np.array([5, 15]), np.array([1, 2]))
+    >>> out, zero = np.empty(20, dtype=np.int32), np.zeros(2, dtype=np.int64)
+    >>> args = np.array([5, 15]), out, np.array([0, 5]), np.array([1, 2]), np.array([5, 15])
+    >>> gather_verified(t, np.array([0, 5]), *args, zero, check, table)
     -1
-    >>> first_mismatch(t, np.array([2, 1]), np.array([5, 15]), 0 * one, one, check)
+    >>> gather_verified(t, np.array([0, 5]), *args, zero, check[::-1], table)
     0
     """
-    return int(_first_mismatch(unsigned(tokens), ids, length, k0, count, want, CHUNK))
+    return int(
+        _gather_verified(
+            unsigned(src),
+            src_start,
+            count,
+            unsigned(dst),
+            dst_start,
+            ids,
+            length,
+            k0,
+            check,
+            table,
+            CHUNK,
+        )  # fmt: skip
+    )
+
+
+def warm() -> None:
+    """Start the read kernels now. numba's first call in a process costs about half a second
+    of CPU (its compiler's tables, even when the kernel comes from its cache), the same at
+    every dataset size: :mod:`varpack.torch` pays it when it is imported, with the imports, so
+    that opening a copy and reading its first micro-batch do not, and DataLoader workers forked
+    later inherit it."""
+    t = np.zeros(1, dtype=np.int32)
+    one = np.ones(1, dtype=np.int64)
+    out_of_bounds(0 * one, 0 * one, one, one, one)
+    gather_verified(
+        t,
+        0 * one,
+        one,
+        t.copy(),
+        0 * one,
+        one,
+        one,
+        0 * one,
+        one.astype(np.uint64),
+        one.astype(np.uint64),
+    )
 
 
 def segments(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:

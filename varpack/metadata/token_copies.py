@@ -17,7 +17,6 @@ import numpy as np
 
 from varpack.errors import InputError
 from varpack.metadata import token_check, token_index
-from varpack.metadata.token_check import CHUNK
 from varpack.metadata.token_index import TokenIndex, open_index
 
 
@@ -45,7 +44,7 @@ class Shards:
     """The indexes of several copies (one per input shard) as one: positions run on from copy
     to copy (``base``), and a lookup goes to the one copy whose id range holds the id, so each
     costs what it costs in one copy. Only for copies whose id ranges do not overlap
-    (:meth:`of`). The copies' chunk values are joined the same way (``chunk_base``)."""
+    (:meth:`of`)."""
 
     parts: list[TokenIndex]
     base: np.ndarray  # first position of each copy, and the end
@@ -97,15 +96,6 @@ class Shards:
         bad = [k for k in np.unique(copy).tolist() if not self.parts[k].intact(q[copy == k])]
         return bad[0] if bad else None
 
-    def chunk_room(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``[first, end)`` of the chunk values of each position's copy in :attr:`chunks`."""
-        copy = np.searchsorted(self.base, pos, side="right") - 1
-        return self.chunk_base[copy], self.chunk_base[copy + 1]
-
-    @property
-    def chunk_base(self) -> np.ndarray:
-        return np.concatenate(([0], np.cumsum([len(p.chunks) for p in self.parts])))
-
     @property
     def ids(self) -> _Joined:
         return _Joined([p.ids for p in self.parts], self.base)
@@ -122,17 +112,14 @@ class Shards:
     def records(self) -> _Joined:
         return _Joined([p.records for p in self.parts], self.base)
 
-    @property
-    def chunks(self) -> _Joined:
-        return _Joined([p.chunks for p in self.parts], self.chunk_base)
-
 
 @dataclass
 class Reads:
     """What to read for a micro-batch, and what it must hash to: per sample its copy
     (``file``), where the read starts in it and how many tokens (``start``, ``count``), where
-    that lies in the sample (``offset``), the sample's ``length``, its chunks ``k0`` and
-    ``chunks`` (:func:`~varpack.metadata.token_check.chunk_span`) and their ``values``."""
+    that lies in the sample (``offset``), the sample's ``length``, its first chunk read ``k0``
+    (:func:`~varpack.metadata.token_check.chunk_span`) and its ``check`` value from the index;
+    per copy its chunk values (``tables``) and path (``files``, to name one that fails)."""
 
     file: np.ndarray
     start: np.ndarray
@@ -140,8 +127,18 @@ class Reads:
     offset: np.ndarray
     length: np.ndarray
     k0: np.ndarray
-    chunks: np.ndarray
-    values: np.ndarray
+    check: np.ndarray
+    tables: list[np.ndarray]
+    files: list[str]
+
+    def refuse(self, bad: int, ids: np.ndarray) -> None:
+        """One line for the sample ``bad`` whose tokens do not hash to their values."""
+        name = self.files[int(self.file[bad])]
+        raise InputError(
+            f"{name}: the tokens read for sample id {int(ids[bad])} do not match its check "
+            f"value in {name}{token_index.SUFFIX} (the copy or its index was damaged, or "
+            f"the copy was rewritten since); {token_index.REWRITE.format(name)}"
+        )
 
 
 @dataclass
@@ -168,69 +165,25 @@ class Opened:
         cover tokens ``[offset, offset + want)`` of each. A position or length outside its copy
         or beyond the longest sample is refused before anything is read (one line)."""
         rec = self.index.records[pos]
-        start, length = rec["start"], rec["length"]
-        single = self.base is None
-        file = np.zeros(len(pos), dtype=np.int64) if single else self.file_of(pos)
-        tokens = self.tokens[0] if single else self.tokens[file]
-        longest = self.max_length[0] if single else self.max_length[file]
-        bad = (length < 0) | (length > longest) | (start < 0) | (start > tokens - length)
-        if bad.any():
-            k = int(np.argmax(bad))
-            name = self.files[file[k]]
+        start, length, check = rec["start"], rec["length"], rec["check"]
+        file = self.file_of(pos)
+        bad = token_check.out_of_bounds(file, start, length, self.tokens, self.max_length)
+        if bad >= 0:
+            name = self.files[int(file[bad])]
             raise InputError(
-                f"{name}{token_index.SUFFIX}: the token index places sample id {int(ids[k])} "
-                f"at token {int(start[k]):,}, {int(length[k]):,} tokens long: outside its copy "
-                f"({int(np.broadcast_to(tokens, bad.shape)[k]):,} tokens, the longest sample "
-                f"{int(np.broadcast_to(longest, bad.shape)[k]):,}), so the index is damaged or "
-                f"belongs to another copy; {token_index.REWRITE.format(name)}"
+                f"{name}{token_index.SUFFIX}: the token index places sample id {int(ids[bad])} "
+                f"at token {int(start[bad]):,}, {int(length[bad]):,} tokens long: outside its "
+                f"copy ({int(self.tokens[file[bad]]):,} tokens, the longest sample "
+                f"{int(self.max_length[file[bad]]):,}), so the index is damaged or belongs to "
+                f"another copy; {token_index.REWRITE.format(name)}"
             )
-        if offset is None and int(length.max(initial=0)) <= CHUNK:  # the usual case
-            one = np.ones(len(pos), dtype=np.int64)
-            return Reads(file, start, length, 0 * one, length, 0 * one, one, rec["check"])
-        if offset is None:
-            offset, want = np.zeros(len(pos), dtype=np.int64), length
+        tables = self.tables
+        if offset is None:  # whole samples: a long one is read as all its chunks
+            zero = np.zeros(len(pos), dtype=np.int64)
+            return Reads(file, start, length, zero, length, zero, check, tables, self.files)
         k0, count = token_check.chunk_span(np.asarray(offset), np.asarray(want), length)
         at, n = token_check.read_span(k0, count, length)
-        return Reads(file, start + at, n, at, length, k0, count,
-                     self._values(pos, rec["check"], length, k0, count))  # fmt: skip
-
-    def _values(
-        self, pos: np.ndarray, check: np.ndarray, length: np.ndarray, k0: np.ndarray,
-        count: np.ndarray,
-    ) -> np.ndarray:  # fmt: skip
-        """Each read's expected values: a short sample's own check value, or the values of
-        the chunks read, which a long sample's check value points to."""
-        long = length > CHUNK
-        values = np.repeat(check, count)
-        if long.any():
-            first, end = self.index.chunk_room(pos[long])
-            at = first + check[long].astype(np.int64, copy=False) + k0[long]
-            bad = (check[long] > np.iinfo(np.int64).max) | (at < first) | (at + count[long] > end)
-            if bad.any():
-                k = int(np.flatnonzero(long)[np.argmax(bad)])
-                raise InputError(
-                    f"{self.files[int(self.file_of(pos[k : k + 1])[0])]}{token_index.SUFFIX}: "
-                    "the token index is damaged (a chunk table entry out of range); "
-                    + token_index.REWRITE.format(self.files[int(self.file_of(pos[k : k + 1])[0])])
-                )
-            slot = np.cumsum(count) - count
-            values[token_check.segments(slot[long], count[long])] = self.index.chunks[
-                token_check.segments(at, count[long])
-            ]
-        return values
-
-    def verify(self, tokens: np.ndarray, reads: Reads, ids: np.ndarray) -> None:
-        """Refuse (one line) the read ``tokens`` unless every sample hashes to its values."""
-        bad = token_check.first_mismatch(
-            tokens, ids, reads.length, reads.k0, reads.chunks, reads.values
-        )
-        if bad >= 0:
-            name = self.files[int(reads.file[bad])]
-            raise InputError(
-                f"{name}: the tokens read for sample id {int(ids[bad])} do not match its check "
-                f"value in {name}{token_index.SUFFIX} (the copy or its index was damaged, or "
-                f"the copy was rewritten since); {token_index.REWRITE.format(name)}"
-            )
+        return Reads(file, start + at, n, at, length, k0, check, tables, self.files)
 
     def check_ids(self, missing: np.ndarray) -> None:
         """Refuse in one line if the ids where ``missing`` were looked for are damaged (so
@@ -244,6 +197,12 @@ class Opened:
                 f"{name}{token_index.SUFFIX}: the token index is damaged (its ids, where sample "
                 f"id {int(missing[0])} was looked for); {token_index.REWRITE.format(name)}"
             )
+
+    @property
+    def tables(self) -> list[np.ndarray]:
+        """Each copy's chunk values."""
+        index = self.index
+        return [p.chunks for p in index.parts] if isinstance(index, Shards) else [index.chunks]
 
     def file_of(self, pos: np.ndarray) -> np.ndarray:
         if self.base is None:

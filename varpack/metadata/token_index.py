@@ -237,11 +237,6 @@ class TokenIndex:
                 return False
         return True
 
-    def chunk_room(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Where the chunk values of the samples at ``pos`` may lie: ``[0, len(chunks))``."""
-        zero = np.zeros(len(pos), dtype=np.int64)
-        return zero, zero + len(self.chunks)
-
 
 def _damaged(idx: Path, what: str) -> InputError:
     copy = str(idx)[: -len(SUFFIX)]

@@ -429,8 +429,7 @@ class ParquetTokenDataset:
             files = np.searchsorted(self._file_start, rows, side="right") - 1
             return self._copies.gather_files(files, self._dtype, starts, lens), lens
         reads = opened.reads(rows, ids, *(() if piece is None else piece[1:3]))
-        flat = self._copies.gather_files(reads.file, self._dtype, reads.start, reads.count)
-        opened.verify(flat, reads, ids)
+        flat = self._copies.gather_verified(self._dtype, reads, ids)
         if piece is None:
             return flat, reads.length
         at = np.cumsum(reads.count) - reads.count - reads.offset  # each sample's token 0 in flat
