@@ -8,7 +8,7 @@ it with its own code, in fresh processes, alternating the sides so that machine 
 both alike. Printed, per side and as ratios (this checkout / REF):
 
 - the index build: ``token_index.write_index`` alone on the copy (seconds), and
-  ``varpack lengths --arrow-copy`` end to end;
+  ``varpack lengths --arrow-copy`` end to end; ``import varpack.torch`` (seconds, wall and CPU);
 - start-up (``bench_startup.py``'s child, 10 M samples of 1..16 tokens; ``--quick`` 1 M): open
   ``PlanLoader`` + ``ParquetTokenDataset`` on rank 0 of a dp-64 plan and read the first
   micro-batch (seconds, RSS growth MB), then the next 200 micro-batches (seconds);
@@ -52,6 +52,13 @@ for _ in range(5):
     walls.append(tps)
     cpus.append(tps * (time.perf_counter() - t) / (time.process_time() - c))
 print(json.dumps({"wall": statistics.median(walls), "cpu": statistics.median(cpus)}))
+"""
+
+IMPORT_CHILD = """
+import json, time
+c, t = time.process_time(), time.perf_counter()
+import varpack.torch
+print(json.dumps({"s": time.perf_counter() - t, "cpu": time.process_time() - c}))
 """
 
 BUILD_CHILD = """
@@ -134,8 +141,12 @@ def compare(
             copy, read = d / "start.arrow", d / "tok.arrow"
             for path in (copy, Path(f"{copy}.idx"), read, Path(f"{read}.idx")):
                 path.unlink(missing_ok=True)
-            note(f"lengths --arrow-copy, {size} s", side, vp(code, "lengths", work / "start.parquet",
-                 d / "meta", "--arrow-copy", copy, "--overwrite"))  # fmt: skip
+            took = vp(code, "lengths", work / "start.parquet", d / "meta", "--arrow-copy", copy,
+                      "--overwrite")  # fmt: skip
+            note(f"lengths --arrow-copy, {size} s", side, took)
+            imported = run(code, "-c", IMPORT_CHILD)
+            note("import varpack.torch s", side, imported["s"])
+            note("import varpack.torch s (cpu)", side, imported["cpu"])
             built = run(code, "-c", BUILD_CHILD, str(copy), str(d / "again.idx"))
             note(f"index build (write_index), {size} s", side, built["s"])
             for mode in ("pread", "mmap"):

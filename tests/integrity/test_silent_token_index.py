@@ -1,13 +1,13 @@
 """The token copy and its index never give a wrong token: the right tokens, or one line.
 
 The copy (``varpack lengths --arrow-copy``) and its location index ``.idx`` are fuzzed like the
-other artifacts (``test_fuzz.py``): a flipped bit in every region of the index (header, ids,
-its padding, ids, each field of the records: start, length, check value; the fence, the id
-blocks' values, the chunk values of long samples) and anywhere in the copy, either file cut short, a stale copy of
-the same size (two samples of the same length swapped, another dataset's tokens), an index
-beside the wrong copy, an index of version 1. For each, a whole split plan replayed through
-``PlanLoader`` (pieces of long samples verified chunk by chunk), by ``pread`` and through a map,
-gives exactly the undamaged batches or raises one :class:`~varpack.errors.InputError` line.
+other artifacts (``test_fuzz.py``): a flipped bit in every region of the index (header, its
+padding, ids, each field of the records: start, length, check value; the fence, the id blocks'
+values, the chunk values of long samples) and anywhere in the copy, either file cut short, a
+stale copy of the same size (two samples of the same length swapped, another dataset's tokens),
+an index beside the wrong copy, an index of version 1. For each, a whole split plan replayed
+through ``PlanLoader`` (pieces of long samples verified chunk by chunk), by ``pread`` and through
+a map, gives exactly the undamaged batches or raises one :class:`~varpack.errors.InputError` line.
 """
 
 from __future__ import annotations

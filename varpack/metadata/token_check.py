@@ -1,12 +1,12 @@
-"""Check values that tie a token copy's samples to their ids, written in its index, verified on read.
+"""Check values tying a token copy's samples to their ids, written in its index, verified on read.
 
 The token index (:mod:`varpack.metadata.token_index`) says where each sample's tokens lie in the
 copy. A flipped bit in it, or a copy rewritten since (two samples of the same length swapped, a
 copy of another dataset of the same size), would make the reader return another sample's tokens
 with the length the plan expects. So the index also holds, per sample, a 64-bit **check value**
 of ``(sample id, length, tokens)``, and the reader recomputes it over every sample it returns
-(:func:`gather_verified`, one numba pass that gathers the micro-batch and hashes it): a wrong position, length,
-id or token is refused instead of trained on.
+(:func:`gather_verified`: one numba pass copies the micro-batch and hashes it on the way): a
+wrong position, length, id or token is refused instead of trained on.
 
 A sample longer than :data:`CHUNK` tokens has one check value per chunk of :data:`CHUNK` tokens
 (:func:`chunk_span`), each of ``(id, length, chunk number, the chunk's tokens)``, so that a piece
@@ -16,8 +16,8 @@ chunk table, which ties them to it just as well: a wrong pointer lands on anothe
 
 The hash: the tokens as unsigned integers of their width, four interleaved lanes of
 ``rotl((lane ^ token) * P1, 29)`` seeded from the id, length and chunk number, folded by a
-murmur-style finaliser. Every step is a bijection of the lane, so any change confined to one
-lane (one token, one flipped bit) always changes the value; other damage goes undetected with
+murmur-style finaliser. Each step is a bijection of its lane and of its token, so a change of
+any one token (a flipped bit) always changes the value; other damage goes undetected with
 probability about 2^-64 per sample. It guards against damage and stale files, not against a
 deliberate forgery (whoever can rewrite the copy can rewrite its index too).
 """
