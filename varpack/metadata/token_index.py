@@ -150,23 +150,24 @@ def write_index(copy: str | os.PathLike[str], out: str | os.PathLike[str]) -> in
 
     path = Path(copy)
     ids = pa.ipc.open_file(pa.memory_map(str(path))).read_all().column(ID).to_numpy()
+    ids = ids.astype(np.int64, copy=False)
     start, length, dtype = token_positions(path, TOKENS)
+    with path.open("rb") as f:
+        raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if path.stat().st_size else b""
+    tokens = np.frombuffer(raw, dtype=dtype, count=len(raw) // dtype.itemsize)
+    # in the copy's order: one sequential pass over its tokens (in id order it would be random)
+    check, chunks = token_check.sample_values(tokens, start, length, ids)
+    del tokens  # the map closes with its last view
     order = np.argsort(ids, kind="stable")
-    ids = ids[order].astype(np.int64)
+    ids = ids[order]
     twice = np.flatnonzero(ids[1:] == ids[:-1])
     if len(twice):
         raise InputError(
             f"{path}: sample id {int(ids[twice[0]])} appears twice; ids must be unique"
         )
     records = np.empty(len(ids), dtype=RECORD)
-    records["start"], records["length"] = start[order], length[order]
-    with path.open("rb") as f:
-        raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if path.stat().st_size else b""
-    tokens = np.frombuffer(raw, dtype=dtype, count=len(raw) // dtype.itemsize)
-    records["check"], chunks = token_check.sample_values(
-        tokens, records["start"], records["length"], ids
-    )
-    del tokens  # the map closes with its last view
+    for name, column in (("start", start), ("length", length), ("check", check)):
+        records[name] = column[order]
     fence, blocks = ids[::BLOCK], token_check.block_values(ids, BLOCK)
     head: dict[str, Any] = {
         "version": VERSION, "rows": len(ids), "token_type": dtype.str, "chunk": CHUNK,
