@@ -387,3 +387,13 @@ def test_the_check_value_binds_id_length_and_every_token() -> None:
             t = tokens.copy()
             t[k] ^= np.int32(1 << bit) if bit < 31 else np.int32(-(1 << 31))
             assert value(t) != base, (k, bit)
+
+
+def test_the_writer_and_the_copy_give_the_same_index(
+    corpus: dict[str, Any], tmp_path: Path
+) -> None:
+    """``lengths --arrow-copy`` hashes the tokens as it writes them; the index built from the
+    copy's own bytes afterwards is byte for byte the same (long samples' chunks included)."""
+    again = tmp_path / "again.idx"
+    token_index.write_index(corpus["copy"], again)
+    assert again.read_bytes() == corpus["bytes"][index_path(corpus["copy"])]

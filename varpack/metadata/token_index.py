@@ -142,22 +142,24 @@ def token_positions(
     return np.concatenate([empty, *starts]), np.concatenate([empty, *lens]), dtype
 
 
-def write_index(copy: str | os.PathLike[str], out: str | os.PathLike[str]) -> int:
-    """Build the index of the copy at ``copy`` (ids from its ``sample_id`` column, check
-    values from its tokens) and write it to ``out``; returns its rows. A repeated id is
-    refused (one line)."""
+def write_index(
+    copy: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    values: tuple[np.ndarray, np.ndarray] | None = None,
+) -> int:
+    """Build the index of the copy at ``copy`` (ids from its ``sample_id`` column) and write
+    it to ``out``; returns its rows. The check values are ``values`` (``(check, chunks)`` in
+    the copy's row order, as its writer computed them) or computed from the copy's tokens. A
+    repeated id is refused (one line)."""
     from varpack.metadata.tokens import ID, TOKENS
 
     path = Path(copy)
     ids = pa.ipc.open_file(pa.memory_map(str(path))).read_all().column(ID).to_numpy()
     ids = ids.astype(np.int64, copy=False)
     start, length, dtype = token_positions(path, TOKENS)
-    with path.open("rb") as f:
-        raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if path.stat().st_size else b""
-    tokens = np.frombuffer(raw, dtype=dtype, count=len(raw) // dtype.itemsize)
-    # in the copy's order: one sequential pass over its tokens (in id order it would be random)
-    check, chunks = token_check.sample_values(tokens, start, length, ids)
-    del tokens  # the map closes with its last view
+    check, chunks = values if values is not None else _values(path, dtype, start, length, ids)
+    if len(check) != len(ids):
+        raise InputError(f"{path}: {len(ids):,} rows, {len(check):,} check values; write it again")
     order = np.argsort(ids, kind="stable")
     ids = ids[order]
     twice = np.flatnonzero(ids[1:] == ids[:-1])
@@ -180,6 +182,17 @@ def write_index(copy: str | os.PathLike[str], out: str | os.PathLike[str]) -> in
         for part in (ids, records, fence, blocks, chunks):
             f.write(np.ascontiguousarray(part).tobytes())
     return len(ids)
+
+
+def _values(
+    path: Path, dtype: np.dtype, start: np.ndarray, length: np.ndarray, ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The check values of the copy's rows, computed from its tokens in its row order (one
+    sequential pass over them; in id order it would be random)."""
+    with path.open("rb") as f:
+        raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if path.stat().st_size else b""
+    tokens = np.frombuffer(raw, dtype=dtype, count=len(raw) // dtype.itemsize)
+    return token_check.sample_values(tokens, start, length, ids)
 
 
 @dataclass(frozen=True)
