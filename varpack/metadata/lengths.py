@@ -370,7 +370,7 @@ def _maybe_copy(
             with atomic_file(idx, overwrite, inputs, token_index.is_index) as tmp_idx:
                 with TokenCopyWriter(tmp, sources[0].token_type) as copy:
                     yield copy
-                token_index.write_index(tmp, tmp_idx)
+                token_index.write_index(tmp, tmp_idx, copy.check_values())
             indexed = True
     except BaseException:
         if indexed:  # publishing the copy failed: an index without its copy goes too

@@ -4,19 +4,30 @@ A trainer process that opens the token copy needs, for every sample it will read
 tokens start in the mapped file and how many there are. Built at open time that is a pass over
 the whole copy and about 30 bytes per sample *in every process* (8 per node, each holding the
 whole dataset's index). ``varpack lengths --arrow-copy PATH`` therefore writes it once, beside the
-copy, as ``PATH.idx``: three arrays sorted by sample id, memory-mapped by the reader, so opening
-reads a 4 KiB header and nothing proportional to the dataset, a lookup touches only the pages
-of its binary search, and the processes of a node share the page cache.
+copy, as ``PATH.idx``, memory-mapped by the reader, so opening reads a 4 KiB header and the small
+tables below, nothing per sample; a lookup touches only the pages of its search, and the
+processes of a node share the page cache.
 
-Layout: a 4 KiB header (:data:`MAGIC`, then JSON: ``version``, ``rows``, ``token_type``, and the
-copy's ``size`` and ``tail_sha256``, the digest of its last 64 KiB, which hold the IPC footer),
-then ``ids`` (int64, ascending), ``start`` (int64: the first token's position in the mapping,
-counted in tokens) and ``length`` (int64), each ``rows`` long, and the *fence*: every
-:data:`BLOCK`-th id. The header ties the index to its copy: a copy rewritten since is refused in
-one line instead of read at wrong offsets.
+Layout (version 2, all little-endian): a 4 KiB header (:data:`MAGIC`, then JSON: ``version``,
+``rows``, ``token_type``, ``chunk``, ``chunks``, ``max_length``, the copy's ``size`` and
+``tail_sha256`` (the digest of its last 64 KiB, which hold the IPC footer), and ``checksum``, a
+sha256 over the rest of the header, the fence and the block values); then ``ids`` (int64,
+ascending); one 24-byte record per sample (``start``: the first token's position in the mapping,
+counted in tokens; ``length``; ``check``: its check value, :mod:`varpack.metadata.token_check`),
+so a lookup reads one page of records; the *fence*: every :data:`BLOCK`-th id; one check value
+per :data:`BLOCK` ids (read when a lookup fails, to tell damage from an unknown id); and the chunk
+values of samples longer than ``chunk`` tokens.
 
-Several copies (one per input shard) open as one (:class:`Shards`) where their id ranges do not
-overlap: a lookup goes to the copy whose range holds the id.
+Nothing in the index is trusted on its word: the header and the tables read at open are checked
+against ``checksum`` and the copy's size and tail, a sample's position and length must lie within
+the copy and the longest sample, and every sample read is checked against its check value, which
+ties the tokens to the id asked for. A flipped bit anywhere in the index or the copy, a
+truncated file, a copy rewritten since (even of the same size) or an index beside another copy
+is refused in one line, never read as another sample's tokens. An index of version 1 (no check
+values) is refused with the command that writes it again.
+
+Several copies (one per input shard) open as one where their id ranges do not overlap
+(:mod:`varpack.metadata.token_copies`).
 
 A lookup (:meth:`TokenIndex.find`) searches the fence, which the reader holds (8 bytes per 512
 samples), then the one page of ``ids`` it points to: one page per sample, where a binary search
@@ -38,14 +49,19 @@ import numpy as np
 import pyarrow as pa
 
 from varpack.errors import InputError
+from varpack.metadata import token_check
+from varpack.metadata.token_check import CHUNK
 
 MAGIC = b"VARPACK-TOKEN-INDEX\n"
 HEADER = 4096
-VERSION = 1
+VERSION = 2
 TAIL = 64 * 1024
 SUFFIX = ".idx"
 #: ids per fence post: one 4 KiB page of int64 ids (the ids start on a page boundary)
 BLOCK = 512
+#: one sample's record: where its tokens start (in tokens), how many, its check value
+RECORD = np.dtype([("start", "<i8"), ("length", "<i8"), ("check", "<u8")])
+REWRITE = "write the copy and its index again: varpack lengths ... --arrow-copy {} --overwrite"
 
 
 def index_path(copy: str | os.PathLike[str]) -> Path:
@@ -70,6 +86,15 @@ def _tail_digest(path: Path) -> str:
     with path.open("rb") as f:
         f.seek(max(path.stat().st_size - TAIL, 0))
         return hashlib.sha256(f.read()).hexdigest()
+
+
+def _checksum(head: dict[str, Any], *tables: np.ndarray) -> str:
+    """sha256 over the header's other keys and the tables the reader holds (fence, blocks)."""
+    h = hashlib.sha256(json.dumps({k: v for k, v in head.items() if k != "checksum"},
+                                  sort_keys=True).encode())  # fmt: skip
+    for table in tables:
+        h.update(np.ascontiguousarray(table).tobytes())
+    return h.hexdigest()
 
 
 def token_positions(
@@ -117,41 +142,77 @@ def token_positions(
     return np.concatenate([empty, *starts]), np.concatenate([empty, *lens]), dtype
 
 
-def write_index(copy: str | os.PathLike[str], out: str | os.PathLike[str]) -> int:
-    """Build the index of the copy at ``copy`` (ids from its ``sample_id`` column) and write it
-    to ``out``; returns its rows. A repeated id is refused (one line)."""
+def write_index(
+    copy: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    values: tuple[np.ndarray, np.ndarray] | None = None,
+) -> int:
+    """Build the index of the copy at ``copy`` (ids from its ``sample_id`` column) and write
+    it to ``out``; returns its rows. The check values are ``values`` (``(check, chunks)`` in
+    the copy's row order, as its writer computed them) or computed from the copy's tokens. A
+    repeated id is refused (one line)."""
     from varpack.metadata.tokens import ID, TOKENS
 
     path = Path(copy)
     ids = pa.ipc.open_file(pa.memory_map(str(path))).read_all().column(ID).to_numpy()
+    ids = ids.astype(np.int64, copy=False)
     start, length, dtype = token_positions(path, TOKENS)
+    check, chunks = values if values is not None else _values(path, dtype, start, length, ids)
+    if len(check) != len(ids):
+        raise InputError(f"{path}: {len(ids):,} rows, {len(check):,} check values; write it again")
     order = np.argsort(ids, kind="stable")
-    ids = ids[order].astype(np.int64)
+    ids = ids[order]
     twice = np.flatnonzero(ids[1:] == ids[:-1])
     if len(twice):
         raise InputError(
             f"{path}: sample id {int(ids[twice[0]])} appears twice; ids must be unique"
         )
-    head = {"version": VERSION, "rows": len(ids), "token_type": dtype.str,
-            "size": path.stat().st_size, "tail_sha256": _tail_digest(path)}  # fmt: skip
-    text = MAGIC + json.dumps(head).encode()
+    records = np.empty(len(ids), dtype=RECORD)
+    for name, column in (("start", start), ("length", length), ("check", check)):
+        records[name] = column[order]
+    fence, blocks = ids[::BLOCK], token_check.block_values(ids, BLOCK)
+    head: dict[str, Any] = {
+        "version": VERSION, "rows": len(ids), "token_type": dtype.str, "chunk": CHUNK,
+        "chunks": len(chunks), "max_length": int(length.max(initial=0)),
+        "size": path.stat().st_size, "tail_sha256": _tail_digest(path),
+    }  # fmt: skip
+    head["checksum"] = _checksum(head, fence, blocks)
     with Path(out).open("wb") as f:
-        f.write(text.ljust(HEADER, b" "))
-        for part in (ids, start[order], length[order], ids[::BLOCK]):
-            f.write(np.ascontiguousarray(part, dtype="<i8").tobytes())
+        f.write((MAGIC + json.dumps(head).encode()).ljust(HEADER, b" "))
+        for part in (ids, records, fence, blocks, chunks):
+            f.write(np.ascontiguousarray(part).tobytes())
     return len(ids)
+
+
+def _values(
+    path: Path, dtype: np.dtype, start: np.ndarray, length: np.ndarray, ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The check values of the copy's rows, computed from its tokens in its row order (one
+    sequential pass over them; in id order it would be random)."""
+    with path.open("rb") as f:
+        raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if path.stat().st_size else b""
+    tokens = np.frombuffer(raw, dtype=dtype, count=len(raw) // dtype.itemsize)
+    return token_check.sample_values(tokens, start, length, ids)
 
 
 @dataclass(frozen=True)
 class TokenIndex:
-    """The index of one copy, mapped: ``ids`` ascending, ``start`` and ``length`` alike; the
-    ``fence`` (every :data:`BLOCK`-th id) in memory."""
+    """The index of one copy, mapped: ``ids`` ascending, the ``records`` alike (``start`` and
+    ``length`` are views of them) and the ``chunks`` values; the ``fence`` (every
+    :data:`BLOCK`-th id) and ``blocks`` (a check value per :data:`BLOCK` ids) in memory; the
+    copy's length in ``tokens`` and its longest sample."""
 
     ids: np.ndarray
     start: np.ndarray
     length: np.ndarray
     fence: np.ndarray
     dtype: np.dtype
+    records: Any = None
+    chunks: Any = None
+    blocks: Any = None
+    tokens: int = 0
+    max_length: int = 0
+    path: str = ""
 
     def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(position, found)`` of each id in ``self.ids``: the fence, then one block each.
@@ -177,158 +238,103 @@ class TokenIndex:
         found = self.ids[np.minimum(pos, n - 1)] == q
         return np.minimum(pos, n - 1), found
 
+    def intact(self, ids: np.ndarray) -> bool:
+        """Whether the blocks where :meth:`find` looked for ``ids`` still hold the ids the
+        index was written with (asked when a lookup fails: damage, or unknown ids?)."""
+        if self.blocks is None or len(self.ids) == 0:
+            return True
+        q = np.asarray(ids, dtype=np.int64)
+        where = np.maximum(np.searchsorted(self.fence, q, side="right") - 1, 0)
+        for b in np.unique(where).tolist():
+            part = self.ids[b * BLOCK : (b + 1) * BLOCK]
+            if token_check.block_values(part, BLOCK, b, len(self.ids))[0] != self.blocks[b]:
+                return False
+        return True
+
+
+def _damaged(idx: Path, what: str) -> InputError:
+    copy = str(idx)[: -len(SUFFIX)]
+    return InputError(f"{idx}: the token index is damaged ({what}); {REWRITE.format(copy)}")
+
+
+def _header(idx: Path) -> dict[str, Any]:
+    """The index's header, parsed and of this version (its checksum is checked later)."""
+    with idx.open("rb") as f:
+        raw = f.read(HEADER)
+    if not raw.startswith(MAGIC):
+        raise InputError(f"{idx}: not a varpack token index; remove it")
+    try:
+        head = json.loads(raw[len(MAGIC) :].decode().strip())
+        version = head["version"] if isinstance(head, dict) else None
+    except (ValueError, KeyError, UnicodeDecodeError):
+        raise _damaged(idx, "its header is not readable") from None
+    copy = str(idx)[: -len(SUFFIX)]
+    if version == 1 and "checksum" not in head:
+        raise InputError(
+            f"{idx}: a token index of version 1, without check values of the tokens; "
+            f"{REWRITE.format(copy)}"
+        )
+    keys = ("rows", "chunk", "chunks", "max_length", "size")
+    if version != VERSION or not all(type(head.get(k)) is int and head[k] >= 0 for k in keys):
+        newer = type(version) is int and version > VERSION
+        raise _damaged(idx, "header" + (f", or of version {version}: upgrade varpack" * newer))
+    if head["chunk"] != CHUNK or not isinstance(head.get("token_type"), str):
+        raise _damaged(idx, "header")
+    try:
+        dtype = np.dtype(head["token_type"])
+    except TypeError:
+        raise _damaged(idx, "token type") from None
+    if dtype.kind not in "iu":
+        raise _damaged(idx, "token type")
+    return head
+
 
 def open_index(copy: str | os.PathLike[str]) -> TokenIndex | None:
     """The mapped index beside the copy at ``copy``; ``None`` when there is none. An index that
-    is not one, or belongs to another copy, is refused in one line."""
+    is not one, is damaged, or belongs to another copy, is refused in one line."""
     path, idx = Path(copy), index_path(copy)
     if not idx.is_file():
         return None
-    with idx.open("rb") as f:
-        raw = f.read(HEADER)
-    try:
-        if not raw.startswith(MAGIC):
-            raise ValueError("no header")
-        head = json.loads(raw[len(MAGIC) :].decode().strip())
-        rows, version = int(head["rows"]), int(head["version"])
-    except (ValueError, KeyError, UnicodeDecodeError):
-        raise InputError(f"{idx}: not a varpack token index; remove it") from None
-    stale = head.get("size") != path.stat().st_size or head.get("tail_sha256") != _tail_digest(path)
+    head = _header(idx)
+    rows, chunks = head["rows"], head["chunks"]
     posts = -(-rows // BLOCK)
-    if version != VERSION or stale or idx.stat().st_size != HEADER + 24 * rows + 8 * posts:
+    want = HEADER + (8 + RECORD.itemsize) * rows + 16 * posts + 8 * chunks
+    if idx.stat().st_size != want:
+        raise _damaged(idx, f"{idx.stat().st_size:,} bytes, its header says {want:,}")
+    at = HEADER + (8 + RECORD.itemsize) * rows
+    fence = np.fromfile(idx, dtype="<i8", count=posts, offset=at)
+    blocks = np.fromfile(idx, dtype="<u8", count=posts, offset=at + 8 * posts)
+    if head.get("checksum") != _checksum(head, fence, blocks):
+        raise _damaged(idx, "checksum")
+    if head["size"] != path.stat().st_size or head.get("tail_sha256") != _tail_digest(path):
         raise InputError(
-            f"{idx} does not belong to {path} (the copy was rewritten, or the index is from "
-            "another version); write both again with varpack lengths --arrow-copy, or remove "
-            "the index to open the copy without it"
+            f"{idx} does not belong to {path} (the copy was rewritten since); "
+            f"{REWRITE.format(path)}, or remove the index to read the copy unchecked"
         )
-    arrays = [_mapped(idx, HEADER + k * 8 * rows, rows) for k in range(3)]
-    fence = np.fromfile(idx, dtype="<i8", count=posts, offset=HEADER + 24 * rows)
-    return TokenIndex(arrays[0], arrays[1], arrays[2], fence, np.dtype(head["token_type"]))
+    raw = _mapped(idx)
+    ids = _view(raw, "<i8", rows, HEADER)
+    records = _view(raw, RECORD, rows, HEADER + 8 * rows)
+    dtype = np.dtype(head["token_type"])
+    return TokenIndex(
+        ids, records["start"], records["length"], fence, dtype, records,
+        _view(raw, "<u8", chunks, at + 16 * posts), blocks, head["size"] // dtype.itemsize,
+        head["max_length"], str(idx),
+    )  # fmt: skip
 
 
-def _mapped(path: Path, offset: int, rows: int) -> np.ndarray:
-    """``rows`` int64 at ``offset`` of ``path``, mapped without read-ahead (lookups are random:
-    read-ahead would bring whole neighbourhoods of the index into every process). A plain
-    array over the map (not ``np.memmap``, whose indexing costs more than the lookup)."""
-    if rows == 0:
-        return np.zeros(0, dtype=np.int64)
+def _mapped(path: Path) -> mmap.mmap | None:
+    """The file at ``path`` mapped without read-ahead (lookups are random: read-ahead would
+    bring whole neighbourhoods of the index into every process)."""
     with path.open("rb") as f:
         raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     if hasattr(mmap, "MADV_RANDOM"):
         raw.madvise(mmap.MADV_RANDOM)
-    return np.frombuffer(raw, dtype="<i8", count=rows, offset=offset)
+    return raw
 
 
-class _Joined:
-    """Several mapped arrays read as one (``joined[positions]``), none copied."""
-
-    def __init__(self, parts: list[np.ndarray], base: np.ndarray) -> None:
-        self.parts, self.base = parts, base
-
-    def __len__(self) -> int:
-        return int(self.base[-1])
-
-    def __getitem__(self, pos: np.ndarray) -> np.ndarray:
-        pos = np.asarray(pos, dtype=np.int64)
-        part = np.searchsorted(self.base, pos, side="right") - 1
-        out = np.empty(len(pos), dtype=np.int64)
-        for k in np.unique(part).tolist():
-            sel = part == k
-            out[sel] = self.parts[k][pos[sel] - self.base[k]]
-        return out
-
-
-@dataclass
-class Shards:
-    """The indexes of several copies (one per input shard) as one: positions run on from copy
-    to copy (``base``), and a lookup goes to the one copy whose id range holds the id, so each
-    costs what it costs in one copy. Only for copies whose id ranges do not overlap
-    (:meth:`of`)."""
-
-    parts: list[TokenIndex]
-    base: np.ndarray  # first position of each copy, and the end
-    lows: np.ndarray  # the copies' smallest ids, ascending
-    order: np.ndarray  # the copy of each entry of ``lows``
-
-    @classmethod
-    def of(cls, parts: list[TokenIndex]) -> Shards | None:
-        """The copies as one, or None where two copies' id ranges overlap.
-
-        >>> one = TokenIndex(np.array([1, 5]), None, None, np.array([1]), None)
-        >>> two = TokenIndex(np.array([7, 9]), None, None, np.array([7]), None)
-        >>> Shards.of([two, one]).find(np.array([5, 9, 6]))[0].tolist()
-        [3, 1, 3]
-        >>> Shards.of([one, TokenIndex(np.array([4]), None, None, np.array([4]), None)]) is None
-        True
-        """
-        sizes = [len(p.ids) for p in parts]
-        base = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-        held = [k for k, n in enumerate(sizes) if n]
-        lows = np.array([int(parts[k].ids[0]) for k in held], dtype=np.int64)
-        highs = np.array([int(parts[k].ids[-1]) for k in held], dtype=np.int64)
-        by_low = np.argsort(lows, kind="stable")
-        if (highs[by_low][:-1] >= lows[by_low][1:]).any():
-            return None
-        return cls(parts, base, lows[by_low], np.asarray(held, dtype=np.int64)[by_low])
-
-    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(position, found)`` of each id over the copies (:meth:`TokenIndex.find`)."""
-        q = np.asarray(ids, dtype=np.int64)
-        pos = np.zeros(len(q), dtype=np.int64)
-        found = np.zeros(len(q), dtype=bool)
-        if len(self.lows) == 0 or len(q) == 0:
-            return pos, found
-        copy = self.order[np.maximum(np.searchsorted(self.lows, q, side="right") - 1, 0)]
-        for k in np.unique(copy).tolist():
-            sel = np.flatnonzero(copy == k)
-            at, hit = self.parts[k].find(q[sel])
-            pos[sel], found[sel] = at + self.base[k], hit
-        return pos, found
-
-    @property
-    def ids(self) -> _Joined:
-        return _Joined([p.ids for p in self.parts], self.base)
-
-    @property
-    def start(self) -> _Joined:
-        return _Joined([p.start for p in self.parts], self.base)
-
-    @property
-    def length(self) -> _Joined:
-        return _Joined([p.length for p in self.parts], self.base)
-
-
-@dataclass
-class Opened:
-    """Token copies opened through their indexes: the lookup, the sorted ids, each sample's
-    start and length (mapped arrays, or joined views over several copies), the first position
-    of each copy (several copies), and the token type."""
-
-    index: TokenIndex | Shards
-    ids: Any
-    start: Any
-    length: Any
-    base: np.ndarray | None
-    dtype: np.dtype
-
-
-def open_copies(files: list[str]) -> Opened | None:
-    """The copies at ``files`` through their indexes, as one; None where one has no index, or
-    two copies' id ranges overlap. Copies of different token types are refused in one line."""
-    found = [open_index(f) for f in files]
-    parts = [index for index in found if index is not None]
-    if len(parts) < len(files):
-        return None
-    for name, index in zip(files, parts, strict=True):
-        if index.dtype != parts[0].dtype:
-            raise InputError(
-                f"{name}: holds another token type ({index.dtype}) than {files[0]} "
-                f"({parts[0].dtype}); rewrite it with `varpack lengths ... --arrow-copy PATH`"
-            )
-    if len(parts) == 1:
-        one = parts[0]
-        return Opened(one, one.ids, one.start, one.length, None, one.dtype)
-    shards = Shards.of(parts)
-    if shards is None:
-        return None
-    return Opened(shards, shards.ids, shards.start, shards.length, shards.base, parts[0].dtype)
+def _view(raw: mmap.mmap | None, dtype: Any, count: int, offset: int) -> np.ndarray:
+    """``count`` items at ``offset`` of the map: a plain array over it (not ``np.memmap``,
+    whose indexing costs more than the lookup)."""
+    if count == 0 or raw is None:
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(raw, dtype=dtype, count=count, offset=offset)

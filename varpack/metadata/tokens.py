@@ -31,7 +31,10 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+import numpy as np
 import pyarrow as pa
+
+from varpack.metadata import token_check
 
 ID = "sample_id"
 TOKENS = "input_ids"
@@ -93,12 +96,34 @@ class TokenCopyWriter:
         self.rows = 0
         # No compression: the reader relies on the buffers lying in the mapped file as they are.
         self._writer = pa.ipc.new_file(str(self.path), self.schema)
+        self._checks: list[np.ndarray] = []  # each batch's check values (token_check)
+        self._chunks: list[np.ndarray] = []
+        self._chunk_count = 0
 
     def write(self, ids: pa.Array | pa.ChunkedArray, tokens: pa.Array | pa.ChunkedArray) -> None:
-        """Write one batch (one source row group); memory is that batch."""
+        """Write one batch (one source row group); memory is that batch. Its check values
+        are computed here, from the tokens in memory, so the index needs no second pass over
+        the copy."""
         batch = token_batch(ids, tokens, self.schema)
         self._writer.write_batch(batch)
         self.rows += batch.num_rows
+        column = batch.column(1)
+        offsets = column.offsets.to_numpy().astype(np.int64)
+        values = column.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+        length = np.diff(offsets)
+        check, chunks = token_check.sample_values(
+            values, offsets[:-1] - offsets[0], length, batch.column(0).to_numpy()
+        )
+        check[length > token_check.CHUNK] += np.uint64(self._chunk_count)  # into the whole table
+        self._checks.append(check)
+        self._chunks.append(chunks)
+        self._chunk_count += len(chunks)
+
+    def check_values(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(check, chunks)`` of every row written, in the copy's row order
+        (:func:`~varpack.metadata.token_check.sample_values` over the whole copy)."""
+        empty = np.zeros(0, dtype=np.uint64)
+        return np.concatenate([empty, *self._checks]), np.concatenate([empty, *self._chunks])
 
     def close(self) -> None:
         self._writer.close()

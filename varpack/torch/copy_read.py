@@ -23,7 +23,11 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from varpack.errors import InputError
+from varpack.metadata import token_check
+from varpack.metadata.token_copies import Reads
 from varpack.torch.gather import segment_gather_index
+
+token_check.warm()  # numba's one-time start, here with the imports rather than in a first batch
 
 #: how a copy is read: ``pread`` (copied into the batch) or ``mmap`` (mapped, gathered)
 READS = ("pread", "mmap")
@@ -81,8 +85,16 @@ class CopyFiles:
     def gather(self, f: int, dtype: np.dtype, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
         """Tokens ``[start, start + len)`` of file ``f`` for each pair, concatenated; positions
         are counted in tokens of ``dtype`` from the start of the file."""
+        src, at = self._source(f, dtype, starts, lens)
+        return src[segment_gather_index(at, lens)]
+
+    def _source(
+        self, f: int, dtype: np.dtype, starts: np.ndarray, lens: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of file ``f`` holding ``[start, start + len)`` of each pair, and where each
+        starts in them: the whole mapping, or the regions read by ``pread``."""
         if self.read == "mmap":
-            return self._mapped(f, dtype)[segment_gather_index(starts, lens)]
+            return self._mapped(f, dtype), starts
         item = dtype.itemsize
         lo, hi = spans(starts * item, (starts + lens) * item, GAP)
         size = hi - lo
@@ -92,8 +104,44 @@ class CopyFiles:
         self._read_spans(f, buf, lo, at)
         # where each sample starts in buf, in tokens: its span's place plus its offset in it
         k = np.searchsorted(lo, starts * item, side="right") - 1
-        pos = (at[k] + starts * item - lo[k]) // item
-        return buf.view(dtype)[segment_gather_index(pos, lens)]
+        return buf.view(dtype), (at[k] + starts * item - lo[k]) // item
+
+    def gather_files(
+        self, files: np.ndarray, dtype: np.dtype, starts: np.ndarray, lens: np.ndarray
+    ) -> np.ndarray:
+        """:meth:`gather` of samples that lie in the files ``files`` (one per sample), in the
+        samples' order: one gather per file."""
+        if len(self.files) == 1:
+            return self.gather(0, dtype, starts, lens)
+        dst = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=dst[1:])
+        out = np.empty(int(dst[-1]), dtype=dtype)
+        for f in np.unique(files).tolist():
+            sel = np.flatnonzero(files == f)
+            out[segment_gather_index(dst[sel], lens[sel])] = self.gather(
+                f, dtype, starts[sel], lens[sel]
+            )
+        return out
+
+    def gather_verified(self, dtype: np.dtype, reads: Reads, ids: np.ndarray) -> np.ndarray:
+        """The ``reads`` of samples ``ids`` (:meth:`~varpack.metadata.token_copies.Opened.
+        reads`), concatenated, each verified against its check values while it is copied
+        (:func:`~varpack.metadata.token_check.gather_verified`); one line names the first that
+        fails. One pass per file."""
+        count = reads.count
+        dst = np.cumsum(count) - count
+        out = np.empty(int(count.sum()), dtype=dtype)
+        every = len(self.files) == 1
+        for f in [0] if every else np.unique(reads.file).tolist():
+            sel = slice(None) if every else np.flatnonzero(reads.file == f)
+            src, at = self._source(f, dtype, reads.start[sel], count[sel])
+            bad = token_check.gather_verified(
+                src, at, count[sel], out, dst[sel], ids[sel], reads.length[sel],
+                reads.k0[sel], reads.check[sel], reads.tables[f],
+            )  # fmt: skip
+            if bad >= 0:
+                reads.refuse(int(np.arange(len(count))[sel][bad]), ids)
+        return out
 
     def _read_spans(self, f: int, buf: np.ndarray, lo: np.ndarray, at: np.ndarray) -> None:
         handle = self._file(f)

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from varpack.errors import InputError
-from varpack.metadata import token_index, tokens
+from varpack.metadata import token_copies, token_index, tokens
 from varpack.metadata.contract import first_duplicate, resolve_files
 from varpack.metadata.footer import check_pages, check_read, footer_rows
 from varpack.metadata.lengths import ID_COLUMNS, write_arrow_tokens
@@ -138,7 +138,8 @@ class ParquetTokenDataset:
         self._copies = CopyFiles(self.files, read)  # IPC: read by pread or mapped (ditto)
         self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._row_of: np.ndarray | None = None  # sorted position -> global row (None: the same)
-        self._index: token_index.TokenIndex | token_index.Shards | None = None
+        self._index: token_index.TokenIndex | token_copies.Shards | None = None
+        self._opened: token_copies.Opened | None = None  # the indexes that verify each read
         if self._open_index():
             return
         # Row-group table: file index and first global row of every row group (plus the end).
@@ -188,12 +189,13 @@ class ParquetTokenDataset:
         open_copies`): nothing read or built per sample. False: no index to use."""
         if not self.ipc or self.id_column != tokens.ID:
             return False
-        got = token_index.open_copies(self.files)
+        got = token_copies.open_copies(self.files)
         if got is None:
             return False
         for name in self.files:
             self._check_columns(name, pa.ipc.open_file(pa.memory_map(name)).schema)
-        self._index, self._sorted_ids, self._row_of = got.index, got.ids, None
+        self._index, self._opened = got.index, got
+        self._sorted_ids, self._row_of = got.ids, None
         self._tok_start, self._tok_len, self._dtype = got.start, got.length, got.dtype
         if got.base is not None:
             self._file_start = got.base
@@ -286,7 +288,7 @@ class ParquetTokenDataset:
         state["_files"], state["_cache"] = {}, OrderedDict()
         if self._index is not None:  # mapped again, not copied, in a worker
             state["_sorted_ids"] = state["_tok_start"] = state["_tok_len"] = None
-            state["_index"] = None
+            state["_index"] = state["_opened"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -318,6 +320,8 @@ class ParquetTokenDataset:
             bad = self._sorted_ids[pos_c] != ids
         if bad.any():
             missing = int(ids[np.argmax(bad)])
+            if self._opened is not None:  # a damaged index, rather than an unknown id?
+                self._opened.check_ids(ids[bad])
             raise InputError(
                 f"sample id {missing} is not in the tokenized dataset {self.files[0]}"
                 f"{' (and others)' if len(self.files) > 1 else ''} (ids from "
@@ -382,7 +386,7 @@ class ParquetTokenDataset:
         rows = self.rows(ids)
         piece = None if offsets is None else (ids, offsets, lengths, split_len)
         if self.ipc:
-            return self._gather_ipc(rows, piece)
+            return self._gather_ipc(rows, ids, piece)
         groups = np.searchsorted(self._rg_start, rows, side="right") - 1
         order = np.argsort(groups, kind="stable")
         uniq, first = np.unique(groups[order], return_index=True)
@@ -410,23 +414,27 @@ class ParquetTokenDataset:
             out[segment_gather_index(dst[sel], lens[sel])] = values[idx]
         return out, lens
 
-    def _gather_ipc(self, rows: np.ndarray, piece: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """One gather per file (usually one file) straight from the mapping."""
-        starts, lens = self._tok_start[rows], self._tok_len[rows].astype(np.int64)
-        if piece is not None:
-            starts, lens = slice_pieces(starts, lens, piece[:3], piece[3])
+    def _gather_ipc(
+        self, rows: np.ndarray, ids: np.ndarray, piece: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Straight from the copies: one gather per file (usually one file). Through an index,
+        every sample read is verified against its check value first (the chunks a piece
+        overlaps, for a piece), then cut to the piece (:mod:`~varpack.metadata.token_copies`)."""
         assert self._dtype is not None
-        if len(self.files) == 1:
-            return self._copies.gather(0, self._dtype, starts, lens), lens
-        files = np.searchsorted(self._file_start, rows, side="right") - 1
-        dst = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lens, out=dst[1:])
-        out = np.empty(int(dst[-1]), dtype=self._dtype)
-        for f in np.unique(files):
-            sel = np.flatnonzero(files == f)
-            src = self._copies.gather(int(f), self._dtype, starts[sel], lens[sel])
-            out[segment_gather_index(dst[sel], lens[sel])] = src
-        return out, lens
+        opened = self._opened
+        if opened is None:  # positions built from the copies themselves: nothing to check with
+            starts, lens = self._tok_start[rows], self._tok_len[rows].astype(np.int64)
+            if piece is not None:
+                starts, lens = slice_pieces(starts, lens, piece[:3], piece[3])
+            files = np.searchsorted(self._file_start, rows, side="right") - 1
+            return self._copies.gather_files(files, self._dtype, starts, lens), lens
+        reads = opened.reads(rows, ids, *(() if piece is None else piece[1:3]))
+        flat = self._copies.gather_verified(self._dtype, reads, ids)
+        if piece is None:
+            return flat, reads.length
+        at = np.cumsum(reads.count) - reads.count - reads.offset  # each sample's token 0 in flat
+        starts, lens = slice_pieces(at, reads.length, piece[:3], piece[3])
+        return flat[segment_gather_index(starts, lens)], lens
 
     def get_many(self, sample_ids: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """One array per id, in order (views into one fetched buffer)."""

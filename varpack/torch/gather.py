@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from varpack.errors import InputError
+from varpack.metadata.token_check import segments as segment_gather_index
 
 
 def slice_pieces(
@@ -53,20 +54,6 @@ def slice_pieces(
             "data? (re-run varpack lengths and plan)"
         )
     return starts + offs, want
-
-
-def segment_gather_index(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenated ranges ``[s, s + l)`` for every (start, length), vectorised.
-
-    >>> segment_gather_index(np.array([10, 3]), np.array([2, 3])).tolist()
-    [10, 11, 3, 4, 5]
-    """
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(lens)
-    shift = np.repeat(starts - (ends - lens), lens)
-    return np.arange(total, dtype=np.int64) + shift
 
 
 def fetch_flat(
