@@ -71,11 +71,15 @@ flex_attention: Any = _LAZY
 _COMPILED_FLEX: Any = None
 
 
+_HERE = globals()  # not globals() in _kernel: dynamo breaks the graph there, and a static
+# compile then recompiles every batch
+
+
 def _kernel(name: str) -> Any:
     """The kernel ``name`` (one of :data:`_KERNELS`), imported on first use; ``None`` if absent."""
-    got = globals()[name]
+    got = _HERE[name]
     if got is _LAZY:
-        got = globals()[name] = _optional(*_KERNELS[name])
+        got = _HERE[name] = _optional(*_KERNELS[name])
     return got
 
 
