@@ -1,6 +1,6 @@
 """A run stopped on one world size resumes on another: ``varpack replan`` + ``train.py --resume``
-under torchrun (gloo). Every sample is trained exactly once per epoch over the two parts, and a
-replan with the same dp ends with the uninterrupted run's weights."""
+under torchrun (gloo). Every sample is trained exactly once per epoch over the two parts. (A
+replan with the same dp ends with the uninterrupted run's weights: test_torch_distributed.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import pytest
 
 pytest.importorskip("torch.nn")
 
-import torch  # noqa: E402
 from plan_helpers import random_lengths, write_tokens  # noqa: E402
 from plan_helpers import torchrun as run_torchrun  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
@@ -100,24 +99,6 @@ def test_a_run_resumes_on_other_world_sizes_and_trains_every_sample_once_per_epo
     assert set(counts) == set(lens) and set(counts.values()) == {epochs}  # once per epoch
     done = load_checkpoint(again / "checkpoint.pt")
     assert done["lr"]["last_step"] == steps
-
-
-@pytest.mark.slow
-def test_a_replan_on_the_same_dp_ends_with_the_uninterrupted_weights(
-    data: tuple[Path, dict[int, int]],
-) -> None:
-    tmp, _ = data
-    plan = _plan(tmp, "plan-same", "--grad-accum", 2, "--order", "shuffle")
-    common = ["--data", tmp / "tok.parquet", "--warmup-steps", "2"]
-    torchrun(2, "--plan", plan, *common, "--out", tmp / "full")
-    torchrun(2, "--plan", plan, *common, "--out", tmp / "part", "--max-steps", 2)
-    cli("replan", plan, tmp / "same", "--from-step", 2, "-q")
-    torchrun(2, "--plan", tmp / "same", *common, "--out", tmp / "part", "--resume")
-    a = load_checkpoint(tmp / "full" / "checkpoint.pt")
-    b = load_checkpoint(tmp / "part" / "checkpoint.pt")
-    for k, v in a["model"].items():
-        assert torch.equal(v, b["model"][k]), k
-    assert a["lr"]["last_step"] == b["lr"]["last_step"]
 
 
 def test_the_loader_of_a_replan_takes_its_parents_state_at_that_step_only(

@@ -1,9 +1,12 @@
-"""Two gloo processes replay a whole plan under DDP with jobs/train.py (torchrun), and resume."""
+"""Two gloo processes replay a whole plan under DDP with jobs/train.py (torchrun), and resume,
+from the checkpoint as it is and through ``varpack replan`` on the same dp (the same runs serve
+both: each torchrun costs seconds of start-up per rank)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -64,6 +67,7 @@ def test_two_ranks_replay_the_plan_and_resume(tmp_path) -> None:
     torchrun(2, *common, "--out", tmp_path / "run", "--max-steps", "2")
     part1 = _records(tmp_path / "run")
     assert [r["cursor"]["step"] for r in part1] == [2, 2]
+    shutil.copytree(tmp_path / "run", tmp_path / "replanned")  # the same stop, for the replan
     resumed = torchrun(2, *common, "--out", tmp_path / "run", "--resume")
     assert f"resumed at step 2 of {num_steps} (epoch 0)" in resumed.stdout
     part2 = _records(tmp_path / "run")
@@ -76,3 +80,12 @@ def test_two_ranks_replay_the_plan_and_resume(tmp_path) -> None:
     for k, v in a["model"].items():
         assert torch.allclose(v, b["model"][k], atol=1e-6), k
     assert a["lr"]["last_step"] == b["lr"]["last_step"] == num_steps
+
+    # A replan of the rest on the same dp ends with the uninterrupted run's weights, bit for bit.
+    cli("replan", plan, tmp_path / "same", "--from-step", 2, "-q")
+    common[1] = tmp_path / "same"
+    torchrun(2, *common, "--out", tmp_path / "replanned", "--resume")
+    c = load_checkpoint(tmp_path / "replanned" / "checkpoint.pt")
+    for k, v in a["model"].items():
+        assert torch.equal(v, c["model"][k]), k
+    assert c["lr"]["last_step"] == num_steps
