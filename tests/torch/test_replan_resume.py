@@ -1,6 +1,7 @@
 """A run stopped on one world size resumes on another: ``varpack replan`` + ``train.py --resume``
-under torchrun (gloo). Every sample is trained exactly once per epoch over the two parts. (A
-replan with the same dp ends with the uninterrupted run's weights: test_torch_distributed.py.)"""
+in gloo ranks (started as torchrun starts them). Every sample is trained exactly once per epoch
+over the two parts. (A replan with the same dp ends with the uninterrupted run's weights:
+test_torch_distributed.py.)"""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ import pytest
 
 pytest.importorskip("torch.nn")
 
-from plan_helpers import random_lengths, write_tokens  # noqa: E402
-from plan_helpers import torchrun as run_torchrun  # noqa: E402
+from plan_helpers import random_lengths, ranks, write_tokens  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
 from varpack.torch.checkpoint import load_checkpoint  # noqa: E402
@@ -23,8 +23,8 @@ from varpack.torch.checkpoint import load_checkpoint  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(nproc: int, *args: object, check: bool = True):  # type: ignore[no-untyped-def]
-    return run_torchrun(nproc, ROOT / "jobs" / "train.py", *args, check=check)
+def train(nproc: int, *args: object, check: bool = True):  # type: ignore[no-untyped-def]
+    return ranks(nproc, ROOT / "jobs" / "train.py", *args, check=check)
 
 
 def _seen(out: Path, world: int) -> list[int]:
@@ -51,7 +51,7 @@ def _plan(tmp: Path, name: str, *extra: object) -> Path:
     return plan
 
 
-# Each case stops once and resumes on one other world size (each torchrun costs seconds of
+# Each case stops once and resumes on one other world size (each run costs seconds of
 # start-up per rank): a smaller world, a larger one, a larger one with a new batch (grad-accum),
 # after a stop in the curriculum, in a shuffled epoch 0 and in epoch 1. A resume on the wrong
 # world size is refused once, with three ranks.
@@ -81,10 +81,10 @@ def test_a_run_resumes_on_other_world_sizes_and_trains_every_sample_once_per_epo
     at = meta["epochs"][1]["first_step"] + 2 if stop == "epoch1" else meta["num_steps"] // 3
     common = ["--data", tmp / "tok.parquet", "--record", "--warmup-steps", "2"]
     run = tmp / f"run-{stop}"
-    torchrun(2, "--plan", plan, *common, "--out", run, "--max-steps", at)
+    train(2, "--plan", plan, *common, "--out", run, "--max-steps", at)
     first = _seen(run, 2)
     if dp == 1:  # dp 3 on the same checkpoint: refused with the exact replan command
-        wrong = torchrun(3, "--plan", plan, *common, "--out", run, "--resume", check=False)
+        wrong = train(3, "--plan", plan, *common, "--out", run, "--resume", check=False)
         assert wrong.returncode != 0
         assert f"varpack replan {plan} {plan}-dp3 --from-step {at} --dp 3" in wrong.stderr
     child = tmp / f"child-{stop}-{dp}-{len(extra)}"
@@ -93,7 +93,7 @@ def test_a_run_resumes_on_other_world_sizes_and_trains_every_sample_once_per_epo
     cli("validate", child, "--metadata", tmp / "meta")  # with its parent: once per epoch
     again = tmp / f"run-{stop}-dp{dp}-{len(extra)}"
     shutil.copytree(run, again)
-    out = torchrun(dp, "--plan", child, *common, "--out", again, "--resume")
+    out = train(dp, "--plan", child, *common, "--out", again, "--resume")
     assert f"resumed at step {at} of {steps}" in out.stdout
     counts = Counter(first + _seen(again, dp))
     assert set(counts) == set(lens) and set(counts.values()) == {epochs}  # once per epoch
