@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[mpi,torch,plot,dev]'
 	touch $(STAMP)
 
+# One worker per core; --dist loadfile hands each worker whole modules, heaviest first (the order
+# tests/conftest.py gives them), so the run does not end on one worker with a long test.
+TEST_WORKERS ?= auto
 test: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 demo: install
 	bash jobs/demo.sh $(DEMO)

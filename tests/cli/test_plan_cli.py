@@ -42,6 +42,7 @@ def test_plan_from_metadata_validates(tmp_path, meta):
     assert ok.stdout.startswith("OK ")
 
 
+@pytest.mark.mpi
 def test_plan_is_byte_identical_across_runs_and_sort_rank_counts(tmp_path, meta):
     root, _, _ = meta
     opts = [

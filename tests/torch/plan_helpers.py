@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -191,3 +193,56 @@ def torchrun(
     if check:
         assert done.returncode == 0, f"rc={done.returncode}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
     return done
+
+
+def ranks(
+    nproc: int, script: Path, *args: object, timeout: float = 600, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``script args`` in ``nproc`` processes, each with what torchrun gives a worker (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous store, served here on a port the OS picks),
+    without torchrun's launcher: a Python process that imports torch, 2 s of CPU a run. For tests
+    of the trainer rather than of torchrun (``torchrun`` above). As under torchrun, a failing rank
+    stops the others (after 30 s for them to agree on the error and exit); the outputs are the
+    ranks' in rank order; the exit code is the lowest failing rank's."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore(
+        "127.0.0.1", 0, nproc, True, timedelta(seconds=timeout), wait_for_workers=False
+    )
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True", WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )  # fmt: skip
+    cmd = [sys.executable, str(script), *map(str, args)]
+    with tempfile.TemporaryDirectory() as logs:
+        outs = [(Path(logs) / f"{r}.out", Path(logs) / f"{r}.err") for r in range(nproc)]
+        procs = []
+        for r, (out, err) in enumerate(outs):
+            with out.open("w") as o, err.open("w") as e:
+                procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                              stdout=o, stderr=e, cwd=ROOT, start_new_session=True))  # fmt: skip
+        end, timed_out = time.monotonic() + timeout, False
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode for p in procs):  # a rank failed: the others get 30 s to follow
+                end = min(end, time.monotonic() + 30)
+            if time.monotonic() > end:
+                timed_out = not any(p.returncode for p in procs)
+                for p in procs:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+                break
+            time.sleep(0.05)
+        stdout = "".join(out.read_text() for out, _ in outs)
+        stderr = "".join(err.read_text() for _, err in outs)
+    del store
+    if timed_out:
+        raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
+    code = next((p.returncode for p in procs if p.returncode), 0)
+    if check:
+        assert code == 0, f"rc={code}\nstdout:\n{stdout}\nstderr:\n{stderr[-4000:]}"
+    return subprocess.CompletedProcess(cmd, code, stdout, stderr)

@@ -1,6 +1,7 @@
 """A run stopped on one world size resumes on another: ``varpack replan`` + ``train.py --resume``
-under torchrun (gloo). Every sample is trained exactly once per epoch over the two parts, and a
-replan with the same dp ends with the uninterrupted run's weights."""
+in gloo ranks (started as torchrun starts them). Every sample is trained exactly once per epoch
+over the two parts. (A replan with the same dp ends with the uninterrupted run's weights:
+test_torch_distributed.py.)"""
 
 from __future__ import annotations
 
@@ -14,9 +15,7 @@ import pytest
 
 pytest.importorskip("torch.nn")
 
-import torch  # noqa: E402
-from plan_helpers import random_lengths, write_tokens  # noqa: E402
-from plan_helpers import torchrun as run_torchrun  # noqa: E402
+from plan_helpers import random_lengths, ranks, write_tokens  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
 from varpack.torch.checkpoint import load_checkpoint  # noqa: E402
@@ -25,8 +24,8 @@ from varpack.torch.records import Records  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(nproc: int, *args: object, check: bool = True):  # type: ignore[no-untyped-def]
-    return run_torchrun(nproc, ROOT / "jobs" / "train.py", *args, check=check)
+def train(nproc: int, *args: object, check: bool = True):  # type: ignore[no-untyped-def]
+    return ranks(nproc, ROOT / "jobs" / "train.py", *args, check=check)
 
 
 def _seen(out: Path, world: int, first: int = 1) -> list[int]:
@@ -52,12 +51,27 @@ def _plan(tmp: Path, name: str, *extra: object) -> Path:
     return plan
 
 
+# Each case stops once and resumes on one other world size (each run costs seconds of
+# start-up per rank): a smaller world, a larger one, a larger one with a new batch (grad-accum),
+# after a stop in the curriculum, in a shuffled epoch 0 and in epoch 1. A resume on the wrong
+# world size is refused once, with three ranks.
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("order", "epochs", "stop"), [("curriculum", 1, 3), ("shuffle", 2, 3), ("shuffle", 2, "epoch1")]
+    ("order", "epochs", "stop", "dp", "extra"),
+    [
+        ("curriculum", 1, 3, 1, ()),
+        ("shuffle", 2, 3, 3, ()),
+        ("shuffle", 2, "epoch1", 3, ("--grad-accum", 3)),
+    ],
+    ids=["curriculum-to-dp1", "shuffle-to-dp3", "epoch1-to-dp3-new-batch"],
 )
 def test_a_run_resumes_on_other_world_sizes_and_trains_every_sample_once_per_epoch(
-    data: tuple[Path, dict[int, int]], order: str, epochs: int, stop: int | str
+    data: tuple[Path, dict[int, int]],
+    order: str,
+    epochs: int,
+    stop: int | str,
+    dp: int,
+    extra: tuple[object, ...],
 ) -> None:
     tmp, lens = data
     stop = f"{order}-{stop}" if stop == 3 else stop
@@ -67,44 +81,25 @@ def test_a_run_resumes_on_other_world_sizes_and_trains_every_sample_once_per_epo
     at = meta["epochs"][1]["first_step"] + 2 if stop == "epoch1" else meta["num_steps"] // 3
     common = ["--data", tmp / "tok.parquet", "--record", "--warmup-steps", "2"]
     run = tmp / f"run-{stop}"
-    torchrun(2, "--plan", plan, *common, "--out", run, "--max-steps", at)
+    train(2, "--plan", plan, *common, "--out", run, "--max-steps", at)
     first = _seen(run, 2)
-    # dp 3 on the same checkpoint: refused with the exact replan command
-    wrong = torchrun(3, "--plan", plan, *common, "--out", run, "--resume", check=False)
-    assert wrong.returncode != 0
-    assert f"varpack replan {plan} {plan}-dp3 --from-step {at} --dp 3" in wrong.stderr
-    for dp, extra in ((1, ()), (3, ()), (3, ("--grad-accum", 3))):  # the last: a new batch
-        child = tmp / f"child-{stop}-{dp}-{len(extra)}"
-        cli("replan", plan, child, "--from-step", at, "--dp", dp, *extra, "-q")
-        steps = at + json.loads((child / "plan.json").read_text())["num_steps"]
-        cli("validate", child, "--metadata", tmp / "meta")  # with its parent: once per epoch
-        again = tmp / f"run-{stop}-dp{dp}-{len(extra)}"
-        shutil.copytree(run, again)
-        out = torchrun(dp, "--plan", child, *common, "--out", again, "--resume")
-        assert f"resumed after step {at} ({at} of the plan's {steps} steps done" in out.stdout
-        assert _seen(again, 2) == first  # the first segment's records stay, one per rank
-        counts = Counter(first + _seen(again, dp, at + 1))
-        assert set(counts) == set(lens) and set(counts.values()) == {epochs}  # once per epoch
-        done = load_checkpoint(again / "checkpoint.pt")
-        assert done["lr"]["last_step"] == steps
-
-
-@pytest.mark.slow
-def test_a_replan_on_the_same_dp_ends_with_the_uninterrupted_weights(
-    data: tuple[Path, dict[int, int]],
-) -> None:
-    tmp, _ = data
-    plan = _plan(tmp, "plan-same", "--grad-accum", 2, "--order", "shuffle")
-    common = ["--data", tmp / "tok.parquet", "--warmup-steps", "2"]
-    torchrun(2, "--plan", plan, *common, "--out", tmp / "full")
-    torchrun(2, "--plan", plan, *common, "--out", tmp / "part", "--max-steps", 2)
-    cli("replan", plan, tmp / "same", "--from-step", 2, "-q")
-    torchrun(2, "--plan", tmp / "same", *common, "--out", tmp / "part", "--resume")
-    a = load_checkpoint(tmp / "full" / "checkpoint.pt")
-    b = load_checkpoint(tmp / "part" / "checkpoint.pt")
-    for k, v in a["model"].items():
-        assert torch.equal(v, b["model"][k]), k
-    assert a["lr"]["last_step"] == b["lr"]["last_step"]
+    if dp == 1:  # dp 3 on the same checkpoint: refused with the exact replan command
+        wrong = train(3, "--plan", plan, *common, "--out", run, "--resume", check=False)
+        assert wrong.returncode != 0
+        assert f"varpack replan {plan} {plan}-dp3 --from-step {at} --dp 3" in wrong.stderr
+    child = tmp / f"child-{stop}-{dp}-{len(extra)}"
+    cli("replan", plan, child, "--from-step", at, "--dp", dp, *extra, "-q")
+    steps = at + json.loads((child / "plan.json").read_text())["num_steps"]
+    cli("validate", child, "--metadata", tmp / "meta")  # with its parent: once per epoch
+    again = tmp / f"run-{stop}-dp{dp}-{len(extra)}"
+    shutil.copytree(run, again)
+    out = train(dp, "--plan", child, *common, "--out", again, "--resume")
+    assert f"resumed after step {at} ({at} of the plan's {steps} steps done" in out.stdout
+    assert _seen(again, 2) == first  # the first segment's records stay, one per rank
+    counts = Counter(first + _seen(again, dp, at + 1))
+    assert set(counts) == set(lens) and set(counts.values()) == {epochs}  # once per epoch
+    done = load_checkpoint(again / "checkpoint.pt")
+    assert done["lr"]["last_step"] == steps
 
 
 def test_the_loader_of_a_replan_takes_its_parents_state_at_that_step_only(

@@ -7,6 +7,9 @@ forward only (torch has no CPU backward for it).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -78,6 +81,17 @@ def test_auto_picks_the_fastest_available(monkeypatch) -> None:
     monkeypatch.setattr(A, "flex_attention", None)
     assert A.resolve_backend("auto", CUDA, BF16, "packed") == "mask"
     assert A.resolve_backend("auto", CUDA, BF16, "padded", causal=False) == "mask"
+
+
+def test_auto_on_the_cpu_imports_no_kernel() -> None:
+    """Off CUDA ``auto`` decides without importing a kernel: varlen's and flex's modules load
+    torch._dynamo, seconds of start-up in a process that never runs them (a refused trainer)."""
+    code = ("import sys, torch; from varpack.torch.attention import resolve_backend as r; "
+            "before = 'torch._dynamo' in sys.modules; "
+            "print(before, r('auto', 'cpu', torch.float32, 'packed'), "
+            "r('auto', 'cpu', torch.bfloat16, 'blocks'), 'torch._dynamo' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "mask", "mask", "False"]
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@ def test_without_cuda_it_skips_cleanly(bench, tmp_path, capsys) -> None:
     assert not (tmp_path / "gpu.json").exists()
 
 
+@pytest.mark.slow
 def test_quick_rows_on_cpu(bench, tmp_path) -> None:
     out = tmp_path / "gpu"
     argv = ["--quick", "--device", "cpu", "--dtype", "fp32", "--compile-backend", "eager"]

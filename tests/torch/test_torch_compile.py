@@ -25,6 +25,8 @@ from varpack.torch import (
 )  # noqa: E402
 from varpack.torch.model import PRESETS, TinyGPT, model_inputs  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each test compiles a model (seconds of CPU)
+
 
 def _loss(model, batch) -> torch.Tensor:
     return normalise(token_loss_sum(model(**model_inputs(batch)), batch.labels), batch, 1)

@@ -11,8 +11,7 @@ import pytest
 pytest.importorskip("torch.nn")
 
 import torch  # noqa: E402
-from plan_helpers import torchrun as run_torchrun  # noqa: E402
-from plan_helpers import write_tokens  # noqa: E402
+from plan_helpers import ranks, write_tokens  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
 from varpack.torch.batch import PackedBatch  # noqa: E402
@@ -58,8 +57,8 @@ def test_shards_cover_every_token_once_with_balanced_chunks(n):
     assert sum(share) == dist_total and max(share) - min(share) <= 2 * 3
 
 
-def torchrun(nproc: int, *args: object) -> None:
-    run_torchrun(nproc, HERE / "cp_equivalence.py", *args)
+def equivalence(nproc: int, *args: object) -> None:
+    ranks(nproc, HERE / "cp_equivalence.py", *args)
 
 
 @pytest.mark.slow
@@ -76,8 +75,8 @@ def test_dp2_cp2_equals_dp2(tmp_path) -> None:
         "--bucket-size", 40, "--order", "shuffle", "--seed", 1, "-q")  # fmt: skip
     meta = json.loads((plan / "plan.json").read_text())
     assert meta["cp"]["distributed_samples"] > 0 and meta["cp"]["local_samples"] > 0
-    torchrun(4, plan, tmp_path / "tok.parquet", tmp_path / "out", "cp")
-    torchrun(2, plan, tmp_path / "tok.parquet", tmp_path / "out", "dp")
+    equivalence(4, plan, tmp_path / "tok.parquet", tmp_path / "out", "cp")
+    equivalence(2, plan, tmp_path / "tok.parquet", tmp_path / "out", "dp")
     cp = torch.load(tmp_path / "out" / "cp.pt")
     dp = torch.load(tmp_path / "out" / "dp.pt")
     assert len(cp["losses"]) == len(dp["losses"]) == meta["num_steps"]
@@ -96,7 +95,7 @@ def test_dp2_cp2_equals_dp2(tmp_path) -> None:
 
 
 def _train(nproc: int, plan: Path, tmp: Path, *extra: object) -> list[str]:
-    proc = run_torchrun(
+    proc = ranks(
         nproc, ROOT / "jobs" / "train.py", "--plan", plan, "--data", tmp / "tok.parquet",
         "--out", tmp / f"run{nproc}", "--warmup-steps", 1, *extra,
     )  # fmt: skip

@@ -1,9 +1,12 @@
-"""Two gloo processes replay a whole plan under DDP with jobs/train.py (torchrun), and resume."""
+"""Two gloo processes replay a whole plan under DDP with jobs/train.py (started as torchrun starts
+them), and resume, from the checkpoint as it is and through ``varpack replan`` on the same dp (the
+same runs serve both: each run costs seconds of start-up per rank)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,8 +16,7 @@ import pytest
 pytest.importorskip("torch.nn")
 
 import torch  # noqa: E402
-from plan_helpers import random_lengths, write_tokens
-from plan_helpers import torchrun as run_torchrun  # noqa: E402
+from plan_helpers import random_lengths, ranks, write_tokens  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
 from varpack.torch.checkpoint import load_checkpoint  # noqa: E402
@@ -23,8 +25,8 @@ from varpack.torch.records import Records  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(nproc: int, *args: object) -> subprocess.CompletedProcess[str]:
-    return run_torchrun(nproc, ROOT / "jobs" / "train.py", *args)
+def train(nproc: int, *args: object) -> subprocess.CompletedProcess[str]:
+    return ranks(nproc, ROOT / "jobs" / "train.py", *args)
 
 
 def _records(out: Path) -> list[dict]:
@@ -49,7 +51,7 @@ def test_two_ranks_replay_the_plan_and_resume(tmp_path) -> None:
     common = ["--plan", plan, "--data", tmp_path / "tok.parquet", "--record", "--warmup-steps", "2"]
 
     # Whole plan in one go: both ranks finish all steps, every sample exactly once across ranks.
-    full = torchrun(2, *common, "--out", tmp_path / "full")
+    full = train(2, *common, "--out", tmp_path / "full")
     recs = _records(tmp_path / "full")
     assert [r["steps_done"] for r in recs] == [num_steps, num_steps]
     seen = recs[0]["sample_ids"] + recs[1]["sample_ids"]
@@ -65,10 +67,11 @@ def test_two_ranks_replay_the_plan_and_resume(tmp_path) -> None:
     )
 
     # Stop after 2 steps, resume from the checkpoint: the two halves cover the plan exactly once.
-    torchrun(2, *common, "--out", tmp_path / "run", "--max-steps", "2")
+    train(2, *common, "--out", tmp_path / "run", "--max-steps", "2")
     part1 = _records(tmp_path / "run")
     assert [r["cursor"]["step"] for r in part1] == [2, 2]
-    resumed = torchrun(2, *common, "--out", tmp_path / "run", "--resume")
+    shutil.copytree(tmp_path / "run", tmp_path / "replanned")  # the same stop, for the replan
+    resumed = train(2, *common, "--out", tmp_path / "run", "--resume")
     assert (
         f"resumed after step 2 (2 of the plan's {num_steps} steps done in epoch 0" in resumed.stdout
     )
@@ -82,3 +85,12 @@ def test_two_ranks_replay_the_plan_and_resume(tmp_path) -> None:
     for k, v in a["model"].items():
         assert torch.allclose(v, b["model"][k], atol=1e-6), k
     assert a["lr"]["last_step"] == b["lr"]["last_step"] == num_steps
+
+    # A replan of the rest on the same dp ends with the uninterrupted run's weights, bit for bit.
+    cli("replan", plan, tmp_path / "same", "--from-step", 2, "-q")
+    common[1] = tmp_path / "same"
+    train(2, *common, "--out", tmp_path / "replanned", "--resume")
+    c = load_checkpoint(tmp_path / "replanned" / "checkpoint.pt")
+    for k, v in a["model"].items():
+        assert torch.equal(v, c["model"][k]), k
+    assert c["lr"]["last_step"] == num_steps

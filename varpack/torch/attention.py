@@ -71,11 +71,15 @@ flex_attention: Any = _LAZY
 _COMPILED_FLEX: Any = None
 
 
+_HERE = globals()  # not globals() in _kernel: dynamo breaks the graph there, and a static
+# compile then recompiles every batch
+
+
 def _kernel(name: str) -> Any:
     """The kernel ``name`` (one of :data:`_KERNELS`), imported on first use; ``None`` if absent."""
-    got = globals()[name]
+    got = _HERE[name]
     if got is _LAZY:
-        got = globals()[name] = _optional(*_KERNELS[name])
+        got = _HERE[name] = _optional(*_KERNELS[name])
     return got
 
 
@@ -289,6 +293,16 @@ def _layout_problem(name: str, layout: str, causal: bool) -> str | None:
     return None
 
 
+def _ruled_out(name: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """``auto`` skips ``name`` here whatever its kernel: flex off CUDA (eager there), flash and
+    varlen off CUDA or outside fp16/bf16. Asked before ``unavailable``, which imports the kernel:
+    varlen's and flex's modules load torch._dynamo, seconds of start-up in a CPU process."""
+    if name == "flex":
+        return device.type != "cuda"
+    kernel_check = BACKENDS[name].unavailable in (_flash_unavailable, _varlen_unavailable)
+    return kernel_check and _cuda_half(device, dtype) is not None
+
+
 def resolve_backend(
     name: str,
     device: torch.device | str,
@@ -307,7 +321,7 @@ def resolve_backend(
         if layout == "padded" and causal:
             return "causal"
         for cand in AUTO_ORDER:
-            if cand != "mask" and device.type != "cuda":  # kernels not worth importing here
+            if _ruled_out(cand, device, dtype):
                 continue
             ok = BACKENDS[cand].unavailable(device, dtype) is None
             if ok and _layout_problem(cand, layout, causal) is None:
