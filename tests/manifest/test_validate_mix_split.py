@@ -8,6 +8,7 @@ other pieces, two pieces of one document in one micro-batch, plan.json's piece c
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +60,15 @@ def _rewrite(plan: Path, rows: list[dict[str, Any]], rank: int = 0) -> None:
     (plan / PLAN_JSON).write_text(json.dumps(doc))
 
 
-def _find(rows: list[dict[str, Any]], piece: bool) -> tuple[int, int]:
-    """A row and position holding a piece in the middle of its document (or a whole sample)."""
+def _find(rows: list[dict[str, Any]], piece: bool, copies: int | None = None) -> tuple[int, int]:
+    """A row and position holding a piece in the middle of its document (or a whole sample);
+    with ``copies``, one whose piece this rank holds that many times."""
     later = {(i, off) for row in rows for i, off in zip(row["sample_ids"], row["sample_offsets"], strict=True)}  # fmt: skip
+    drawn = Counter((i, off) for row in rows for i, off in zip(row["sample_ids"], row["sample_offsets"], strict=True))  # fmt: skip
     for r, row in enumerate(rows):
         for k, (i, off) in enumerate(zip(row["sample_ids"], row["sample_offsets"], strict=True)):
+            if copies is not None and drawn[(i, off)] != copies:
+                continue
             middle = off > 0 and (i, off + row["seq_lens"][k]) in later
             if middle if piece else off == 0 and (i, row["seq_lens"][k]) not in later:
                 return r, k
@@ -84,15 +89,22 @@ def test_a_piece_out_of_place_breaks_the_tiling(plan: Path) -> None:
     assert f"mix: sample_id {doc} offset {off + 1}: " in _out(plan)
 
 
-def test_a_piece_with_another_source(plan: Path) -> None:
+@pytest.mark.parametrize("copies", [1, 2], ids=["drawn-once", "drawn-twice"])
+def test_a_piece_with_another_source(plan: Path, copies: int) -> None:
+    """A piece of a document drawn once disagrees with its siblings; a piece of a document drawn
+    twice also disagrees with its own other copy."""
     rows = _rows(plan)
-    r, k = _find(rows, piece=True)
+    drawn = Counter((i, off) for row in rows for i, off in zip(row["sample_ids"], row["sample_offsets"], strict=True))  # fmt: skip
+    r, k = _find(rows, piece=True, copies=copies)
     row = rows[r]
+    i, off = row["sample_ids"][k], row["sample_offsets"][k]
+    assert drawn[(i, off)] == copies  # copies on this rank
     row["carry.source"][k] = "code" if row["carry.source"][k] == "books" else "books"
     _rewrite(plan, rows)
     out = _out(plan)
-    assert "pieces planned with two lengths or sources" in out
-    assert f"{row['sample_ids'][k]}@{row['sample_offsets'][k]}" in out
+    if copies == 2:
+        assert f"pieces planned with two lengths or sources (sample_id@offset): {i}@{off}" in out
+    assert f"documents whose pieces have two sources: {i}" in out
 
 
 def test_a_piece_planned_once_more_than_its_document(plan: Path) -> None:

@@ -219,8 +219,10 @@ def _whole_steps(
     starts = np.append(np.concatenate(offs), at)
     slens = chosen.lens[stream]
     cost = summarize(starts, slens, rule).cost
-    pos, starts = move_micro(
-        np.arange(len(stream)), starts, slot_order(cost, cfg.dp, cfg.grad_accum, 1)
+    (pos,), starts = move_micro(
+        (np.arange(len(stream), dtype=np.int64),),
+        starts,
+        slot_order(cost, cfg.dp, cfg.grad_accum, 1),
     )
     step = algo.steps_in_order(len(starts) - 1, per_step)
     epochs = [{"epoch": 0, "first_step": 0, "num_steps": steps}]

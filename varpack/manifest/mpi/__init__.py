@@ -201,7 +201,7 @@ def _run(
     if cfg.warmup == "reorder":
         reorder_ranks(comm, local)
     global_totals(comm, local)
-    moved = moved_figures(comm, local, composed, tallies, selected)
+    moved = moved_figures(comm, local, tallies, selected)
     carried = None
     if carried_from is not None:
         assert source is not None

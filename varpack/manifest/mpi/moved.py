@@ -128,7 +128,7 @@ def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def moved_figures(
-    comm: Any, p: RankPlan, composed: bool, tallies: list[Tally] | None, total_tokens: int
+    comm: Any, p: RankPlan, tallies: list[Tally] | None, total_tokens: int
 ) -> dict[str, float] | None:
     """plan.json's ``moved_*`` figures of a shuffled plan (rank 0; None elsewhere and where a
     plan has none): the tallies kept while composing by cost, unless the warm-up reorder moved
@@ -136,8 +136,8 @@ def moved_figures(
     cfg = p.cfg
     if cfg.order != "shuffle" or (cfg.warmup == "reorder" and cfg.epochs > 1):
         return None
-    if composed and cfg.warmup != "reorder":
-        return None if tallies is None else tally_figures(tallies, cfg.shuffle_window)
+    if tallies is not None and cfg.warmup != "reorder":  # composed by cost (slotted or not)
+        return tally_figures(tallies, cfg.shuffle_window) if comm.Get_rank() == 0 else None
     assert p.pos2 is not None
     sizes = [int(p.micro.samples[s].sum()) for s in epoch_slices(p)]
     step = sample_steps(p.step, p.micro.samples, p.num_steps)

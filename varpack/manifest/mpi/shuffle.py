@@ -47,7 +47,8 @@ def shuffle_epochs(
 ) -> tuple[list[Epoch], bool, list[Tally] | None]:
     """``(epochs, grouped, tallies)``: each epoch's micro-batches on this rank (whole steps),
     whether they come in per-rank groups of ``grad_accum`` (composed by cost), and the moved
-    figures' tally of each epoch where composing kept them (rank 0; see :mod:`.moved`).
+    figures' tally of each epoch where composing kept them (rank 0's; an empty list on the
+    other ranks; None where nothing was composed by cost; see :mod:`.moved`).
     ``held["rows"]``: this rank's selected rows in input order, taken out of ``held`` once the
     last epoch has drawn from them; ``held["again"]()`` selects them again."""
     if composes_by_cost(cfg) and cfg.layout == "packed":
@@ -211,7 +212,7 @@ def _costed(
             rows, off = _slots_by_cost(comm, rows, off, cfg, epoch)
         epochs.append(_numbered(comm, rows, off))
         tallies.append(moved_tally(comm, epochs[-1], cfg.micro_per_step))
-    return epochs, None if comm.Get_rank() else [t for t in tallies if t is not None]
+    return epochs, [t for t in tallies if t is not None]  # rank 0's; empty elsewhere
 
 
 def _starts(window: np.ndarray) -> list[int]:
