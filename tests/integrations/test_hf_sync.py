@@ -60,14 +60,14 @@ def fsdp2_module() -> nn.Module:
 
 
 class Raising:
-    """A state whose every plugin property raises, as a half-built AcceleratorState's does."""
+    """A DeepSpeed state with no active plugin: accelerate's property raises ValueError."""
 
     distributed_type = DistributedType.DEEPSPEED
     num_processes = 4
 
     @property
     def deepspeed_plugin(self) -> Any:
-        raise AttributeError("AcceleratorState was reset")
+        raise ValueError("no active DeepSpeedPlugin")
 
 
 def state(kind: Any, world: int = 8, **kw: Any) -> SimpleNamespace:
