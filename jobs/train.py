@@ -16,6 +16,8 @@ What it shows, in the order a real trainer needs it:
   (log lines, ``metrics.jsonl``, ``--max-steps``, checkpoints; ``varpack.torch.records``);
 - checkpoints hold model, optimizer, LR and loader cursor; ``--resume`` continues exactly and
   logs "resumed after step S (P of the plan's N steps done in epoch E, ...)";
+- DDP meets once per step: a plan balanced for every micro-batch (``--sync micro``, for FSDP)
+  is said in one note line with its time under both (``sync_note``), once per run;
 - before anything is built, ``check_vocab`` compares the plan's token ids (this rank's samples)
   with the model's vocabulary: one line, exit 2, instead of an error deep inside the model;
 - the final line gives this run's steps, its global tokens (every rank) and its per-rank
@@ -72,7 +74,7 @@ from varpack.torch import (
     resolve_backend,
     token_losses,
 )
-from varpack.torch.checkpoint import check_run, load_checkpoint
+from varpack.torch.checkpoint import check_run, load_checkpoint, run_options
 from varpack.torch.job import (
     Parser,
     StopRequest,
@@ -88,6 +90,7 @@ from varpack.torch.job import (
     lr_lambda,
     positive,
     run_job,
+    sync_note,
 )
 from varpack.torch.launch import LaunchEnv, launch_env
 from varpack.torch.model import PRESETS, TinyGPT, model_inputs, param_count_str
@@ -329,6 +332,7 @@ def train(args: argparse.Namespace, stop: StopRequest, env: LaunchEnv, watch: Wa
     log(rank, f"model {args.preset} {param_count_str(raw.num_params())} params; plan "
         f"{plural(loader.num_steps, 'step')} x {plural(loader.grad_accum, 'micro-batch', 'micro-batches')} x dp "
         f"{world // args.cp} x cp {args.cp}; layout {loader.layout}; attention {resolved}; device {device}")  # fmt: skip
+    log(rank, sync_note(loader.plan, world // args.cp))  # a plan balanced for another sync
     if rank == 0:  # every file in OUT belongs to the run its checkpoint continues
         Records(out).forget(step_done if args.resume else None)
     metrics = MetricsLog(out / "metrics.jsonl", step_done if args.resume else None, rank == 0)
@@ -439,11 +443,6 @@ def train(args: argparse.Namespace, stop: StopRequest, env: LaunchEnv, watch: Wa
         dist.destroy_process_group()
         leave(code, True)  # now: freeing the DDP model at this frame's end can deadlock
     return code
-
-
-def run_options(args: Any) -> dict[str, Any]:
-    """The options a checkpoint must be resumed with (they shape the model or its updates)."""
-    return {k: getattr(args, k) for k in ("preset", "vocab_size", "dtype")}
 
 
 if __name__ == "__main__":

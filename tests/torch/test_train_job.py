@@ -104,6 +104,8 @@ def test_srun_tasks_train_as_torchrun_ranks(data: Path) -> None:
     torchrun(2, TRAIN, *common, "--out", data / "torchrun", "--max-steps", 4)
     first = srun(2, *common, "--out", data / "srun", "--steps", 2)
     assert "step     1" in first[0].stdout and not first[1].stdout  # rank 0 logs
+    # a --sync micro plan under DDP: one note per run (rank 0), not one per step
+    assert first[0].stdout.count("[train] note: ") == 1 and "(--sync micro)" in first[0].stdout
     # resumed: 5 more steps asked, but --max-steps 4 (steps in all) comes first
     rest = srun(2, *common, "--out", data / "srun", "--resume", "--steps", 5, "--max-steps", 4)
     assert "resumed after step 2 (2 of the plan's" in rest[0].stdout

@@ -10,6 +10,8 @@ decisions to a framework's training loop without letting it re-batch, re-shard o
 - ``accelerate``: :func:`~varpack.integrations.accelerate.micro_step` for a plain ``accelerate``
   loop (``accelerator.prepare(model, optimizer)`` only, never the loader);
 - ``loss``: :func:`~varpack.integrations.loss.plan_loss`, the micro-batch loss both use;
+- ``sync``: :func:`~varpack.integrations.sync.check_sync`, the trainer's synchronisation (FSDP,
+  DeepSpeed's ZeRO stage, DDP, from ``accelerate``'s state) held to the plan's ``--sync``;
 - ``world``: :func:`~varpack.integrations.world.settle_world`, the Trainer's processes made the
   launcher's (one model over every process, or one line).
 

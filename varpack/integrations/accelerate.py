@@ -11,6 +11,7 @@ average), so ``Accelerator(gradient_accumulation_steps=...)`` must stay 1::
 
     accelerator = Accelerator()
     model, optimizer = accelerator.prepare(model, optimizer)  # not the loader
+    check_sync(accelerator, loader, model)  # a plan balanced for another sync: one line
     scheduler = VariableBatchSizeLR(base_scheduler, loader.lr_factors())
     for batch in loader:  # this rank's micro-batches
         loss = micro_step(accelerator, model, batch.to(accelerator.device), loader.world_size)
@@ -36,6 +37,7 @@ from torch import nn
 
 from varpack.errors import ConfigError
 from varpack.integrations.loss import LossFn, plan_loss
+from varpack.integrations.sync import check_sync
 
 
 @contextlib.contextmanager
@@ -82,4 +84,4 @@ def micro_step(
     return loss.detach()
 
 
-__all__ = ["accumulate", "micro_step"]
+__all__ = ["accumulate", "check_sync", "micro_step"]

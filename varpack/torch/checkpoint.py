@@ -73,6 +73,12 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return state
 
 
+def run_options(args: Any) -> dict[str, Any]:
+    """The options of ``jobs/train.py`` a checkpoint must be resumed with (they shape the model
+    or its updates): what :func:`check_run` compares."""
+    return {k: getattr(args, k) for k in ("preset", "vocab_size", "dtype")}
+
+
 def check_run(path: str | os.PathLike[str], saved: dict[str, Any], now: dict[str, Any]) -> None:
     """Refuse to resume when the options that shape the model or the data changed.
 

@@ -16,10 +16,12 @@ errors agreed by every rank, checkpoints, the final line (``jobs/train.py`` uses
 - :func:`run_job`: the top of a job's process: a :class:`~varpack.errors.VarpackError` is one
   line (written to torchelastic's error file too), exit 2; a bug keeps its traceback; a
   distributed process then leaves with ``os._exit`` (see :func:`leave`).
+- :func:`sync_note`: the plan's ``--sync`` against DDP's schedule, one line where they differ.
 - ``metrics.jsonl`` and the ``--record`` files: ``varpack.torch.records``.
 
-Imports: torch, ``varpack.errors``, ``varpack.torch.checkpoint``, ``varpack.torch.launch``,
-``varpack.torch.records``, ``varpack.torch.watch``.
+Imports: torch, ``varpack.errors``, ``varpack.manifest.trainer_sync``,
+``varpack.torch.checkpoint``, ``varpack.torch.launch``, ``varpack.torch.records``,
+``varpack.torch.watch``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from varpack.errors import ConfigError, Interrupted, VarpackError
+from varpack.manifest.trainer_sync import sync_advice
 from varpack.torch.checkpoint import check_world, save_checkpoint
 from varpack.torch.launch import (
     LaunchEnv,
@@ -117,9 +120,18 @@ def rank() -> int:
         return best_rank()
 
 
-def log(rank: int, msg: str) -> None:
-    if rank == 0:
+def log(rank: int, msg: str | None) -> None:
+    """``msg`` on rank 0 (``None``: nothing to say)."""
+    if rank == 0 and msg is not None:
         print(f"[train] {msg}", flush=True)
+
+
+def sync_note(plan: Any, dp: int) -> str | None:
+    """What a DDP job (its ranks meet once per step, ``no_sync`` before) makes of ``plan``'s
+    ``sync`` over ``dp`` data-parallel ranks: a ``--sync micro`` plan is balanced for it too,
+    but a ``step`` plan may level the step sums further (``varpack.manifest.trainer_sync``)."""
+    advice = sync_advice(str(plan.path), plan.meta, "step", "DDP", dp)
+    return None if advice is None else f"{'warning' if advice.harmful else 'note'}: {advice.text}"
 
 
 def join(env: LaunchEnv, timeout: float) -> tuple[torch.device, Any]:
@@ -351,4 +363,5 @@ __all__ = [
     "positive",
     "rank",
     "run_job",
+    "sync_note",
 ]
