@@ -9,7 +9,10 @@ rest in a snake over the window's lengths. Where a rank holds one band per step 
 stage levels a rank's bands (longest-processing-time first). With ``--sync micro`` each slot
 (one band per rank) is composed as a step of grad-accum 1, and ``grad_accum`` consecutive slots
 make a step. The count is completed to whole steps by splitting the costliest bands
-(:func:`varpack.plan.kernels.pack.complete`).
+(:func:`varpack.plan.kernels.pack.complete`). Then (``--sync micro``, and grad-accum 1 under
+both models) the heavy bands of each pair of neighbouring blocks are pooled into whole groups
+of ``dp`` (:func:`~varpack.plan.kernels.slots.pool_pairs`) and each block's micro-batches cut
+into slots by cost (:func:`~varpack.plan.kernels.slots.slot_order`).
 """
 
 from __future__ import annotations
