@@ -168,7 +168,7 @@ def test_the_micro_bound_is_the_grad_accum_1_bound_of_the_same_windows():
 configs = st.fixed_dictionaries(
     {
         "dp": st.integers(1, 4),
-        "grad_accum": st.integers(2, 4),
+        "grad_accum": st.integers(1, 4),
         "window": st.integers(1, 4),
         "epochs": st.integers(1, 2),
         "seed": st.integers(0, 5),

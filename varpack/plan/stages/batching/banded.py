@@ -9,7 +9,10 @@ rest in a snake over the window's lengths. Where a rank holds one band per step 
 stage levels a rank's bands (longest-processing-time first). With ``--sync micro`` each slot
 (one band per rank) is composed as a step of grad-accum 1, and ``grad_accum`` consecutive slots
 make a step. The count is completed to whole steps by splitting the costliest bands
-(:func:`varpack.plan.kernels.pack.complete`).
+(:func:`varpack.plan.kernels.pack.complete`). Then (``--sync micro``, and grad-accum 1 under
+both models) the heavy bands of each pair of neighbouring blocks are pooled into whole groups
+of ``dp`` (:func:`~varpack.plan.kernels.slots.pool_pairs`) and each block's micro-batches cut
+into slots by cost (:func:`~varpack.plan.kernels.slots.slot_order`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.bands import band_items, deal_steps
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete
-from varpack.plan.kernels.slots import move_micro, slot_order
+from varpack.plan.kernels.slots import move_micro, pool_pairs, slot_order
 from varpack.plan.segments import gather_positions, segment_max
 from varpack.plan.stages.batching import greedy, pipeline
 from varpack.plan.stages.batching.common import (
@@ -81,7 +84,8 @@ def build(
     per_step = dp if pp else dp * k  # bands per step (per slot)
     eff = effective_lengths(lens, cfg, lengths)
     lin, quad = cost_coefficients(cfg.cost_model())
-    capped = pp or k == 1 and slots == 1  # slots cut by cost need no cap
+    capped = pp or k == 1 and slots == 1  # slots of several steps are levelled by their cut
+    cut = not pp and (slots > 1 or cfg.grad_accum == 1)  # slots cut by cost (one at K = 1)
     orule = order_rule(cfg, tokens_per_micro(eff, np.zeros(len(lens), bool), cfg, cfg.pack_rule()))
     joined = EpochJoiner()
     mrule = cfg.micro_rule()
@@ -99,10 +103,11 @@ def build(
         order = deal_steps(starts, np.asarray(bounds, np.int64), heavy, item_cost, per_step, dp)
         pos, starts = gather_positions(starts[:-1][order], np.diff(starts)[order])
         idx = idx[pos]
-        if slots > 1:  # --sync micro: whole steps, slots cut by cost
+        if cut:  # whole steps, slots cut by cost, heavy bands pooled by pairs of blocks
             starts, cost = whole_steps(starts, lens[idx], cfg, epoch)
-            order = slot_order(cost, dp, cfg.grad_accum, cfg.shuffle_window)
-            (idx,), starts = move_micro((idx,), starts, order)
+            pooled = pool_pairs(cost, cfg.micro_per_step * cfg.shuffle_window, dp)
+            order = slot_order(cost[pooled], dp, cfg.grad_accum, cfg.shuffle_window)
+            (idx,), starts = move_micro((idx,), starts, pooled[order])
         else:
             starts = complete(
                 starts,
