@@ -88,3 +88,62 @@ def test_coefficients_match_the_cost_model():
     lin, quad = cost_coefficients(model)
     x = np.array([7.0, 300.0])
     assert np.allclose(lin * x + quad * x * x, sample_cost(x, model))
+
+
+def _partitions(items: list[int]):  # type: ignore[no-untyped-def]
+    """Every set partition of ``items`` (lists of blocks)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _partitions(rest):
+        yield [[first], *part]
+        for b in range(len(part)):
+            yield [*part[:b], [first, *part[b]], *part[b + 1 :]]
+
+
+def _least_time(lens: np.ndarray, dp: int, cap: int, lin: float, quad: float) -> float:
+    """The least sum over slots of their costliest micro-batch, over every composition of
+    ``lens`` into micro-batches within ``cap`` (sorted runs of ``dp`` cut them into slots best;
+    empty micro-batches allowed, which only lowers it)."""
+    best = np.inf
+    for part in _partitions(list(range(len(lens)))):
+        if any(lens[b].sum() > cap for b in part):
+            continue
+        c = sorted((float((lin * lens[b] + quad * lens[b].astype(float) ** 2).sum()) for b in part),
+                   reverse=True)  # fmt: skip
+        best = min(best, sum(c[::dp]))
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 100), min_size=2, max_size=7),
+    dp=st.integers(2, 3),
+    coeffs=st.sampled_from([(0.0, 1.0), (1.0, 0.02), (5.0, 0.01)]),
+)
+def test_no_composition_of_a_window_beats_its_bound(lens, dp, coeffs):
+    # grad-accum 1 (and every --sync micro plan): the bound, both relaxations together, is
+    # never above the best of every way to compose the window's samples, found by brute force
+    x = np.array(lens, dtype=np.int64)
+    lin, quad = coeffs
+    total = float((lin * x + quad * x.astype(float) ** 2).sum())
+    b = time_bound(sample_step=np.zeros(len(x), np.int64), sample_len=x,
+                   step_tokens=np.array([x.sum()]), epochs=[(0, 1)], window=1, dp=dp, k=1,
+                   cap=100, coeffs=coeffs, ideal_cost=total)  # fmt: skip
+    assert b <= dp * _least_time(x, dp, 100, lin, quad) / total + 1e-9
+
+
+def test_the_light_samples_beside_long_ones_are_counted_once():
+    # dp 3, K 1, cost x^2: the 100 makes its step last 10,000 whatever else is in it; the two
+    # 60s beside it have 40 tokens of room each, and both would fill it with the one 40-token
+    # sample if each rank counted the light samples on its own (1,764 each, priced at its
+    # bin's top, 42). Shared, the two ranks carry at most the 40 and the two 20s (42 * 40 +
+    # 21 * 40), so they wait at least 2 * 6,400 less that; the best composition waits a little more
+    x = np.array([100, 60, 60, 40, 20, 20])
+    total = float((x.astype(float) ** 2).sum())
+    b = time_bound(sample_step=np.zeros(6, np.int64), sample_len=x, step_tokens=np.array([300]),
+                   epochs=[(0, 1)], window=1, dp=3, k=1, cap=100, coeffs=(0.0, 1.0),
+                   ideal_cost=total)  # fmt: skip
+    assert b == 1.0 + (2 * (100.0**2 - 60.0**2) - (42 * 40 + 21 * 40)) / total
+    assert b <= 3 * _least_time(x, 3, 100, 0.0, 1.0) / total

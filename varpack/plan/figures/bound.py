@@ -15,7 +15,11 @@ them into steps must leave:
   at most the rest of its budget so;
 * grouping the long samples into steps as sorted runs is optimal for this relaxation (swapping
   two samples out of order never lowers it), so a small DP over runs gives the least idle
-  (:mod:`varpack.plan.kernels.runs`).
+  (:mod:`varpack.plan.kernels.runs`);
+* that relaxation fills every rank from the costliest light tokens on its own, so ranks may
+  count the same samples twice; at ``K = 1`` the light samples are also taken as one pool
+  shared by every rank of the long samples' steps (:func:`~varpack.plan.kernels.runs.pooled`),
+  and the larger of the two bounds holds.
 
 ``ideal + least idle / dp`` over the ideal is :func:`time_bound`. It holds in every layout (a
 step lasts at least its real samples' costs) and needs only the samples of each step, so
@@ -29,7 +33,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.figures.merge import WHOLE, Merge, length_histogram
-from varpack.plan.kernels.runs import capacities, runs
+from varpack.plan.kernels.runs import capacities, pooled, runs
 
 _BINS_PER_OCTAVE = 16
 
@@ -60,6 +64,8 @@ def _window_idle(c_long, x_long, tok, top, low_tok, low_top, eps, dp, k, cap, li
         return 0.0
     full, beside = capacities(c_long, x_long, tok, top, low_tok, low_top, dp, k, cap, lin, quad)
     idle, _ = runs(c_long, full, beside, eps, dp, k, dp if k == 1 else dp * k)
+    if k == 1:  # both relaxations hold: the larger bound
+        idle = max(idle, pooled(c_long, x_long, tok, top, low_tok, low_top, dp, cap, lin, quad))
     return idle
 
 

@@ -79,3 +79,48 @@ def runs(c_long, full, beside, eps, dp, k, most):  # type: ignore[no-untyped-def
                 best[j + 1] = idle
                 start[j + 1] = i
     return best[h], start
+
+
+@njit(cache=True)
+def pooled(c_long, x_long, tok, top, low_tok, low_top, dp, cap, lin, quad):  # type: ignore[no-untyped-def]
+    """The least idle of the long samples' steps at ``K = 1`` when their light samples come from
+    one pool: :func:`runs` fills every rank from the costliest light tokens on its own, so two
+    ranks may count the same ones; here they share them.
+
+    With ``m`` steps holding the long samples (``x_long``, costs ``c_long``, costliest first),
+    their ranks wait ``dp * (sum of the steps' costliest) - sum(c_long)`` less the light cost
+    they carry, which is at most the pool's costliest tokens that fit their free budget
+    (``m * dp * cap - sum(x_long)``). The least sum of the steps' costliest long samples over
+    groupings into ``m`` steps of at most ``dp`` is reached by sorted runs, each as long as the
+    ones after it still get a sample: the step maxima at ``min(i * dp, h - m + i)``.
+
+    Two ranks, costs 9, 9 and 5, no light samples: two steps (9+9, 5 beside nothing) wait 5.
+
+    >>> c = np.array([9.0, 9.0, 5.0]); z = np.zeros(0)
+    >>> float(pooled(c, np.array([3.0, 3.0, 2.0]), z, z, 0.0, 0.0, 2, 4.0, 0.0, 1.0))
+    5.0
+    """
+    h = len(c_long)
+    if h == 0:
+        return 0.0
+    pre = np.zeros(h + 1)
+    for i in range(h):
+        pre[i + 1] = pre[i] + c_long[i]
+    xs = 0.0
+    for i in range(h):
+        xs += x_long[i]
+    pool = low_tok
+    for b in range(len(tok)):
+        pool += tok[b]
+    best = np.inf
+    for m in range(-(-h // dp), h + 1):
+        a = m if dp == 1 else min(m, (h - m) // (dp - 1) + 1)  # maxima at i * dp for i < a
+        tops = pre[h] - pre[h - m + a]
+        for i in range(a):
+            tops += c_long[i * dp]
+        free = m * dp * cap - xs
+        light = lin * min(free, pool) + quad * phi(tok, top, low_tok, low_top, free)
+        best = min(best, dp * tops - pre[h] - light)
+        if free >= pool:  # more steps only add waiting: the pool is spent
+            break
+    return max(best, 0.0)

@@ -37,6 +37,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.heavy import cost
+from varpack.plan.kernels.level import level_window
 from varpack.plan.kernels.shares import repair_shares
 
 CLOSED = np.int64(1) << 62  # tokens of a micro-batch that takes nothing more (oversize alone)
@@ -379,6 +380,8 @@ def compose_window(
                 _place(i, x, lone, c, s, r, dp, k, where, bin_tok, bin_cnt, load, stok, least, spare,
                        peak)  # fmt: skip
     ok = _fill_empty(order, where[:m], bin_cnt, k)
+    if ok and k == 1 and not blend:  # slots cut by cost later: lower the runs' tops
+        level_window(buf, m, where, lens, alone, slots, dp, cap, lin, quad)
     if ok and blend:
         repair_shares(buf, m, where, lens, alone, src, wshare, p, dp, k, cap, tol, lin, quad)
     return ok
