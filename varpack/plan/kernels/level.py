@@ -22,9 +22,10 @@ from varpack.plan.kernels.heavy import cost
 #: Windows of more samples per micro-batch than this are not levelled: there the deal levels
 #: them already (chat lengths: within 0.01 of the bound), and the work grows with the samples
 LEVEL_SAMPLES = 12
-#: Passes over the runs' tops (measured on bimodal lengths at 128 K, grad-accum 1: 8 passes
-#: 1.044x, 32 passes 1.042x)
-PASSES = 32
+#: Passes over the runs' tops: each lowers a top only down to its run's next micro-batch, so
+#: the windows keep gaining a little for many passes (bimodal lengths at 128 K, grad-accum 1:
+#: 8 passes 1.044x, 32 1.042x, 128 1.040x, 0.029 above the bound)
+PASSES = 128
 
 
 @njit(cache=True)
@@ -48,16 +49,16 @@ def _tops(c, dp):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _best(a, need, buf, m, where, lens, alone, closed, c, tk, cnt, lim, top, cap, lin, quad):  # type: ignore[no-untyped-def]
+def _best(a, need, buf, m, where, lens, alone, closed, c, tk, cnt, lim, top, cap, cw):  # type: ignore[no-untyped-def]
     """``(gain, s, t, b)``: the move of sample ``s`` out of top ``a`` (into ``b``, swapped for
     ``t``; -1: a plain move) that lowers ``a`` most, up to ``need``, while ``b`` stays at most
-    its run's top; ties to the smaller change."""
+    its run's top; ties to the smaller change (``cw``: the samples' costs, computed once)."""
     best, bs, bt, bb, bd = 0.0, -1, -1, -1, np.inf
     for s in range(m):
         xs = lens[buf[s]]
         if where[s] != a or alone[buf[s]] or 2 * xs > cap:
             continue
-        cs = cost(xs, lin, quad)
+        cs = cw[s]
         if cnt[a] > 1:  # a plain move leaves a micro-batch behind
             for b in range(len(c)):
                 if b == a or top[b] or closed[b] or tk[b] + xs > cap or cs > lim[b] - c[b]:
@@ -67,11 +68,10 @@ def _best(a, need, buf, m, where, lens, alone, closed, c, tk, cnt, lim, top, cap
                     best, bs, bt, bb, bd = g, s, -1, b, cs
         for t in range(m):
             b = where[t]
-            xt = lens[buf[t]]
-            if b < 0 or b == a or top[b] or xt >= xs or alone[buf[t]] or tk[b] - xt + xs > cap:
+            if b < 0 or b == a or top[b]:
                 continue
-            d = cs - cost(xt, lin, quad)
-            if d > lim[b] - c[b]:
+            d = cs - cw[t]  # the cost is monotone in length: d > 0 is a shorter sample
+            if d <= 0.0 or d > lim[b] - c[b] or alone[buf[t]] or tk[b] - lens[buf[t]] + xs > cap:
                 continue
             g = min(d, need)
             if g > best or (g == best and d < bd):
@@ -100,11 +100,13 @@ def level_window(buf, m, where, lens, alone, nbins, dp, cap, lin, quad):  # type
     tk = np.zeros(nbins, dtype=np.int64)
     cnt = np.zeros(nbins, dtype=np.int64)
     closed = np.zeros(nbins, dtype=np.bool_)
+    cw = np.empty(m)
     for i in range(m):
+        cw[i] = cost(lens[buf[i]], lin, quad)
         b = where[i]
         if b >= 0:
             x = lens[buf[i]]
-            c[b] += cost(x, lin, quad)
+            c[b] += cw[i]
             tk[b] += x
             cnt[b] += 1
             closed[b] = closed[b] or alone[buf[i]]
@@ -120,15 +122,15 @@ def level_window(buf, m, where, lens, alone, nbins, dp, cap, lin, quad):  # type
             for q in range(0, nbins, dp):
                 top[order[q]] = True
             gain, s, t, b = _best(a, need, buf, m, where, lens, alone, closed, c, tk, cnt, lim,
-                                  top, cap, lin, quad)  # fmt: skip
+                                  top, cap, cw)  # fmt: skip
             if gain <= 1e-9 * c[a]:
                 continue
             before = _time(c, dp)
             keep = (c[a], c[b], tk[a], tk[b], cnt[a], cnt[b])
             xs, xt = lens[buf[s]], lens[buf[t]] if t >= 0 else 0
-            _shift(s, a, b, xs, cost(xs, lin, quad), where, c, tk, cnt)
+            _shift(s, a, b, xs, cw[s], where, c, tk, cnt)
             if t >= 0:
-                _shift(t, b, a, xt, cost(xt, lin, quad), where, c, tk, cnt)
+                _shift(t, b, a, xt, cw[t], where, c, tk, cnt)
             if _time(c, dp) < before * (1.0 - 1e-12):
                 moved = True
                 continue
