@@ -262,7 +262,6 @@ def test_the_trainer_refuses_a_wrong_resume_in_one_line(
     pytest.importorskip("torch")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     spec = importlib.util.spec_from_file_location("varpack_jobs_train_one_line", TRAIN)
     assert spec is not None and spec.loader is not None
     trainer = importlib.util.module_from_spec(spec)
