@@ -29,6 +29,10 @@ HERE = Path(__file__).resolve().parent
 # An MPICH rank waiting in a collective polls; with 3 or 4 ranks on 2 cores (and a second test
 # worker beside them) the pollers take CPU from the ranks that work. This makes them yield it.
 os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
+# One thread per process for torch (and Arrow's pool): the workers already fill the cores, and a
+# trainer run in a worker (train.py's main in-process) would otherwise spin a second thread on
+# each small op, CPU that buys no wall time. Subprocesses inherit it, as they set it themselves.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: cost of a test, to order modules (seconds of CPU, roughly): ``slow`` runs trainers or many
 #: processes, ``mpi`` launches ranks, anything else is about a tenth of a second

@@ -272,8 +272,9 @@ def test_signal_during_plan_leaves_nothing(tmp_path: Path, big_meta: Path, sig, 
     assert err.strip().splitlines() == [
         f"varpack: error: interrupted by {signal.Signals(sig).name}; the partial output was removed"
     ]
+    # nothing at all is left: the next run starts as any first plan does (a rerun over what a
+    # run leaves is the killed plan's test below)
     assert list(tmp_path.iterdir()) == []
-    cli("plan", big_meta, out, "--max-tokens", "65536", "--oversize", "drop", "--dp", "2", "-q")
 
 
 @pytest.mark.slow

@@ -41,7 +41,7 @@ from hf_helpers import (  # noqa: E402
     train_py_recipe,
     trainer_losses,
 )
-from plan_helpers import torchrun  # noqa: E402
+from plan_helpers import ranks  # noqa: E402
 
 from varpack.errors import ConfigError, InputError  # noqa: E402
 from varpack.integrations.accelerate import micro_step  # noqa: E402
@@ -242,8 +242,8 @@ def test_trainer_refuses_options_the_plan_decides(data: dict[str, Path]) -> None
 def test_trainer_and_accelerate_under_ddp_match_one_process(data: dict[str, Path]) -> None:
     out = data["tmp"] / "ddp"
     out.mkdir()
-    torchrun(2, ROOT / "tests" / "integrations" / "hf_ddp_worker.py", data["dp2"],
-             data["tokens"], out, timeout=300)  # fmt: skip
+    ranks(2, ROOT / "tests" / "integrations" / "hf_ddp_worker.py", data["dp2"],  # as torchrun
+          data["tokens"], out, timeout=300)  # fmt: skip
     got = torch.load(out / "ddp.pt", weights_only=False)
     assert got["world"] == 2 and got["accelerate_type"] == "DistributedDataParallel"
     model = tiny_gpt()

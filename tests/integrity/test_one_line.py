@@ -6,10 +6,12 @@ variables, a damaged CSV, errors inside DataLoader workers, and a trainer resume
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +22,7 @@ from testkit import cli, write_metadata
 from varpack.errors import ConfigError, InputError
 
 ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "jobs" / "train.py"
 
 
 def _one_line(stderr: str) -> str:
@@ -243,9 +246,26 @@ def _train(*args: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
 
 
+def _refused(trainer: Any, args: list[object], exit_code: int, why: str) -> None:
+    """``trainer.main(args)`` in this process stops with a user error of one line: what
+    ``run_job`` writes (the subprocess run below checks that writing once)."""
+    with pytest.raises((ConfigError, InputError)) as info:
+        trainer.main([str(a) for a in args])
+    assert info.value.exit_code == exit_code and "\n" not in str(info.value)
+    assert why in str(info.value), str(info.value)
+
+
 @pytest.mark.slow
-def test_the_trainer_refuses_a_wrong_resume_in_one_line(tmp_path: Path) -> None:
+def test_the_trainer_refuses_a_wrong_resume_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("torch")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    spec = importlib.util.spec_from_file_location("varpack_jobs_train_one_line", TRAIN)
+    assert spec is not None and spec.loader is not None
+    trainer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trainer)  # one process's run: train.py's main, in this process
     lens = np.random.default_rng(1).integers(2, 30, 40)
     write_metadata(tmp_path / "meta.parquet", np.arange(40), lens)
     _tokens(tmp_path / "tok.parquet", lens)
@@ -259,20 +279,17 @@ def test_the_trainer_refuses_a_wrong_resume_in_one_line(tmp_path: Path) -> None:
         "--out",
         tmp_path / "run",
     ]
-    first = _train(*base, "--max-steps", 2)
-    assert first.returncode == 0, first.stderr
+    assert trainer.main([str(a) for a in [*base, "--max-steps", 2]]) == 0
     ckpt = tmp_path / "run" / "checkpoint.pt"
     good = ckpt.read_bytes()
-    again = _train(*base, "--max-steps", 1)  # a fresh run over a run's state is refused
-    assert again.returncode == 2 and "pass --resume to continue" in _one_line(again.stderr)
+    # a fresh run over a run's state is refused
+    _refused(trainer, [*base, "--max-steps", 1], 2, "pass --resume to continue")
     assert ckpt.read_bytes() == good
-
-    changed = _train(*base, "--resume", "--preset", "small")  # another model
-    assert changed.returncode == 2
-    assert "was saved with --preset tiny, this run has --preset small" in _one_line(changed.stderr)
+    _refused(trainer, [*base, "--resume", "--preset", "small"], 2,  # another model
+             "was saved with --preset tiny, this run has --preset small")  # fmt: skip
 
     # damage is refused by load_checkpoint (checksum, unreadable payload); through the trainer
-    # once, which says any of them in one line
+    # once, as its own process, which says any of them in one line
     from varpack.torch.checkpoint import load_checkpoint
 
     flipped = good[:200] + bytes([good[200] ^ 1]) + good[201:]
@@ -287,6 +304,4 @@ def test_the_trainer_refuses_a_wrong_resume_in_one_line(tmp_path: Path) -> None:
 
     ckpt.write_bytes(good)
     cli(*plan, "--grad-accum", 2, "--overwrite")  # a re-plan: another step count
-    replanned = _train(*base, "--resume")
-    assert replanned.returncode == 2
-    assert "belongs to another plan" in _one_line(replanned.stderr)
+    _refused(trainer, [*base, "--resume"], 2, "belongs to another plan")

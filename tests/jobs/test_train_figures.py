@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("torch.nn")
 
 from job_helpers import LAUNCH, TRAIN, make_data, metrics  # noqa: E402
+from testkit import cli  # noqa: E402
 
 from varpack.torch import ParquetTokenDataset, PlanLoader  # noqa: E402
 from varpack.torch.checkpoint import load_checkpoint  # noqa: E402
@@ -50,9 +51,10 @@ def train(data: Path, trainer: Any, capsys: pytest.CaptureFixture[str],
     for name in LAUNCH:
         monkeypatch.delenv(name, raising=False)
 
-    def run(out: Path, *options: object) -> list[str]:
+    def run(out: Path, *options: object, plan: Path | None = None) -> list[str]:
         capsys.readouterr()
-        code = trainer.main(["--plan", str(data / "plan"), "--data", str(data / "tok.arrow"),
+        plan = plan or data / "plan"
+        code = trainer.main(["--plan", str(plan), "--data", str(data / "tok.arrow"),
                              "--out", str(out), "--warmup-steps", "2", *map(str, options)])  # fmt: skip
         said = capsys.readouterr()
         assert code == 0 and not said.err, said.err
@@ -138,11 +140,15 @@ def test_plural_forms_at_the_edges(train: Any, data: Path, tmp_path: Path) -> No
     """1 step left, 1 step done already: every count in its number (the fixture checks every
     line against WRONG_NUMBER)."""
     out = tmp_path / "run"
-    num_steps = PlanLoader(data / "plan", ParquetTokenDataset(data / "tok.arrow"), rank=0).num_steps
-    train(out, "--max-steps", num_steps - 1, "--log-every", 100)
-    last = train(out, "--resume")
+    plan = tmp_path / "plan"  # a plan of about a sixth of the samples: the edges sooner
+    cli("plan", data / "meta", plan, "--where", "sample_id < 200", "--grad-accum", 2,
+        "--max-tokens", 96, "--order", "shuffle", "--seed", 3, "-q")  # fmt: skip
+    num_steps = PlanLoader(plan, ParquetTokenDataset(data / "tok.arrow"), rank=0).num_steps
+    assert num_steps > 2
+    train(out, "--max-steps", num_steps - 1, "--log-every", 100, plan=plan)
+    last = train(out, "--resume", plan=plan)
     assert last[0].endswith(", 1 step left in this pass)"), last[0]
     assert _done(last)[0].startswith(f"[train] done: 1 step (steps {num_steps} to {num_steps} ")
-    idle = train(out, "--resume", "--max-steps", 1)
+    idle = train(out, "--resume", "--max-steps", 1, plan=plan)
     assert f"[train] {num_steps} steps done already (--max-steps 1): nothing to run" in idle
     assert _done(idle)[1] == "0"

@@ -206,8 +206,9 @@ def test_signal_during_sort_leaves_nothing(
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
     _interrupted_lines(err, signal.Signals(sig).name)
+    # nothing at all is left, so the next run starts as any first sort does (a rerun over what
+    # a run leaves is the killed sort's test below)
     assert _gone(out) and list(tmp_path.iterdir()) == []
-    _rerun_leaves_only_the_output(big_meta, out, ranks)
 
 
 @pytest.mark.slow

@@ -5,8 +5,12 @@ test_torch_distributed.py.)"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import json
 import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -22,10 +26,23 @@ from varpack.torch.checkpoint import load_checkpoint  # noqa: E402
 from varpack.torch.records import Records  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "jobs" / "train.py"
 
 
 def train(nproc: int, *args: object, check: bool = True):  # type: ignore[no-untyped-def]
-    return ranks(nproc, ROOT / "jobs" / "train.py", *args, check=check)
+    """train.py on ``nproc`` ranks; one rank runs its ``main`` in this process (a world of one
+    has nothing to launch; its imports are paid once)."""
+    if nproc > 1 or not check:
+        return ranks(nproc, ROOT / "jobs" / "train.py", *args, check=check)
+    spec = importlib.util.spec_from_file_location("varpack_jobs_train_replan", TRAIN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        code = module.main([str(a) for a in args])
+    assert code == 0, said.getvalue()
+    return subprocess.CompletedProcess(["train.py", *map(str, args)], code, said.getvalue(), "")
 
 
 def _seen(out: Path, world: int, first: int = 1) -> list[int]:

@@ -6,11 +6,13 @@ case takes a few seconds; the two-rank DDP run is in test_torch_distributed.py.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +23,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("torch.nn")
 
-from plan_helpers import make_plan, random_lengths, torchrun, write_tokens  # noqa: E402
+from plan_helpers import make_plan, random_lengths, ranks, write_tokens  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
 from varpack.errors import InputError  # noqa: E402
@@ -29,6 +31,33 @@ from varpack.torch import ParquetTokenDataset, PlanLoader, check_vocab  # noqa: 
 from varpack.torch.vocab import token_range  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "jobs" / "train.py"
+
+
+@pytest.fixture
+def here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``here(*args)``: train.py's ``main`` as one process's run, in this process (its imports
+    paid once, not once per run); what it printed to stdout. A run that must fail goes through
+    ``train`` below: its own process, whose stderr is checked to be one line."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*args: object) -> str:
+        capsys.readouterr()
+        code = _trainer().main([str(a) for a in args])
+        said = capsys.readouterr()
+        assert code == 0, said.err
+        return said.out
+
+    return run
+
+
+def _trainer() -> Any:
+    spec = importlib.util.spec_from_file_location("varpack_jobs_train_explain", TRAIN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def train(*args: object, expect: int = 0) -> subprocess.CompletedProcess[str]:
@@ -69,25 +98,25 @@ def test_train_checks_the_vocabulary_before_training(job) -> None:
 
 
 @pytest.mark.slow
-def test_train_resume_logs_and_final_line(job) -> None:
+def test_train_resume_logs_and_final_line(job, here) -> None:
     tmp, lens = job
     base = ["--plan", tmp / "plan", "--data", tmp / "tok.parquet", "--out", tmp / "run"]
     line = _error_line(train(*base, "--resume", expect=2))
     assert "--resume: no checkpoint" in line and "checkpoint.pt" in line
-    first = train(*base, "--max-steps", 2)
-    assert "resumed" not in first.stdout
-    rest = train(*base, "--resume")
+    first = here(*base, "--max-steps", 2)
+    assert "resumed" not in first
+    rest = here(*base, "--resume")
     num_steps = PlanLoader(tmp / "plan", ParquetTokenDataset(tmp / "tok.parquet")).num_steps
     assert (f"resumed after step 2 (2 of the plan's {num_steps} steps done in epoch 0, "
-            f"{num_steps - 2} steps left in this pass)") in rest.stdout  # fmt: skip
-    done = rest.stdout.strip().splitlines()[-1]
+            f"{num_steps - 2} steps left in this pass)") in rest  # fmt: skip
+    done = rest.strip().splitlines()[-1]
     # The resumed half: its own steps, named in the run's count; global tokens (all ranks) and
     # per-rank tokens, each said to be what it is, all of this half.
     m = re.search(r"done: (\d+) steps \(steps 3 to (\d+) of the run\) in .*; ([\d,]+) tokens in "
                   r"all \(global: every rank, .*\), ([\d,]+) per rank \(1 rank\)", done)  # fmt: skip
     assert m and int(m.group(1)) == num_steps - 2 and int(m.group(2)) == num_steps, done
-    whole = train("--plan", tmp / "plan", "--data", tmp / "tok.parquet", "--out", tmp / "whole")
-    m_all = re.search(r"; ([\d,]+) tokens in all", whole.stdout)
+    whole = here("--plan", tmp / "plan", "--data", tmp / "tok.parquet", "--out", tmp / "whole")
+    m_all = re.search(r"; ([\d,]+) tokens in all", whole)
     assert m_all and int(m_all.group(1).replace(",", "")) == sum(lens.values())
     assert int(m.group(3).replace(",", "")) == int(m.group(4).replace(",", "")) < sum(lens.values())
 
@@ -203,7 +232,7 @@ def test_two_ranks_stop_together_when_one_rank_has_a_bad_token_id(tmp_path) -> N
     truth[5][3] = 300  # beyond the tiny preset's 256 entries
     write_tokens_exact(tmp_path / "tok.parquet", truth)
     plan = make_plan(tmp_path / "plan", lens, dp=2, micros=[[0, 1], [5, 6], [2, 3], [4, 7]])
-    proc = torchrun(
+    proc = ranks(
         2, ROOT / "jobs" / "train.py", "--plan", plan, "--data", tmp_path / "tok.parquet",
         "--out", tmp_path / "run", check=False,
     )  # fmt: skip
@@ -225,7 +254,7 @@ def write_tokens_exact(path: Path, data: dict[int, np.ndarray]) -> None:
 
 
 @pytest.mark.slow
-def test_train_logs_the_loss_per_carried_value(tmp_path) -> None:
+def test_train_logs_the_loss_per_carried_value(tmp_path, here) -> None:
     """--log-by source: each source's mean token loss; weighted by its tokens they give the
     step's loss (the same token-mean), and a column the plan does not carry is one line."""
     lens = random_lengths(np.random.default_rng(5), 40, 2, 30)
@@ -235,9 +264,9 @@ def test_train_logs_the_loss_per_carried_value(tmp_path) -> None:
     opts = ["--max-tokens", 64, "--grad-accum", 2, "-q"]
     cli("plan", tmp_path / "meta", tmp_path / "plan", *opts, "--carry", "source")
     base = ["--plan", tmp_path / "plan", "--data", tmp_path / "tok.parquet"]
-    run = train(*base, "--out", tmp_path / "run", "--log-by", "source", "--max-steps", 3)
-    steps = re.findall(r"step +(\d+)  loss (\d+\.\d+)  lr", run.stdout)
-    by = re.findall(r"step +(\d+)  loss by source: (.*)", run.stdout)
+    run = here(*base, "--out", tmp_path / "run", "--log-by", "source", "--max-steps", 3)
+    steps = re.findall(r"step +(\d+)  loss (\d+\.\d+)  lr", run)
+    by = re.findall(r"step +(\d+)  loss by source: (.*)", run)
     assert len(steps) == len(by) == 3
     for (step, loss), (step2, groups) in zip(steps, by, strict=True):
         assert step == step2
@@ -262,7 +291,7 @@ def test_two_ranks_log_the_loss_per_carried_value_over_both(tmp_path) -> None:
     write_metadata(tmp_path / "meta" / "m.parquet", list(lens), list(lens.values()), source=source)
     cli("plan", tmp_path / "meta", tmp_path / "plan", "--max-tokens", 64, "--dp", 2,
         "--carry", "source", "-q")  # fmt: skip
-    proc = torchrun(
+    proc = ranks(
         2, ROOT / "jobs" / "train.py", "--plan", tmp_path / "plan", "--data",
         tmp_path / "tok.parquet", "--out", tmp_path / "run", "--log-by", "source",
         "--max-steps", 2,

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("torch.nn")
 
-from plan_helpers import random_lengths, torchrun, write_tokens  # noqa: E402
+from plan_helpers import random_lengths, ranks, torchrun, write_tokens  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
 
 from varpack.torch.records import Records  # noqa: E402
@@ -101,7 +101,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_srun_tasks_train_as_torchrun_ranks(data: Path) -> None:
     common = ["--plan", data / "plan", "--data", data / "tok.parquet", "--warmup-steps", "2"]
-    torchrun(2, TRAIN, *common, "--out", data / "torchrun", "--max-steps", 4)
+    ranks(
+        2, TRAIN, *common, "--out", data / "torchrun", "--max-steps", 4
+    )  # as torchrun starts them
     first = srun(2, *common, "--out", data / "srun", "--steps", 2)
     assert "step     1" in first[0].stdout and not first[1].stdout  # rank 0 logs
     # a --sync micro plan under DDP: one note per run (rank 0), not one per step
@@ -173,7 +175,7 @@ def test_ctrl_c_stops_every_rank_saves_and_resumes(data: Path) -> None:
     assert [r["steps_done"] for r in records] == [step, step]  # every rank after the same step
     assert [m["step"] for m in _metrics(run)] == list(range(1, step + 1))
 
-    resumed = torchrun(2, TRAIN, *args, "--resume", "--steps", 2)
+    resumed = ranks(2, TRAIN, *args, "--resume", "--steps", 2)
     assert f"resumed after step {step} ({step} of the plan's" in resumed.stdout
     assert [m["step"] for m in _metrics(run)] == list(range(1, step + 3))
     # plain torchrun: each rank stops cleanly and says nothing more; torchrun's own traceback
