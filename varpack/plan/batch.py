@@ -175,8 +175,10 @@ def _compose(
     if cfg.layout == "packed" and whole:
         total = int(lens.sum())
         windows = -(-total // (WINDOW_SLOTS * slot))  # equal windows, the whole step where it can
+        # not levelled by swaps: milliseconds count here, not the last tenth of a percent
         got = compose_run(lens, alone, cost_coefficients(cfg.cost_model()), total // windows + 1,
-                          slot, cfg.dp, 1, cfg.pad_multiple, cfg.max_tokens, step_fill(cfg))  # fmt: skip
+                          slot, cfg.dp, 1, cfg.pad_multiple, cfg.max_tokens, step_fill(cfg),
+                          level=False)  # fmt: skip
         if got is not None:
             return rows[got.stream], got.starts
     order = np.lexsort((np.arange(len(rows)), lens))  # sorted, ties in the step's random order

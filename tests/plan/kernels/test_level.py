@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from varpack.plan.kernels.level import LEVEL_SAMPLES, _time, level_window
+from varpack.plan.kernels.level import LEVEL_SAMPLES, PASSES, _time, level_window
 
 
 def _state(where, lens, nbins, lin, quad):  # type: ignore[no-untyped-def]
@@ -26,7 +26,7 @@ def test_a_run_top_trades_its_longest_sample_for_a_shorter_one():
     # that keeps the last micro-batch below 1,600
     lens = np.array([60, 30, 50, 40, 20, 10])
     where = np.array([0, 0, 1, 2, 3, 3])
-    level_window(np.arange(6), 6, where, lens, np.zeros(6, np.bool_), 4, 2, 100, 0.0, 1.0)
+    level_window(np.arange(6), 6, where, lens, np.zeros(6, np.bool_), 4, 2, 100, 0.0, 1.0, PASSES)
     assert where[1] == where[2] != where[0] and where[3:].tolist() == [2, 3, 3]
     assert _time(_state(where, lens, 4, 0.0, 1.0)[0], 2) == 5200.0
 
@@ -57,7 +57,7 @@ def test_levelling_never_lengthens_a_window_and_keeps_every_rule(lens, dp, seed,
     c, _ = _state(where, x, nbins, lin, quad)
     before, out = _time(c, dp), where.copy()
     level_window(np.arange(len(x)), len(x), where, x, np.zeros(len(x), np.bool_), nbins, dp,
-                 100, lin, quad)  # fmt: skip
+                 100, lin, quad, PASSES)  # fmt: skip
     c, tk = _state(where, x, nbins, lin, quad)
     assert _time(c, dp) <= before * (1 + 1e-12)
     assert (tk <= 100).all() and (np.bincount(where[where >= 0], minlength=nbins) > 0).all()

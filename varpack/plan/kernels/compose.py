@@ -35,6 +35,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.heavy import cost, grouping, heavy_prefix
+from varpack.plan.kernels.level import PASSES
 from varpack.plan.kernels.order import _sort_by_length
 from varpack.plan.kernels.window import compose_window
 from varpack.plan.rules import capacity
@@ -131,6 +132,7 @@ def _steps_of(
     src,
     wshare,
     tol,
+    passes,
 ):  # type: ignore[no-untyped-def]
     """Compose a window into the most steps that leave no micro-batch empty, from ``p0`` down
     (the epoch's last window: the fewest from ``p0`` up that place every sample). 0: none."""
@@ -139,7 +141,7 @@ def _steps_of(
     p = min(p0, most)
     while 1 <= p <= most:
         ok = compose_window(buf, order, carried, wait, group, density, lens, alone, lin, quad, p,
-                            dp, k, cap, where, fill, last, src, wshare, tol)  # fmt: skip
+                            dp, k, cap, where, fill, last, src, wshare, tol, passes)  # fmt: skip
         if ok and not last:
             return p
         if ok and np.all(where[:m] >= 0):
@@ -150,7 +152,7 @@ def _steps_of(
 
 @njit(cache=True)
 def _compose_epoch(
-    lens, alone, lin, quad, window_tok, step_tok, dp, k, cap, fill, src, wshare, tol, run
+    lens, alone, lin, quad, window_tok, step_tok, dp, k, cap, fill, src, wshare, tol, run, passes
 ):  # type: ignore[no-untyped-def]
     """The epoch's stream (positions in the permuted order) and micro-batch starts; ``lens``
     and ``alone`` are in the permuted order, so a window's samples are read in sequence.
@@ -218,7 +220,7 @@ def _compose_epoch(
         if k == 1 and quad > 0:  # slots: as many as the window's cost fills, where far fewer
             p0 = _slots_by_cost(buf, wait, m, lens, lin, quad, dp * cap * density, p0)
         p = _steps_of(buf, order, nc, wait, group, density, lens, alone, lin, quad, p0, last, dp,
-                      k, cap, where, fill, src, wshare, tol)  # fmt: skip
+                      k, cap, where, fill, src, wshare, tol, passes)  # fmt: skip
         if p == 0:
             if last:
                 return stream[:0], starts[:1], False, buf[:0], held[:0]
@@ -263,6 +265,7 @@ def compose_run(
     fill: float = 0.0,
     sources: tuple[np.ndarray, np.ndarray, float] | None = None,
     run: tuple[int, int, int, int, np.ndarray] | None = None,
+    level: bool = True,
 ) -> Composed | None:
     """A run of the permuted stream composed by cost, or None where it cannot be.
 
@@ -281,6 +284,8 @@ def compose_run(
     ``rest_n`` positions follow them (``rest_n`` 0: the run ends the epoch). Windows must not
     cross runs. None: the epoch's last window could not place every sample (too few samples
     for whole steps); the caller composes by tokens instead.
+    ``level``: lower the runs' tops of windows composed one slot at a time by swaps
+    (:mod:`.level`; False where the plan must be quick rather than levelled: ``plan_batch``).
     """
     if run is None:
         run = (0, 0, 0, 0, np.zeros(0, dtype=np.bool_))
@@ -299,6 +304,7 @@ def compose_run(
         *(_no_blend() if sources is None else _blend(*sources)),
         (np.int64(nc0), np.int64(cum0), np.int64(rest_tok), np.int64(rest_n),
          np.ascontiguousarray(held, dtype=np.bool_)),
+        np.int64(PASSES if level else 0),
     )  # fmt: skip
     return Composed(stream, starts, carry, kept) if ok else None
 

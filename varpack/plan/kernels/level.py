@@ -26,6 +26,10 @@ LEVEL_SAMPLES = 12
 #: the windows keep gaining a little for many passes (bimodal lengths at 128 K, grad-accum 1:
 #: 8 passes 1.044x, 32 1.042x, 128 1.040x, 0.029 above the bound)
 PASSES = 128
+#: Windows of more micro-batches than this are not levelled: a pass costs about the bins times
+#: the samples; the planner's windows of the default 8 steps stay within it up to dp 16 (an
+#: in-memory rollout batch, ``plan_batch``, is not levelled at all: it must take milliseconds)
+LEVEL_BINS = 128
 
 
 @njit(cache=True)
@@ -91,10 +95,11 @@ def _shift(i, frm, to, x, c_i, where, c, tk, cnt):  # type: ignore[no-untyped-de
 
 
 @njit(cache=True)
-def level_window(buf, m, where, lens, alone, nbins, dp, cap, lin, quad):  # type: ignore[no-untyped-def]
+def level_window(buf, m, where, lens, alone, nbins, dp, cap, lin, quad, passes):  # type: ignore[no-untyped-def]
     """Lower the runs' tops of a window composed at grad-accum 1 (``where[:m]``: each sample's
-    micro-batch, ``nbins`` of them; -1: moved on) by moves and swaps that lower its time."""
-    if dp < 2 or quad <= 0 or m > LEVEL_SAMPLES * nbins:
+    micro-batch, ``nbins`` of them; -1: moved on) by moves and swaps that lower its time, in at
+    most ``passes`` passes (0: not levelled)."""
+    if passes <= 0 or dp < 2 or quad <= 0 or m > LEVEL_SAMPLES * nbins or nbins > LEVEL_BINS:
         return
     c = np.zeros(nbins)
     tk = np.zeros(nbins, dtype=np.int64)
@@ -110,7 +115,7 @@ def level_window(buf, m, where, lens, alone, nbins, dp, cap, lin, quad):  # type
             tk[b] += x
             cnt[b] += 1
             closed[b] = closed[b] or alone[buf[i]]
-    for _ in range(PASSES):
+    for _ in range(passes):
         moved = False
         for g in range(0, nbins - 1, dp):
             order, lim = _tops(c, dp)

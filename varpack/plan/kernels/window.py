@@ -271,6 +271,7 @@ def compose_window(
     src,
     wshare,
     tol,
+    passes,
 ):  # type: ignore[no-untyped-def]
     """Deal the window ``buf[:m]`` to ``p`` steps x ``dp`` slots x ``k`` micro-batches.
 
@@ -381,7 +382,7 @@ def compose_window(
                        peak)  # fmt: skip
     ok = _fill_empty(order, where[:m], bin_cnt, k)
     if ok and k == 1 and not blend:  # slots cut by cost later: lower the runs' tops
-        level_window(buf, m, where, lens, alone, slots, dp, cap, lin, quad)
+        level_window(buf, m, where, lens, alone, slots, dp, cap, lin, quad, passes)
     if ok and blend:
         repair_shares(buf, m, where, lens, alone, src, wshare, p, dp, k, cap, tol, lin, quad)
     return ok
