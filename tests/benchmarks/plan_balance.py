@@ -24,11 +24,17 @@ windows does better), the fill given up (mean and max over steps, below the medi
 padding; *other* is its time under the other model, and *check* recomputes both times with the
 independent scorer of :mod:`rl_peers`. Section (b2') compares RL rollout batches planned by peers
 (Karmarkar-Karp by tokens, ROLL) and by varpack (:func:`rl_peers.rollout_table`).
+
+The full run takes long on a few cores; to run a part of it, set (comma-separated)
+``VARPACK_BALANCE_SETS`` (words the set's name starts with, e.g. ``bimodal,heavy-bodied 30K``),
+``VARPACK_BALANCE_K`` (grad-accums, e.g. ``1``) and ``VARPACK_BALANCE_LAYOUTS`` (``packed,padded``);
+with any of them set the peers' table (b2') is skipped.
 """
 
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import numpy as np
@@ -121,8 +127,15 @@ def checked(arrays: object, stats: dict, dp: int) -> str:  # type: ignore[type-a
     return "ok" if all(abs(got[k] - want[k]) < 1e-6 * want[k] for k in got) else f"{got}"
 
 
+def _only(var: str) -> list[str] | None:
+    """The comma-separated values of environment variable ``var`` (None: unset)."""
+    value = os.environ.get(var)
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
 def balance(n: int) -> None:
     quick = n < 400_000
+    sets, ks_only, layouts = (_only(f"VARPACK_BALANCE_{v}") for v in ("SETS", "K", "LAYOUTS"))
     print(
         f"\n(b2) shuffled balance: flops cost of {MODEL}, window 8; each plan balanced for --sync "
         "step (ranks meet once a step: DDP, Megatron) or micro (at every micro-batch: FSDP, "
@@ -134,17 +147,19 @@ def balance(n: int) -> None:
     head = (f"{'layout':<7} {'K':>3} {'sync':<5} {'time':>6} {'bound':>6} {'gap':>6} {'other':>6} "
             f"{'fill up':>12} {'mixing':>7} {'padding':>8} {'check':>6}")  # fmt: skip
     for name, (lens, budget, dp, extra, ks) in datasets(quick).items():
+        if sets is not None and not any(name.startswith(w) for w in sets):
+            continue
         q50, q99 = np.percentile(lens, [50, 99])
         print(f"\n{name}: {len(lens):,} samples, p50 {q50:.0f}, p99 {q99:.0f}, budget {budget:,}, "
               f"dp {dp}")  # fmt: skip
         print(head)
-        for k in ks:
+        for k in ks if ks_only is None else [k for k in ks if str(k) in ks_only]:
             for layout, kw in (
                 ("packed", {}),
                 ("padded", {"layout": "padded"}),
                 ("pp 4", {"pp": 4}),
             ):
-                if layout == "pp 4" and k % 4:
+                if layout == "pp 4" and k % 4 or layouts is not None and layout not in layouts:
                     continue
                 syncs = ["step"] if layout == "pp 4" else ["step", "micro"] if k > 1 else ["step"]
                 for sync in syncs:
@@ -159,6 +174,8 @@ def balance(n: int) -> None:
                         f"{100 * f['mean']:>5.1f}/{100 * f['max']:>5.1f}% {s['mixing']:>7.3f} "
                         f"{100 * s['padding_ratio']:>7.2f}% {checked(arrays, s, dp):>6}"
                     )
+    if sets is not None or ks_only is not None or layouts is not None:
+        return
     from rl_peers import rollout_table
 
     rollout_table(2 if quick else 8, quick)
