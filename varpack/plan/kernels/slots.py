@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from varpack.plan.kernels.heavy import HEAVY_EXCESS
 from varpack.plan.kernels.order import snake
 
 
@@ -58,37 +57,28 @@ def slot_order(cost: np.ndarray, dp: int, k: int, window: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _heavy_count(cost):  # type: ignore[no-untyped-def]
-    """Micro-batches of a block costing more than ``1 + HEAVY_EXCESS`` times its median."""
-    if len(cost) == 0:
-        return 0
-    return int(np.sum(cost > (1.0 + HEAVY_EXCESS) * np.median(cost)))
-
-
-@njit(cache=True)
 def _pool_pair(cost, a, mid, b, dp, out):  # type: ignore[no-untyped-def]
     """Blocks ``a:mid`` and ``mid:b`` of ``out`` re-formed (see :func:`pool_pairs`)."""
     n, size = b - a, mid - a
-    h = _heavy_count(cost[a:mid]) + _heavy_count(cost[mid:b])
-    if h == 0:
-        return
-    g = min((-(-h // dp) + 1) * dp, n)  # the heavy groups and one more
-    top = np.argsort(-cost[a:b], kind="mergesort")[:g]  # costliest first, ties by position
-    pooled = np.zeros(n, dtype=np.bool_)
-    pooled[top] = True
-    own = int(np.sum(pooled[:size]))
-    q = (2 * own + dp) // (2 * dp) * dp  # the first block's share: whole groups, about its own
-    q = max(min(q, size, g), g - (n - size))
+    top = np.argsort(-cost[a:b], kind="mergesort")  # costliest first, ties by position
+    room = np.array([size, n - size])
+    flag = np.zeros(n, dtype=np.bool_)  # in the first block
+    for r in range(0, n, dp):  # a run to the block most of it comes from, else the other
+        run = top[r : r + dp]
+        blk = 0 if 2 * np.sum(run < size) >= len(run) else 1
+        if room[blk] < len(run):
+            blk = 1 - blk
+        if room[blk] < len(run):  # the last, short run: split by room
+            for q in range(len(run)):
+                flag[run[q]] = room[0] > 0
+                room[0 if room[0] > 0 else 1] -= 1
+            break
+        room[blk] -= len(run)
+        for q in range(len(run)):
+            flag[run[q]] = blk == 0
+    n1 = n2 = 0
     first = np.empty(size, dtype=np.int64)
     second = np.empty(n - size, dtype=np.int64)
-    flag = np.zeros(n, dtype=np.bool_)  # in the first block
-    flag[top[:q]] = True
-    need = size - q  # the others, in stream order: the first ones fill the first block
-    for i in range(n):
-        if not pooled[i] and need > 0:
-            flag[i] = True
-            need -= 1
-    n1 = n2 = 0
     for i in range(n):
         if flag[i]:
             first[n1] = a + i
@@ -103,15 +93,15 @@ def _pool_pair(cost, a, mid, b, dp, out):  # type: ignore[no-untyped-def]
 @njit(cache=True)
 def pool_pairs(cost, size, dp):  # type: ignore[no-untyped-def]
     """The micro-batches in a new order that keeps every block of ``size`` (its count, and the
-    stream order inside it) but pools, in each pair of blocks ``(2j, 2j + 1)``, the costliest
-    ones: if the pair holds ``h`` heavy micro-batches (costing more than ``1 + HEAVY_EXCESS``
-    times their block's median), its ``g = (ceil(h / dp) + 1) * dp`` costliest go, costliest
-    first, to the first block in whole groups of ``dp`` (about as many as it held) and the rest
-    to the second; the others keep their block except where a block's room for them changed
-    (the first ones in stream order fill the first block). A last unpaired block keeps its own.
+    stream order inside it) but pools each pair of blocks ``(2j, 2j + 1)``: its micro-batches,
+    costliest first, cut into runs of ``dp``, each run to the block most of it comes from (to
+    the other where that one has no room left). A last unpaired block keeps its own. Each block then holds whole runs of the pair's sorted order, so the slot cut of
+    :func:`slot_order` finds them again: the pair's micro-batches are cut as one block would
+    be, while a micro-batch moves at most to the other block of its pair.
 
     Two ranks, blocks of four, one heavy micro-batch in each: the second block's (8, at 6)
-    joins the first block's (9, at 1), whose last light one (3) takes its place.
+    joins the first block's (9, at 1) in one run, and the first block's last light one (3)
+    takes its place.
 
     >>> pool_pairs(np.array([1.0, 9, 1, 1, 1, 1, 8, 1]), 4, 2).tolist()
     [0, 1, 2, 6, 3, 4, 5, 7]
