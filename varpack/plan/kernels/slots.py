@@ -11,13 +11,12 @@ in a snake (0, 1, .., n-1, n-1, .., 0): every step holds slots of every weight, 
 follows the block's, and a micro-batch moves by less than one block.
 :func:`move_micro` applies the order to a stream cut into micro-batches.
 
-In the padded layout a heavy micro-batch (a band of long rows) cannot be topped up with short
-rows, so a slot of them balances only when ``dp`` of them cost alike, and one block holds too few
-for sorted runs of alike ones. :func:`pool_pairs` first pools the costliest micro-batches of two
-neighbouring blocks (the heavy ones and the next costliest, in whole groups of ``dp``) and hands
-each block whole groups of them, costliest first: a heavy band trains at most one block from
-where it was composed (as a heavy sample that waits a window in the packed layout), and the
-other micro-batches stay in their block unless a group's room moves one to the other block.
+In the padded layout a micro-batch (a band of rows of one length range) cannot be topped up
+with short rows, so a block's band costs spread over its window's lengths and its sorted runs
+wait about half that spread; a heavy band balances only when ``dp`` of them cost alike, and one
+block holds too few. :func:`pool_pairs` first cuts each pair of neighbouring blocks as one (its
+sorted runs of ``dp``, each to the block most of it comes from): a band trains at most one
+block from where it was composed (as a heavy sample that waits a window in the packed layout).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ stage levels a rank's bands (longest-processing-time first). With ``--sync micro
 (one band per rank) is composed as a step of grad-accum 1, and ``grad_accum`` consecutive slots
 make a step. The count is completed to whole steps by splitting the costliest bands
 (:func:`varpack.plan.kernels.pack.complete`). Then (``--sync micro``, and grad-accum 1 under
-both models) the heavy bands of each pair of neighbouring blocks are pooled into whole groups
-of ``dp`` (:func:`~varpack.plan.kernels.slots.pool_pairs`) and each block's micro-batches cut
-into slots by cost (:func:`~varpack.plan.kernels.slots.slot_order`).
+both models) each pair of neighbouring blocks is cut as one, in sorted runs of ``dp``
+(:func:`~varpack.plan.kernels.slots.pool_pairs`), and each block's micro-batches cut into slots
+by cost (:func:`~varpack.plan.kernels.slots.slot_order`).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def build(
         order = deal_steps(starts, np.asarray(bounds, np.int64), heavy, item_cost, per_step, dp)
         pos, starts = gather_positions(starts[:-1][order], np.diff(starts)[order])
         idx = idx[pos]
-        if cut:  # whole steps, slots cut by cost, heavy bands pooled by pairs of blocks
+        if cut:  # whole steps, slots cut by cost, pairs of blocks pooled
             starts, cost = whole_steps(starts, lens[idx], cfg, epoch)
             pooled = pool_pairs(cost, cfg.micro_per_step * cfg.shuffle_window, dp)
             order = slot_order(cost[pooled], dp, cfg.grad_accum, cfg.shuffle_window)
