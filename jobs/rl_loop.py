@@ -43,7 +43,7 @@ from varpack.torch.launch import export_torch_env, launch_env
 from varpack.torch.model import GPTConfig, TinyGPT, model_inputs
 from varpack.torch.rollout import Rollout, gather_lengths, gather_outputs, token_log_probs
 
-ATTENTION = {"PackedRollout": "mask", "PaddedRollout": "causal"}  # CPU: SDPA, no kernel probing
+ATTENTION = {"PackedRollout": "segments", "PaddedRollout": "causal"}  # CPU: SDPA, no kernel probing
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

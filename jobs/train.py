@@ -38,11 +38,11 @@ What it shows, in the order a real trainer needs it:
 
 Attention (``--attention``, see ``varpack.torch.attention``): ``auto`` takes the fastest path that
 keeps packed samples apart for this layout and device: flash-attn's or torch's varlen kernel over
-``cu_seqlens``, then FlexAttention with a document ``BlockMask`` (CUDA, bf16), else SDPA with the
-dense block-diagonal mask (CPU); padded batches use SDPA ``is_causal`` and no mask. What the layers
-need is built once per micro-batch. With ``--compile``, the kernels get the row length as
-``max_seqlen`` (constant per shape), so a static compile recompiles nothing after warm-up; the
-count is logged at the end.
+``cu_seqlens``, then FlexAttention with a document ``BlockMask`` (CUDA, bf16), else SDPA on each
+sample's own tokens (``segments``; ``mask`` when compiled); padded batches use SDPA ``is_causal``.
+What the layers need is built once per micro-batch. With ``--compile``, the kernels get the row
+length as ``max_seqlen`` (constant per shape), so a static compile recompiles nothing after
+warm-up; the count is logged at the end.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=count(0), default=0, help="DataLoader workers")
     p.add_argument(
         "--attention",
-        choices=["auto", "varlen", "flex", "flash", "mask", "causal"],
+        choices=["auto", "varlen", "flex", "flash", "segments", "mask", "causal"],
         default="auto",
         help="attention backend (causal: SDPA is_causal, padded batches only)",
     )
@@ -220,9 +220,8 @@ def prepare(args: Any, world: int, device: torch.device) -> SimpleNamespace:
             f"--log-by {args.log_by}: the plan carries no such column (carried: {have}); "
             f"plan with --carry {args.log_by}"
         )
-    resolved = (  # fails early, one line
-        "cp" if args.cp > 1 else resolve_backend(args.attention, device, dtype, loader.layout)
-    )
+    resolved = "cp" if args.cp > 1 else resolve_backend(  # fails early, one line
+        args.attention, device, dtype, loader.layout, compiled=args.compile != "none")  # fmt: skip
     if resolved == "flex" and device.type != "cuda":
         raise ConfigError("--attention flex trains on CUDA only (FlexAttention has no CPU "
                           "backward)")  # fmt: skip
@@ -302,7 +301,8 @@ def train(args: argparse.Namespace, stop: StopRequest, env: LaunchEnv, watch: Wa
         model = ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     if args.compile != "none":
         model = torch.compile(model, dynamic=args.compile == "dynamic")  # type: ignore[assignment]
-    attention, resolved = args.attention, job.attention
+    resolved = job.attention  # auto as resolved for this device and compile mode; cp: per batch
+    attention = args.attention if resolved == "cp" else resolved
     # A compiled model must not specialise on the longest sample: give it the row length.
     max_seqlen = "batch" if args.compile == "none" else "row"
 

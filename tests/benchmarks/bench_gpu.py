@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +216,9 @@ def peak_tflops(device: torch.device) -> float | None:
 def unavailable(bench: Bench, row: Row, layout: str) -> str | None:
     """Why ``row`` cannot run on this machine, or ``None``."""
     try:
-        name = resolve_backend(row.attention, bench.device, bench.dtype, layout)
+        name = resolve_backend(
+            row.attention, bench.device, bench.dtype, layout, compiled=row.compile != "none"
+        )
     except BackendUnavailableError as exc:
         return str(exc)
     if name == "flex" and bench.device.type != "cuda":
@@ -266,6 +268,9 @@ def run_row(bench: Bench, row: Row, plan: Path, preload: bool = False) -> dict:
     why = unavailable(bench, row, loader.layout)
     if why:
         return {"status": f"unavailable: {why}"}
+    compiled = row.compile != "none"  # auto as the trainer resolves it: mask, not segments
+    row = replace(row, attention=resolve_backend(row.attention, bench.device, bench.dtype,
+                                                 loader.layout, compiled=compiled))  # fmt: skip
     model, opt = bench.model(row.compile)
     warm_s = 0.0
     if row.compile == "static":

@@ -23,9 +23,9 @@ from varpack.torch.rollout import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.torch
-# SDPA with a block-diagonal mask (packed) or plain causal rows (padded): "auto" would look for
-# varlen kernels first, which loads torch._dynamo (seconds) on a CPU that has none
-ATTN = {"PackedRollout": "mask", "PaddedRollout": "causal"}
+# SDPA sample by sample (packed) or plain causal rows (padded): "auto" would look for varlen
+# kernels first, which loads torch._dynamo (seconds) on a CPU that has none
+ATTN = {"PackedRollout": "segments", "PaddedRollout": "causal"}
 
 
 @pytest.fixture(autouse=True)

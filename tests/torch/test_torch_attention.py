@@ -64,9 +64,10 @@ def fakes(monkeypatch):
 def test_auto_picks_the_fastest_available(monkeypatch) -> None:
     cpu = torch.device("cpu")
     assert [A.resolve_backend("auto", cpu, torch.float32, lay) for lay in ("packed", "blocks")] == [
-        "mask",
-        "mask",
+        "segments",
+        "segments",
     ]
+    assert A.resolve_backend("auto", cpu, torch.float32, "padded", causal=False) == "mask"
     assert A.resolve_backend("auto", cpu, torch.float32, "padded") == "causal"
     monkeypatch.setattr(A, "flash_attn_varlen_func", lambda *a, **k: None)
     monkeypatch.setattr(A, "varlen_attn", fake_varlen([]))
@@ -79,7 +80,7 @@ def test_auto_picks_the_fastest_available(monkeypatch) -> None:
     monkeypatch.setattr(A, "cuda_capability", lambda device: (7, 5))  # no flash kernels on sm75
     assert A.resolve_backend("auto", CUDA, BF16, "packed") == "flex"
     monkeypatch.setattr(A, "flex_attention", None)
-    assert A.resolve_backend("auto", CUDA, BF16, "packed") == "mask"
+    assert A.resolve_backend("auto", CUDA, BF16, "packed") == "segments"
     assert A.resolve_backend("auto", CUDA, BF16, "padded", causal=False) == "mask"
 
 
@@ -91,7 +92,7 @@ def test_auto_on_the_cpu_imports_no_kernel() -> None:
             "print(before, r('auto', 'cpu', torch.float32, 'packed'), "
             "r('auto', 'cpu', torch.bfloat16, 'blocks'), 'torch._dynamo' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "mask", "mask", "False"]
+    assert out.stdout.split() == ["False", "segments", "segments", "False"]
 
 
 @pytest.mark.parametrize(
@@ -210,7 +211,7 @@ def test_document_block_mask_equals_create_block_mask(causal) -> None:
 
 
 @pytest.mark.parametrize("layout", ["packed", "blocks"])
-@pytest.mark.parametrize("backend", ["mask", "flex", "varlen", "flash"])
+@pytest.mark.parametrize("backend", ["segments", "mask", "flex", "varlen", "flash"])
 def test_model_packed_equals_each_sample_alone(
     fakes, model, data, batches, layout, backend
 ) -> None:
@@ -239,3 +240,26 @@ def test_padded_is_causal_needs_no_mask_and_has_no_nan(model, batches) -> None:
     assert torch.allclose(out["causal"][0], out["mask"][0], atol=ATOL)
     for a, b in zip(out["causal"][1], out["mask"][1], strict=True):
         assert torch.allclose(a, b, atol=ATOL)
+
+
+@pytest.mark.parametrize("layout", ["packed", "blocks"])
+def test_segments_train_as_the_dense_mask(model, batches, layout) -> None:
+    """Sample by sample, the same losses and gradients as the dense mask, and no mask built."""
+    batch = batches[layout]
+    out = {}
+    for backend in ("segments", "mask"):
+        model.zero_grad(set_to_none=True)
+        meta = A.attention_meta(batch, backend)
+        assert (meta.mask is None) == (backend == "segments")
+        losses = token_losses(model(batch.input_ids, batch.position_ids, meta), batch.labels)
+        losses.sum().backward()
+        out[backend] = (losses.detach(), [p.grad.clone() for p in model.parameters()])
+    assert float(out["segments"][0].sum()) > 1.0
+    assert torch.allclose(out["segments"][0], out["mask"][0], atol=ATOL)
+    for a, b in zip(out["segments"][1], out["mask"][1], strict=True):
+        assert torch.allclose(a, b, atol=ATOL)
+
+
+def test_segments_refuse_bidirectional_padded_rows(batches) -> None:
+    with pytest.raises(A.BackendUnavailableError, match="must mask the padding"):
+        A.attention_meta(batches["padded"], "segments", causal=False)

@@ -13,19 +13,21 @@ Backends, a registry ``name -> Backend`` (:data:`BACKENDS`, :func:`register_back
   is ``window_size=(-1, 0)`` or ``is_causal=True``, whichever its signature has;
 - ``flex``: FlexAttention with a document-causal ``BlockMask`` from segment ids (compiled once per
   process on CUDA; eager and forward-only on the CPU);
-- ``mask``: SDPA with the dense boolean ``[B, 1, T, T]`` mask (the CPU path, or an explicit choice);
+- ``segments``: SDPA on each sample's own tokens (:mod:`varpack.torch.segments`): the CPU's path,
+  ``sum(L_i^2)`` scores per row instead of ``T^2``, no mask built;
+- ``mask``: SDPA with the dense boolean ``[B, 1, T, T]`` mask (an explicit choice);
 - ``causal``: SDPA ``is_causal=True``, for right-padded batches (one sample per row): real tokens
   never see padding, and padding rows' outputs are ignored by the labels.
 
 Packed and blocks batches run the varlen kernels over ``cu_seqlens`` of the flattened
 ``[B * T]`` view (segments never cross a row); a padded batch is one segment per row there.
 ``auto`` (:func:`resolve_backend`) is ``causal`` for padded batches; for packed and blocks it is
-the first available of ``flash``, ``varlen``, ``flex`` on CUDA, and ``mask`` on the CPU.
+the first available of ``flash``, ``varlen``, ``flex`` on CUDA, and ``segments`` elsewhere.
 
 >>> resolve_backend("auto", torch.device("cpu"), torch.float32, "padded")
 'causal'
 >>> resolve_backend("auto", torch.device("cpu"), torch.float32, "packed")
-'mask'
+'segments'
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 from varpack.errors import ConfigError
 from varpack.torch import masks
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
+from varpack.torch.segments import segment_attention, segment_bounds
 
 HALF = (torch.float16, torch.bfloat16)
 MAX_SEQLEN = ("row", "batch")
@@ -94,7 +97,8 @@ class AttentionMeta:
     ``cu_seqlens``/``max_seqlen`` for ``flash`` and ``varlen`` (``max_seqlen`` is a bound on the
     longest segment: the row length by default, constant per shape), ``block_mask`` for ``flex``,
     ``mask`` for ``mask``; ``kernel_kwargs`` are the varlen kernel's causal keywords (and
-    ``enable_gqa`` where its signature has it), read once here rather than in every layer.
+    ``enable_gqa`` where its signature has it), or for ``segments`` the samples' ``bounds``,
+    read once here rather than in every layer.
     """
 
     backend: str
@@ -124,7 +128,7 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {}
-AUTO_ORDER = ("flash", "varlen", "flex", "mask")
+AUTO_ORDER = ("flash", "varlen", "flex", "segments", "mask")
 
 
 def register_backend(backend: Backend) -> Backend:
@@ -271,6 +275,13 @@ def _run_mask(q: Any, k: Any, v: Any, meta: AttentionMeta, scale: float | None) 
     return _sdpa(q, k, v, scale, attn_mask=meta.mask)
 
 
+def _run_segments(q: Any, k: Any, v: Any, meta: AttentionMeta, scale: float | None) -> Any:
+    if torch.compiler.is_compiling():  # bounds would be graph constants: the mask, of fixed shape
+        mask = masks.causal_mask_from_segments(meta.kernel_kwargs["segments"], meta.causal)
+        return _sdpa(q, k, v, scale, attn_mask=mask)
+    return segment_attention(q, k, v, meta.kernel_kwargs["bounds"], meta.causal, scale)
+
+
 def _run_causal(q: Any, k: Any, v: Any, meta: AttentionMeta, scale: float | None) -> Any:
     return _sdpa(q, k, v, scale, is_causal=True)
 
@@ -279,6 +290,7 @@ for _backend in (
     Backend("flash", "cu_seqlens", _run_flash, _flash_unavailable),
     Backend("varlen", "cu_seqlens", _run_varlen, _varlen_unavailable),
     Backend("flex", "block_mask", _run_flex, _flex_unavailable),
+    Backend("segments", "cu_seqlens", _run_segments, _always),
     Backend("mask", "mask", _run_mask, _always),
     Backend("causal", "none", _run_causal, _always),
 ):
@@ -288,7 +300,7 @@ for _backend in (
 def _layout_problem(name: str, layout: str, causal: bool) -> str | None:
     if name == "causal" and layout != "padded":
         return "is_causal lets packed samples attend to each other; it is for padded batches"
-    if layout == "padded" and not causal and name in ("causal", "flash", "varlen"):
+    if layout == "padded" and not causal and name in ("causal", "flash", "varlen", "segments"):
         return "non-causal attention over right-padded rows must mask the padding: use mask or flex"
     return None
 
@@ -309,19 +321,21 @@ def resolve_backend(
     dtype: torch.dtype = torch.float32,
     layout: str = "packed",
     causal: bool = True,
+    compiled: bool = False,
 ) -> str:
     """The backend ``name`` runs as for this device, compute dtype and batch layout.
 
     ``auto``: ``causal`` for causal padded batches; else the first available of ``flash``,
-    ``varlen``, ``flex`` (CUDA only: on the CPU flex is eager) and ``mask``. An explicit name that
-    cannot run raises :class:`BackendUnavailableError` saying why.
+    ``varlen``, ``flex`` (CUDA only: on the CPU flex is eager) and ``segments``. An explicit name that
+    cannot run raises :class:`BackendUnavailableError` saying why. ``compiled``: under
+    ``torch.compile`` ``auto`` takes ``mask``, not ``segments`` (an eager loop over the samples).
     """
     device = torch.device(device)
     if name == "auto":
         if layout == "padded" and causal:
             return "causal"
         for cand in AUTO_ORDER:
-            if _ruled_out(cand, device, dtype):
+            if _ruled_out(cand, device, dtype) or (compiled and cand == "segments"):
                 continue
             ok = BACKENDS[cand].unavailable(device, dtype) is None
             if ok and _layout_problem(cand, layout, causal) is None:
@@ -377,6 +391,9 @@ def attention_meta(
     needs = BACKENDS[name].needs
     if needs == "cu_seqlens":
         cu = _cu_seqlens(batch, layout)
+        if name == "segments":  # bounds read once, not in every layer; segment ids if compiled
+            kw = {"bounds": segment_bounds(cu), "segments": batch.segment_ids()}
+            return AttentionMeta(name, causal, cu_seqlens=cu, kernel_kwargs=kw)
         torch._dynamo.mark_dynamic(cu, 0)
         longest = int(ids.shape[1])
         if max_seqlen == "batch" and layout != "padded":
