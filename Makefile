@@ -13,10 +13,13 @@ DEMO := demo-out
 install: $(STAMP)
 
 # torch==2.13.0 first: it is a local CPU wheel here; any other torch spec pulls gigabytes of CUDA.
+# --no-compile: Python compiles each module on its first import instead of pip compiling every
+# file of every package up front (40 of the install's 100 s here; most of torch is never imported).
+PIP := $(BIN)/python -m pip install -q --no-compile --disable-pip-version-check
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[mpi,torch,plot,dev]'
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[mpi,torch,plot,dev]'
 	touch $(STAMP)
 
 # One worker per core; --dist loadfile hands each worker whole modules, heaviest first (the order
