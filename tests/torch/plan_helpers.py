@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from warm_start import warm_start
 
 from varpack.manifest.format import write_plan

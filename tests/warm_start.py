@@ -11,7 +11,8 @@ variables), working directory, stdout and stderr, in a session of its own, exact
 rank) no test of the trainer's behaviour depends on; the tests of the launch itself (srun,
 torchrun, signals in the rendezvous) start real processes.
 
-The server reads one JSON request a line on stdin and answers ``{"pid": P}``, then
+The server reads each request (JSON, with the rank's stdout and stderr as file descriptors)
+from a Unix socket on its stdin and answers ``{"pid": P}``, then
 ``{"exit": P, "code": C}`` when that rank ends (``C`` as ``Popen.returncode``: ``-N`` for a
 signal). It ends, and kills the ranks still running, when its stdin closes (the test process
 is gone).
@@ -25,23 +26,22 @@ import os
 import runpy
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 
-def _run(req: dict[str, Any]) -> None:
+def _run(req: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: become ``python SCRIPT ARGS`` and never return."""
     code = 1
     try:
         os.setsid()
-        null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        err = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        for fd, target in ((null, 0), (out, 1), (err, 2)):
+        for fd, target in zip([os.open(os.devnull, os.O_RDONLY), *fds], (0, 1, 2), strict=True):
             os.dup2(fd, target)
             os.close(fd)
         os.environ.clear()
@@ -68,14 +68,14 @@ def serve(script: str) -> None:
     runpy.run_path(script, run_name="__warm__")  # its imports; its main guard keeps it idle
     if "torch" in sys.modules:
         import torch._dynamo  # noqa: F401  (imported by every optimizer's first step)
+    chan = socket.socket(fileno=0)  # a socket pair's end: requests, with the rank's fds
     live: set[int] = set()
 
     def say(msg: dict[str, int]) -> None:
         os.write(1, (json.dumps(msg) + "\n").encode())
 
-    stdin = os.fdopen(0, "rb", buffering=0)
     while True:
-        ready, _, _ = select.select([stdin], [], [], 0.05)
+        ready, _, _ = select.select([chan], [], [], 0.05)
         while live:  # reap the ranks that ended
             pid, status = os.waitpid(-1, os.WNOHANG)
             if not pid:
@@ -84,14 +84,17 @@ def serve(script: str) -> None:
             say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
         if not ready:
             continue
-        line = stdin.readline()
-        if not line:
+        msg, fds, _, _ = socket.recv_fds(chan, 1 << 20, 2)
+        if not msg:
             break
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _run(json.loads(line))
+            chan.close()
+            _run(json.loads(msg), fds)
+        for fd in fds:  # the rank holds them now: its pipes end with it
+            os.close(fd)
         live.add(pid)
         say({"pid": pid})
     for pid in live:  # the test process is gone: so are its ranks
@@ -102,30 +105,66 @@ def serve(script: str) -> None:
 
 
 class Rank:
-    """One forked rank, as much of ``subprocess.Popen`` as ``ranks`` uses."""
+    """One forked rank, as much of ``subprocess.Popen`` as the tests use: ``stdout`` and
+    ``stderr`` are pipes (text) unless they went to files."""
 
-    def __init__(self, server: WarmStart, pid: int) -> None:
-        self.server, self.pid, self.returncode = server, pid, None
+    def __init__(self, server: WarmStart, pid: int, args: list[str],
+                 pipes: list[int | None]) -> None:  # fmt: skip
+        self.server, self.pid, self.args, self.returncode = server, pid, args, None
+        self.stdout, self.stderr = (None if fd is None else open(fd) for fd in pipes)  # noqa: SIM115
+        self._read: dict[str, list[str]] = {}
+        self._readers: list[threading.Thread] = []
 
     def poll(self) -> int | None:
         self.returncode = self.server.codes.get(self.pid)
         return self.returncode
 
-    def wait(self) -> int:
+    def wait(self, timeout: float | None = None) -> int:
         with self.server.changed:
-            self.server.changed.wait_for(lambda: self.pid in self.server.codes)
+            if not self.server.changed.wait_for(lambda: self.pid in self.server.codes, timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
         return self.poll()  # type: ignore[return-value]
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """All of stdout and stderr, once the rank ended (``TimeoutExpired`` if not in time;
+        call it again later, as with ``Popen``)."""
+        if not self._readers:
+            for name in ("stdout", "stderr"):
+                stream, got = getattr(self, name), self._read.setdefault(name, [])
+                if stream is not None:
+                    self._readers.append(threading.Thread(
+                        target=lambda s=stream, g=got: g.append(s.read()), daemon=True))  # fmt: skip
+                    self._readers[-1].start()
+        end = None if timeout is None else time.monotonic() + timeout
+        for t in self._readers:
+            t.join(None if end is None else max(end - time.monotonic(), 0))
+            if t.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if end is None else max(end - time.monotonic(), 0))
+        return "".join(self._read["stdout"]), "".join(self._read["stderr"])
+
+    def __enter__(self) -> Rank:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        self.wait()
 
 
 class WarmStart:
     """The fork server of one script (see the module's docstring); ``start`` forks a rank."""
 
     def __init__(self, script: Path, env: dict[str, str]) -> None:
+        self.chan, theirs = socket.socketpair(type=socket.SOCK_SEQPACKET)  # one request a message
         self.proc = subprocess.Popen([sys.executable, __file__, str(script)], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stdin=theirs, stdout=subprocess.PIPE,
                                      cwd=Path(script).parent, start_new_session=True)  # fmt: skip
+        theirs.close()
         self.codes: dict[int, int] = {}
         self.pids: list[int] = []
+        self.dead = False
         self.changed = threading.Condition()
         threading.Thread(target=self._listen, daemon=True).start()
 
@@ -144,21 +183,30 @@ class WarmStart:
             self.changed.notify_all()
 
     def start(self, script: Path, args: list[str], env: dict[str, str], cwd: Path,
-              out: Path, err: Path) -> Rank:  # fmt: skip
-        req = {"script": str(script), "args": args, "env": env, "cwd": str(cwd),
-               "out": str(out), "err": str(err)}  # fmt: skip
-        assert self.proc.stdin is not None and self.proc.poll() is None, "the server is gone"
+              out: Path | None = None, err: Path | None = None) -> Rank:  # fmt: skip
+        """``python SCRIPT ARGS`` forked, its stdout and stderr to these files, else pipes."""
+        req = {"script": str(script), "args": args, "env": env, "cwd": str(cwd)}
+        theirs, ours = [], []
+        for path in (out, err):
+            if path is None:
+                r, w = os.pipe()
+                theirs.append(w)
+                ours.append(r)
+            else:
+                theirs.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+                ours.append(None)
+        assert self.proc.poll() is None, "the server is gone"
         with self.changed:
             n = len(self.pids)
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())
-            self.proc.stdin.flush()
-            self.changed.wait_for(lambda: len(self.pids) > n or getattr(self, "dead", False))
+            socket.send_fds(self.chan, [json.dumps(req).encode()], theirs)
+            for fd in theirs:
+                os.close(fd)
+            self.changed.wait_for(lambda: len(self.pids) > n or self.dead)
             assert len(self.pids) > n, "the server died before it started the rank"
-            return Rank(self, self.pids[n])
+            return Rank(self, self.pids[n], [str(script), *args], ours)
 
     def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
+        self.chan.close()
         self.proc.wait()
 
 
