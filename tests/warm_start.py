@@ -7,9 +7,9 @@ behaviour runs it a few times on 2 to 4 ranks. :class:`WarmStart` starts one ser
 a fork of it that runs ``SCRIPT`` as ``__main__`` with its own argv, environment (the launcher's
 variables), working directory, stdout and stderr, in a session of its own, exactly as a fresh
 ``python SCRIPT ARGS`` would from there on. What a fresh interpreter does differently (reading
-``OMP_NUM_THREADS`` at import: the server starts with one thread, as ``ranks`` gives every
-rank) no test of the trainer's behaviour depends on; the tests of the launch itself (srun,
-torchrun, signals in the rendezvous) start real processes.
+``OMP_NUM_THREADS`` at import: the server starts with the first caller's, one thread) no test
+of the trainer's behaviour depends on: a launch is its variables, a signal reaches the rank's
+own session; torchrun's tests (a launcher that starts its own workers) start fresh interpreters.
 
 The server reads each request (JSON, with the rank's stdout and stderr as file descriptors)
 from a Unix socket on its stdin and answers ``{"pid": P}``, then
@@ -110,7 +110,8 @@ class Rank:
 
     def __init__(self, server: WarmStart, pid: int, args: list[str],
                  pipes: list[int | None]) -> None:  # fmt: skip
-        self.server, self.pid, self.args, self.returncode = server, pid, args, None
+        self.server, self.pid, self.args = server, pid, args
+        self.returncode: int | None = None
         self.stdout, self.stderr = (None if fd is None else open(fd) for fd in pipes)  # noqa: SIM115
         self._read: dict[str, list[str]] = {}
         self._readers: list[threading.Thread] = []
@@ -159,7 +160,7 @@ class WarmStart:
     def __init__(self, script: Path, env: dict[str, str]) -> None:
         self.chan, theirs = socket.socketpair(type=socket.SOCK_SEQPACKET)  # one request a message
         self.proc = subprocess.Popen([sys.executable, __file__, str(script)], env=env,
-                                     stdin=theirs, stdout=subprocess.PIPE,
+                                     stdin=theirs.fileno(), stdout=subprocess.PIPE,
                                      cwd=Path(script).parent, start_new_session=True)  # fmt: skip
         theirs.close()
         self.codes: dict[int, int] = {}
@@ -186,7 +187,8 @@ class WarmStart:
               out: Path | None = None, err: Path | None = None) -> Rank:  # fmt: skip
         """``python SCRIPT ARGS`` forked, its stdout and stderr to these files, else pipes."""
         req = {"script": str(script), "args": args, "env": env, "cwd": str(cwd)}
-        theirs, ours = [], []
+        theirs: list[int] = []
+        ours: list[int | None] = []
         for path in (out, err):
             if path is None:
                 r, w = os.pipe()
