@@ -12,19 +12,19 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from hf_helpers import by_step, gpt_loss, tiny_gpt, train_py_recipe, trainer_losses
+from transformers import TrainingArguments
+
+from varpack.integrations.accelerate import micro_step
+from varpack.integrations.hf import VarpackTrainer
+from varpack.integrations.loss import unwrapped
+from varpack.torch import ParquetTokenDataset, PlanLoader, VariableBatchSizeLR
+
 
 def main(plan: Path, tokens: Path, out: Path) -> None:
-    import torch
-    import torch.distributed as dist
-    from accelerate import Accelerator
-    from hf_helpers import by_step, gpt_loss, tiny_gpt, train_py_recipe, trainer_losses
-    from transformers import TrainingArguments
-
-    from varpack.integrations.accelerate import micro_step
-    from varpack.integrations.hf import VarpackTrainer
-    from varpack.integrations.loss import unwrapped
-    from varpack.torch import ParquetTokenDataset, PlanLoader, VariableBatchSizeLR
-
     dataset = ParquetTokenDataset(tokens)
     loader = PlanLoader(plan, dataset)  # rank and world size from torchrun
     model = tiny_gpt()

@@ -8,10 +8,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 from testkit import cli
+from warm_start import Rank, warm_start
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "jobs" / "train.py"
@@ -47,14 +47,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(*args: object, **variables: object) -> subprocess.Popen[str]:
-    """``python jobs/train.py ARGS`` with these launcher variables, in a session of its own."""
-    return subprocess.Popen([sys.executable, str(TRAIN), *map(str, args)], env=env(**variables),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True)  # fmt: skip
+def start(*args: object, **variables: object) -> Rank:
+    """``python jobs/train.py ARGS`` with these launcher variables, in a session of its own,
+    stdout and stderr piped: forked from a process that imported train.py already (its imports
+    are seconds of CPU a process; ``warm_start``)."""
+    return warm_start(TRAIN, env()).start(TRAIN, [str(a) for a in args], env(**variables), ROOT)
 
 
-def srun_tasks(ntasks: int, *args: object) -> list[subprocess.Popen[str]]:
+def srun_tasks(ntasks: int, *args: object) -> list[Rank]:
     """What ``srun --ntasks N python jobs/train.py ARGS`` starts: N tasks that know only their
     SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID (and a free port to meet on)."""
     port = free_port()
@@ -62,7 +62,7 @@ def srun_tasks(ntasks: int, *args: object) -> list[subprocess.Popen[str]]:
             for r in range(ntasks)]  # fmt: skip
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, str, str]:
+def finish(proc: Rank, timeout: float = 300) -> tuple[int, str, str]:
     """Its exit code, stdout and stderr; killed (with its children) if it outlives ``timeout``:
     a hang fails the test instead of stalling it."""
     try:

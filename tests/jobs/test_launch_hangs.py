@@ -124,7 +124,8 @@ def _first_step(proc: subprocess.Popen[str]) -> None:
 
 def test_a_signal_ends_a_rank_held_by_a_stuck_peer_after_its_grace(data: Path) -> None:
     """Rank 1 stops answering (SIGSTOP) after the first step; rank 0, told to stop, waits for
-    it one grace period (10 s and twice its longest step so far), then stops in one line:
+    it one grace period (10 s and twice its longest step so far: the step's time on a loaded
+    machine), then stops in one line:
     128 + SIGTERM, long before its 120 s deadline."""
     ranks = srun_tasks(2, *_args(data, "stuck", "--timeout", 120, "--preset", "small"))
     try:
@@ -138,7 +139,9 @@ def test_a_signal_ends_a_rank_held_by_a_stuck_peer_after_its_grace(data: Path) -
     said = [x for x in out.splitlines() if "interrupted" in x]
     assert code == 128 + signal.SIGTERM and len(said) == 1 and "Traceback" not in err, out + err
     assert said[0].startswith("[train] rank 0: interrupted (SIGTERM): ")
-    assert re.search(r"within 1\ds", said[0]) and "stopped at once" in said[0], said[0]
+    # the grace: 10 s and twice the longest step (seconds on a loaded machine), not the deadline
+    grace = re.search(r"within (\d+)s", said[0])
+    assert grace and 10 <= int(grace.group(1)) < 120 and "stopped at once" in said[0], said[0]
 
 
 def test_a_rank_that_loses_its_peer_says_so_in_one_line(data: Path) -> None:

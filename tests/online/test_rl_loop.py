@@ -1,21 +1,26 @@
-"""jobs/rl_loop.py under torchrun (2 gloo processes): DDP and FSDP2 train the same batches, with
-plans, coverage and log-probs verified every iteration, to the same loss."""
+"""jobs/rl_loop.py on 2 gloo processes (started as torchrun starts them, forked from a process
+that imported it: ``plan_helpers.ranks``): DDP and FSDP2 train the same batches, with plans,
+coverage and log-probs verified every iteration, to the same loss."""
 
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 
 pytest.importorskip("torch.distributed.fsdp")
 
-from rollout_helpers import ROOT, torchrun  # noqa: E402
+from rollout_helpers import ROOT  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tests" / "torch"))  # plan_helpers
+from plan_helpers import ranks  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
 def test_the_rl_loop_runs_under_ddp_and_fsdp() -> None:
-    out = torchrun(2, ROOT / "jobs" / "rl_loop.py", "--strategy", "ddp", "fsdp", "--verify")
+    out = ranks(2, ROOT / "jobs" / "rl_loop.py", "--strategy", "ddp", "fsdp", "--verify").stdout
     for strategy, sync in (("ddp", "step"), ("fsdp", "micro")):
         lines = re.findall(rf"\[rl\] {strategy} iteration \d: .*\({sync} sync\); loss (.*);", out)
         assert len(lines) == 2, out  # each iteration planned for the strategy's sync model

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from warm_start import warm_start
 
 from varpack.manifest.format import write_plan
 
@@ -220,11 +221,9 @@ def ranks(
     cmd = [sys.executable, str(script), *map(str, args)]
     with tempfile.TemporaryDirectory() as logs:
         outs = [(Path(logs) / f"{r}.out", Path(logs) / f"{r}.err") for r in range(nproc)]
-        procs = []
-        for r, (out, err) in enumerate(outs):
-            with out.open("w") as o, err.open("w") as e:
-                procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                                              stdout=o, stderr=e, cwd=ROOT, start_new_session=True))  # fmt: skip
+        server = warm_start(script, env)
+        procs = [server.start(script, [str(a) for a in args], dict(env, RANK=str(r),
+                              LOCAL_RANK=str(r)), ROOT, out, err) for r, (out, err) in enumerate(outs)]  # fmt: skip
         end, timed_out = time.monotonic() + timeout, False
         while any(p.poll() is None for p in procs):
             if any(p.returncode for p in procs):  # a rank failed: the others get 30 s to follow

@@ -10,7 +10,6 @@ import importlib.util
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ pytest.importorskip("torch.nn")
 
 from plan_helpers import make_plan, random_lengths, ranks, write_tokens  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
+from warm_start import warm_start  # noqa: E402
 
 from varpack.errors import InputError  # noqa: E402
 from varpack.torch import ParquetTokenDataset, PlanLoader, check_vocab  # noqa: E402
@@ -61,12 +61,14 @@ def _trainer() -> Any:
 
 
 def train(*args: object, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, str(ROOT / "jobs" / "train.py"), *map(str, args)]
+    """``python jobs/train.py ARGS``, forked from a process that imported it already (its
+    imports are seconds of CPU a process; ``warm_start``)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
-    assert proc.returncode == expect, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
-    return proc
+    with warm_start(TRAIN, env).start(TRAIN, [str(a) for a in args], env, ROOT) as proc:
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == expect, f"rc={proc.returncode}\n{out}\n{err[-3000:]}"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ pytest.importorskip("torch.nn")
 
 from plan_helpers import random_lengths, ranks, torchrun, write_tokens  # noqa: E402
 from testkit import cli, write_metadata  # noqa: E402
+from warm_start import warm_start  # noqa: E402
 
 from varpack.torch.records import Records  # noqa: E402
 
@@ -49,24 +50,15 @@ def _free_port() -> int:
 
 def srun(ntasks: int, *args: object) -> list[subprocess.CompletedProcess[str]]:
     """What ``srun --ntasks N python jobs/train.py ...`` starts: N processes that know only
-    their SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID (no torchrun variables)."""
+    their SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID (no torchrun variables); forked from a
+    process that imported train.py already (``warm_start``: seconds of CPU a process)."""
     port = str(_free_port())
+    server = warm_start(TRAIN, _env())
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(TRAIN), *map(str, args)],
-            env=_env(
-                SLURM_PROCID=str(r),
-                SLURM_NTASKS=str(ntasks),
-                SLURM_LOCALID=str(r),
-                MASTER_PORT=port,
-            ),  # fmt: skip
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )  # fmt: skip
+        server.start(TRAIN, [str(a) for a in args], _env(SLURM_PROCID=str(r),
+                     SLURM_NTASKS=str(ntasks), SLURM_LOCALID=str(r), MASTER_PORT=port), ROOT)
         for r in range(ntasks)
-    ]
+    ]  # fmt: skip
     done = []
     for p in procs:
         out, err = p.communicate(timeout=300)
@@ -138,11 +130,12 @@ def test_a_user_error_is_one_line_per_job(data: Path) -> None:
 def test_the_run_never_writes_into_its_inputs(data: Path) -> None:
     before = sorted(p.name for p in (data / "plan").iterdir())
     for out in (data / "plan", data / "plan" / "run"):
-        run = subprocess.run([sys.executable, TRAIN, "--plan", data / "plan", "--data",
-                              data / "tok.parquet", "--out", out, "--max-steps", "1"],
-                             capture_output=True, text=True, env=_env(), timeout=300)  # fmt: skip
-        assert run.returncode == 2 and "lies inside the input" in run.stderr, run.stderr
-        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+        args = ["--plan", data / "plan", "--data", data / "tok.parquet", "--out", out,
+                "--max-steps", "1"]  # fmt: skip
+        with warm_start(TRAIN, _env()).start(TRAIN, list(map(str, args)), _env(), ROOT) as run:
+            _, err = run.communicate(timeout=300)
+        assert run.returncode == 2 and "lies inside the input" in err, err
+        assert len(err.strip().splitlines()) == 1, err
     assert sorted(p.name for p in (data / "plan").iterdir()) == before
 
 
