@@ -57,6 +57,28 @@ def _run(*args: object) -> str | None:
     return failed
 
 
+def warm_readers(work: Path) -> list[str]:
+    """The token copy's kernels: check values written by ``lengths --arrow-copy``, verified by
+    every read (each trainer rank would compile them); what failed."""
+    from varpack.metadata import token_check
+
+    rng = np.random.default_rng(1)
+    ids = [rng.integers(0, 500, int(n)).astype(np.int32) for n in rng.integers(5, 300, 200)]
+    (work / "tok").mkdir(parents=True)
+    pq.write_table(pa.table({"input_ids": ids}), work / "tok" / "t.parquet")
+    failed = _run("lengths", work / "tok", work / "tmeta", "--arrow-copy", work / "t.arrow", "-q")
+    token_check.warm()
+    return [failed] if failed else []
+
+
+def warm_online() -> None:
+    """``plan_batch``: composed by cost as ``composed`` plans are (its kernels and theirs)."""
+    from varpack.online import plan_batch
+
+    lengths = np.random.default_rng(2).integers(100, 5000, 256)
+    plan_batch(lengths, dp=2, max_tokens=16384, mini_batches=2)
+
+
 def warm(work: Path, part: str) -> list[str]:
     """Plan every family of ``part`` under ``work``; what failed (``tests/test_warm_kernels.py``
     keeps it empty)."""
@@ -70,6 +92,10 @@ def warm(work: Path, part: str) -> list[str]:
     failed += [
         _run("plan", work / "sorted", work / name, *opts, "-q") for name, opts in families(part)
     ]
+    if part in ("others", "all"):
+        failed += warm_readers(work)
+    if part in ("composed", "all"):
+        warm_online()
     return [f for f in failed if f]
 
 
