@@ -321,13 +321,22 @@ def test_raw_metadata_is_refused_under_mpi(runs: dict[str, tuple[Case, Ran]]) ->
     assert "run varpack sort first" in got.stderr and not Path(str(out)).exists()
 
 
+@pytest.fixture(scope="module")
+def big_sorted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 M samples, sorted into a single file (the two signals' input)."""
+    top = tmp_path_factory.mktemp("big")
+    cli("synth", top / "meta", "-n", "3M", "--shards", 2, "-q")
+    cli("sort", top / "meta", top / "sorted", "--single-file", "-q")
+    return top / "sorted"
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_under_mpi_leaves_nothing(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+def test_a_signal_under_mpi_leaves_nothing(
+    big_sorted: Path, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
     """SIGTERM or Ctrl-C to mpiexec while the ranks plan: every rank stops, one line per rank
     the signal reached, the partial plan removed."""
-    meta, sorted_out, out = tmp_path / "meta", tmp_path / "sorted", tmp_path / "plan"
-    cli("synth", meta, "-n", "3M", "--shards", 2, "-q")
-    cli("sort", meta, sorted_out, "--single-file", "-q")
+    sorted_out, out = big_sorted, tmp_path / "plan"
     mpi = [str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "varpack"]
     cmd = [*mpi, "plan", str(sorted_out), str(out), "--max-tokens", "65536", "--dp", "8",
            "--oversize", "split", "-q"]  # fmt: skip
@@ -343,7 +352,7 @@ def test_a_signal_under_mpi_leaves_nothing(tmp_path: Path, sig: signal.Signals, 
     assert proc.returncode == code, err
     lines = err.strip().splitlines()
     assert lines and all(f"interrupted by {sig.name}" in ln for ln in lines), err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta", "sorted"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def _carry_fault(top: Path, fault: str) -> tuple[Path, list[object]]:
@@ -415,6 +424,8 @@ def test_carried_values_from_a_source_in_many_row_groups(
         assert _files(Path(str(out))) == _files(tmp_path / "one")
 
 
+#: plan_ranks where rank 1 fails building its ``at``-th rank table; each ``at`` of the command
+#: line in turn, on a communicator of its own (no message of one run can reach the next)
 _FAILING_WRITE = """
 import sys
 from mpi4py import MPI
@@ -422,36 +433,51 @@ import varpack.manifest.mpi.write as W
 from varpack.manifest.mpi import plan_ranks
 from varpack.plan import PlanConfig
 from varpack.sort.agree import Agreed
-comm = MPI.COMM_WORLD
 built = W.plan_tables
-def failing(*args, **kwargs):
-    for i, table in enumerate(built(*args, **kwargs)):
-        if comm.Get_rank() == 1 and i == int(sys.argv[3]):
-            raise OSError(28, "No space left on device")
-        yield table
-W.plan_tables = failing
-try:
-    plan_ranks(comm, sys.argv[1], sys.argv[2], PlanConfig(max_tokens=4096, dp=4))
-except Agreed as exc:
-    print(f"rank {comm.Get_rank()}: {exc.error} ({exc.code})", flush=True)
+for at in sys.argv[3:]:
+    comm = MPI.COMM_WORLD.Dup()
+    def failing(*args, **kwargs):
+        for i, table in enumerate(built(*args, **kwargs)):
+            if comm.Get_rank() == 1 and i == int(at):
+                raise OSError(28, "No space left on device")
+            yield table
+    W.plan_tables = failing
+    try:
+        plan_ranks(comm, sys.argv[1], f"{sys.argv[2]}-{at}", PlanConfig(max_tokens=4096, dp=4))
+    except Agreed as exc:
+        print(f"at {at}: rank {comm.Get_rank()}: {exc.error} ({exc.code})", flush=True)
 """
+FAILING_AT = [0, 3]
 
 
-@pytest.mark.parametrize("at", [0, 3])
-def test_a_failure_while_writing_on_one_rank_is_agreed(tmp_path: Path, at: int) -> None:
+@pytest.fixture(scope="module")
+def failed_writes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The failing writes of 3 ranks, one after the other in one job: its directory and
+    stdout."""
+    top = tmp_path_factory.mktemp("failing")
+    rng = np.random.default_rng(2)
+    write_shards(top / "meta", np.arange(3000), rng.integers(1, 3000, 3000), [3000])
+    cli("sort", top / "meta", top / "sorted", "-q")
+    script = top / "failing.py"
+    script.write_text(_FAILING_WRITE)
+    cmd = [str(BIN / "mpiexec"), "-n", "3", sys.executable, str(script), str(top / "sorted"),
+           str(top / "out"), *map(str, FAILING_AT)]  # fmt: skip
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return top, got
+
+
+@pytest.mark.parametrize("at", FAILING_AT)
+def test_a_failure_while_writing_on_one_rank_is_agreed(
+    failed_writes: tuple[Path, subprocess.CompletedProcess[str]], at: int
+) -> None:
     """One rank fails building its part of a rank file (its disk fills): the owners still hear
     from it, nobody hangs, every rank gets that rank's error, and nothing is left."""
-    rng = np.random.default_rng(2)
-    write_shards(tmp_path / "meta", np.arange(3000), rng.integers(1, 3000, 3000), [3000])
-    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
-    script = tmp_path / "failing.py"
-    script.write_text(_FAILING_WRITE)
-    cmd = [str(BIN / "mpiexec"), "-n", "3", sys.executable, str(script),
-           str(tmp_path / "sorted"), str(tmp_path / "out"), str(at)]  # fmt: skip
-    got = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    top, got = failed_writes
     for r in range(3):  # every rank got rank 1's error (lines may interleave)
-        assert f"rank {r}: [Errno 28] No space left on device (1)" in got.stdout, got
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["failing.py", "meta", "sorted"]
+        assert f"at {at}: rank {r}: [Errno 28] No space left on device (1)" in got.stdout, got
+    assert sorted(p.name for p in top.iterdir()) == ["failing.py", "meta", "sorted"]
 
 
 def test_a_usage_error_under_mpi_is_one_line(runs: dict[str, tuple[Case, Ran]]) -> None:
