@@ -55,6 +55,11 @@ class Ran:
     seconds: float
 
 
+def _sets(case: Case) -> dict[str, str]:
+    """The environment variables a case sets."""
+    return dict(case[2]) if len(case) > 2 else {}  # type: ignore[misc]
+
+
 def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     return dict(os.environ, PATH=path, PYTHONUNBUFFERED="1", **(extra or {}))
@@ -71,17 +76,17 @@ def mpiexec_many(
 ) -> list[Ran]:
     """Run each case as ``mpiexec -n RANKS python -m mpi4py -m varpack ARGS`` would, one job per
     rank count (``prelude``: code every rank runs first); a case the job did not finish runs
-    again on its own (its script the prelude, then ``varpack.cli.main``). Results in the order
-    of ``cases``."""
+    again on its own (its script the prelude, then ``varpack.cli.main``). The jobs run in the
+    order their rank counts first appear in ``cases``, each its cases in order, so what a case
+    writes (a sort's output) can serve the cases after it. Results in the order of ``cases``."""
     results: dict[int, Ran] = {}
-    for ranks in sorted({c[0] for c in cases}):
+    for ranks in dict.fromkeys(c[0] for c in cases):  # in the order they first appear
         index = [k for k, c in enumerate(cases) if c[0] == ranks]
         job = work / f"ranks{ranks}"
         job.mkdir(parents=True)
         if prelude is not None:
             (job / "prelude.py").write_text(prelude)
-        todo = [[[str(a) for a in cases[k][1]], dict(cases[k][2:][0] if cases[k][2:] else {})]
-                for k in index]  # fmt: skip
+        todo = [[[str(a) for a in cases[k][1]], _sets(cases[k])] for k in index]
         (job / "cases.json").write_text(json.dumps(todo))
         try:
             subprocess.run([*_mpiexec(ranks), str(DRIVER), str(job)], capture_output=True,
@@ -116,7 +121,7 @@ def _alone(case: Case, timeout: float, job: Path) -> Ran:
         script.write_text((job / "prelude.py").read_text() + main)
         cmd[-2:] = [str(script)]
     cmd += [str(a) for a in case[1]]
-    env = _env(case[2] if len(case) > 2 else None)  # type: ignore[misc]
+    env = _env(_sets(case))
     start = time.monotonic()
     try:
         got = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

@@ -150,8 +150,8 @@ CARRY_FAULTS = ["null", "repeated", "missing"]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Case, Ran]]:
-    """Every plan under mpiexec that shares a job, by name: its case ``(ranks, args)`` and what
-    it gave. Their inputs are made first (the sorts under mpiexec in a job of their own)."""
+    """Every run under mpiexec that shares a job, by name: its case ``(ranks, args)`` and what
+    it gave (the sorts under mpiexec that make some inputs: ``sort-NAME``)."""
     top = tmp_path_factory.mktemp("plan-mpi")
     plans: dict[str, Case] = {}
     sorts: dict[str, Case] = {}
@@ -186,15 +186,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Case, Ran]
     plans["raw"] = (2, ["plan", raw / "meta", raw / "out", "--max-tokens", 64])
     usage = top / "usage"
     plans["usage"] = (3, ["plan", usage / "in", usage / "out", "--max-tokens", 0])
-    made = mpiexec_many(list(sorts.values()), top / "sorts")  # before the plans that read them
-    done = dict(zip(plans, mpiexec_many(list(plans.values()), top / "plans"), strict=True))
-    return {
-        **{
-            f"sort-{name}": (case, got)
-            for (name, case), got in zip(sorts.items(), made, strict=True)
-        },
-        **{name: (case, done[name]) for name, case in plans.items()},
-    }
+    # the sorts first: the jobs of their rank counts run first, and them first in those jobs
+    cases = {**{f"sort-{name}": case for name, case in sorts.items()}, **plans}
+    got = mpiexec_many(list(cases.values()), top / "jobs")
+    return {name: (case, ran) for (name, case), ran in zip(cases.items(), got, strict=True)}
 
 
 def _ok(got: Ran) -> Ran:

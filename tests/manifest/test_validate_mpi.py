@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from mpi_batch import Case, Ran, mpiexec_many
-from testkit import cli, write_shards
+from testkit import cli, mpiexec, write_shards
 
 from varpack.manifest.format import PLAN_JSON, _write_table, rank_file, sha256_file
 
@@ -151,6 +151,9 @@ def test_validate_under_mpi_prints_what_one_process_prints(
     if plan == "missing":
         assert f"{root / plan / rank_file(2)}: rank 2 manifest is missing" in out
         assert f"{root / plan / rank_file(3)}: rank 3 manifest is unreadable" in out
+    if plan == "edited":  # a job of its own (ended by Abort, its code through mpiexec): the same
+        alone = mpiexec(ranks, "validate", root / plan, check=False, timeout=90)
+        assert (alone.returncode, alone.stdout, alone.stderr) == (rc, out, err)
 
 
 @pytest.mark.parametrize(("plan", "ranks"), INSPECT)
