@@ -9,15 +9,17 @@ arguments and the environment variables it sets) and starts one job per rank cou
 runs each case in turn, in-process, as ``python -m varpack ARGS`` would (``varpack.cli.main``), its
 stdout and stderr redirected at the file descriptors into ``WORKDIR/K/R.out`` and ``R.err`` (case
 ``K``, rank ``R``), and writes its exit code and seconds to ``R.code`` once every rank is through
-the case. ``WORKDIR/prelude.py``, if there, runs first on every rank (a test's patch of a module
-constant, say: it holds for every case of that job).
+the case. ``WORKDIR/prelude.py``, if there, runs first on every rank: a test's patch of the
+planner, for every case of the job, or for the cases that set an environment variable it reads
+(it may wrap ``varpack.cli.main``, which each case calls as the prelude left it).
 
 A failure that the ranks agree on (a refusal) ends the case, not the job: ``agreed_exit``, which
 in a job of its own ends every rank by rank 0's ``Abort(code)`` so that mpiexec passes the code
 on, here raises ``SystemExit(code)`` on every rank after the same ``Barrier``, and the code is the
 one that ``Abort`` would have carried (the line was printed before; MPI's banner is silenced
-there anyway). The tests that launch failing plans in separate processes check the ``Abort``
-path itself. Anything else that ends a rank (a signal, an uncaught error, an ``Abort``, a hang
+there anyway). The tests that launch failing commands in separate processes check the ``Abort``
+path itself (``test_plan_mpi.py::test_failures_are_agreed`` also checks that a batch gives what
+they give). Anything else that ends a rank (a signal, an uncaught error, an ``Abort``, a hang
 until the timeout) ends the job: the cases it did not finish, and a case whose ranks exit with
 different codes, run again, each in its own ``mpiexec``, which then gives the test the real
 outcome.

@@ -7,7 +7,7 @@ epochs large enough for the two-level permutation (its block and bucket sizes ma
 both the one process and the ranks).
 
 The runs under mpiexec are made up front, one MPI job per rank count (``tests/mpi_batch.py``; the
-small permutation sizes, which change plans, in jobs of their own); each test then checks its own.
+cases that patch the planner say so in the environment they set); each test then checks its own.
 """
 
 from __future__ import annotations
@@ -60,26 +60,40 @@ TWO_LEVEL = ["--max-tokens", "4096", "--order", "shuffle", "--dp", "2", "--grad-
 REDONE = ["--max-tokens", "4096", "--order", "shuffle", "--dp", "2", "--grad-accum", "2",
           "--cost", "flops", "--model-preset", "qwen2.5-0.5b", "--oversize", "drop", "-q"]  # fmt: skip
 
-#: the two-level permutation's sizes made small (every rank of a job; the test, in-process)
+#: the two-level permutation's sizes made small (the test sets them in-process)
 SMALL = {"WHOLE": 1000, "BUCKET": 256, "BLOCK": 700}
-_SMALL_BUCKETS = "from varpack.plan.kernels import permute\n" + "".join(
-    f"permute.{name} = {value}\n" for name, value in SMALL.items()
-)
 
-#: in a case that sets COUNT_REDONE, each rank says how many windows it composed again with
-#: samples carried in (the other cases of the job run the planner's own function alone)
-_REDONE = """
+#: what the ranks of this module's jobs run first. In a case that sets COUNT_REDONE, each rank
+#: says how many windows it composed again with samples carried in; in a case that sets
+#: SMALL_PERMUTATION, the permutation's sizes are SMALL (the batch calls ``varpack.cli.main`` as
+#: this leaves it). The other cases run the planner as it is.
+_PATCHES = f"""
 import os
+import varpack.cli
 from mpi4py import MPI
 from varpack.manifest.mpi import compose
+from varpack.plan.kernels import permute
 composed_again = compose._all
 def counted(w, carry, held, found):
     out = composed_again(w, carry, held, found)
     if os.environ.get("COUNT_REDONE"):
-        print(f"rank {MPI.COMM_WORLD.Get_rank()}: {len(carry)} carried in, "
-              f"{len(out)} of {len(w.starts) - 1} windows composed again", flush=True)
+        print(f"rank {{MPI.COMM_WORLD.Get_rank()}}: {{len(carry)}} carried in, "
+              f"{{len(out)}} of {{len(w.starts) - 1}} windows composed again", flush=True)
     return out
 compose._all = counted
+main = varpack.cli.main
+def small_permutation(*args, **kwargs):
+    if not os.environ.get("SMALL_PERMUTATION"):
+        return main(*args, **kwargs)
+    kept = {{name: getattr(permute, name) for name in {SMALL!r}}}
+    for name, value in {SMALL!r}.items():
+        setattr(permute, name, value)
+    try:
+        return main(*args, **kwargs)
+    finally:
+        for name, value in kept.items():
+            setattr(permute, name, value)
+varpack.cli.main = small_permutation
 """
 
 
@@ -105,39 +119,38 @@ def _cp_args(case: int) -> list[object]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Case, Ran]]:
-    """Every plan under mpiexec of this module, by name: its case ``(ranks, args)`` and what it
-    gave (the plans of one patch, or of none, in one job per rank count)."""
+    """Every plan under mpiexec of this module, by name: its case ``(ranks, args, env)`` and
+    what it gave."""
     top = tmp_path_factory.mktemp("shuffle-mpi")
-    plain: dict[str, Case] = {}
+    cases: dict[str, Case] = {}
     for case in range(len(COMPOSED)):
         sorted_out = _sorted(top / f"composed{case}", 6000, case)
         out = top / f"composed{case}" / "out"
-        plain[f"composed{case}"] = (COMPOSED_RANKS[case], ["plan", sorted_out, out,
+        cases[f"composed{case}"] = (COMPOSED_RANKS[case], ["plan", sorted_out, out,
                                                            *_composed_args(case)])  # fmt: skip
     few = _sorted(top / "fallback", 90, 3)
     for ranks in (2, 4):
-        plain[f"fallback{ranks}"] = (
+        cases[f"fallback{ranks}"] = (
             ranks,
             ["plan", few, top / "fallback" / f"r{ranks}", *FALLBACK],
         )
     for case in range(len(CONTEXT_PARALLEL)):
         sorted_out = _sorted(top / f"cp{case}", 5000, 30 + case)
         out = top / f"cp{case}" / "out"
-        plain[f"cp{case}"] = (CP_RANKS[case], ["plan", sorted_out, out, *_cp_args(case)])
+        cases[f"cp{case}"] = (CP_RANKS[case], ["plan", sorted_out, out, *_cp_args(case)])
     again = _sorted(top / "redone", 6000, 21)
     for ranks in (3, 4):
         out = top / "redone" / f"r{ranks}"
-        plain[f"redone{ranks}"] = (ranks, ["plan", again, out, *REDONE], {"COUNT_REDONE": "1"})
+        cases[f"redone{ranks}"] = (ranks, ["plan", again, out, *REDONE], {"COUNT_REDONE": "1"})
     shared = _sorted(top / "buckets", 5000, 11)
-    buckets: dict[str, Case] = {
-        f"{compose}{ranks}": (ranks, ["plan", shared, top / "buckets" / f"{compose}-r{ranks}",
-                                      *TWO_LEVEL, "--compose", compose])
-        for compose in ("cost", "tokens") for ranks in (2, 3)
-    }  # fmt: skip
-    got: dict[str, tuple[Case, Ran]] = {}
-    for name, cases, prelude in (("plain", plain, _REDONE), ("buckets", buckets, _SMALL_BUCKETS)):
-        ran = mpiexec_many(list(cases.values()), top / "jobs" / name, prelude=prelude)
-        got.update(zip(cases, zip(cases.values(), ran, strict=True), strict=True))
+    small = {"SMALL_PERMUTATION": "1"}
+    for compose in ("cost", "tokens"):
+        for ranks in (2, 3):
+            out = top / "buckets" / f"{compose}-r{ranks}"
+            args = ["plan", shared, out, *TWO_LEVEL, "--compose", compose]
+            cases[f"{compose}{ranks}"] = (ranks, args, small)
+    ran = mpiexec_many(list(cases.values()), top / "jobs", prelude=_PATCHES)
+    got = {name: (case, r) for (name, case), r in zip(cases.items(), ran, strict=True)}
     return got
 
 
@@ -181,7 +194,7 @@ def test_the_two_level_permutation_is_drawn_alike(
 ) -> None:  # type: ignore[no-untyped-def]
     """Above WHOLE samples the permutation is drawn in buckets, labels block by block: each rank
     draws its own samples' labels and the bucket owners shuffle; same plan as one process."""
-    (_, (_, sorted_out, _, *args)), _ = runs[f"{compose}2"]
+    (_, (_, sorted_out, _, *args), _), _ = runs[f"{compose}2"]
     cli("plan", sorted_out, tmp_path / "plain", *args)  # the sizes as they are
     for name, value in SMALL.items():
         monkeypatch.setattr(permute, name, value)
