@@ -240,6 +240,13 @@ def big_meta(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def small_meta(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("small") / "meta"
+    cli("synth", root, "-n", "2000", "-q")
+    return root
+
+
 def _start_plan(meta: Path, out: Path) -> subprocess.Popen[str]:
     args = [str(meta), str(out), "--max-tokens", "65536", "--oversize", "drop", "--dp", "64",
             "--order", "shuffle", "-q"]  # fmt: skip
@@ -279,7 +286,7 @@ def test_signal_during_plan_leaves_nothing(tmp_path: Path, big_meta: Path, sig, 
 
 @pytest.mark.slow
 def test_killed_plan_leaves_a_temporary_the_next_run_removes(
-    tmp_path: Path, big_meta: Path
+    tmp_path: Path, big_meta: Path, small_meta: Path
 ) -> None:
     out = tmp_path / "plan"
     proc = _start_plan(big_meta, out)
@@ -288,7 +295,8 @@ def test_killed_plan_leaves_a_temporary_the_next_run_removes(
     proc.communicate(timeout=60)
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left and all(name.startswith(".plan.tmp-") for name in left)  # SIGKILL: no cleanup
-    cli("plan", big_meta, out, "--max-tokens", "65536", "--oversize", "drop", "--dp", "2", "-q")
+    # the next run removes it when it checks the output, before it reads any input: a small one
+    cli("plan", small_meta, out, "--max-tokens", "65536", "--oversize", "drop", "--dp", "2", "-q")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]
 
 

@@ -4,6 +4,11 @@ Random inputs (sizes and length shapes the planner was not tuned on) and random 
 planned in one process (in-process, as the CLI runs it) and under mpiexec; the plan directories
 must hold the same files with the same bytes, and rank 0 must print the same summary. A failure
 must be the one-process line, once, with its exit code and nothing left behind.
+
+The runs under mpiexec that need no process of their own are made up front, one MPI job per rank
+count for the whole module (``tests/mpi_batch.py``: a rank's start-up costs far more than these
+plans); each test then checks its own. Signals, a failing rank and the ``Abort`` that carries an
+agreed failure's exit code out of mpiexec keep their own launches.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from mpi_batch import Case, Ran, mpiexec_many
 from testkit import BIN, cli, mpiexec, write_shards
 
 pytestmark = pytest.mark.mpi
@@ -89,8 +95,9 @@ def _files(plan: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(plan.iterdir())}
 
 
-def _case(tmp: Path, seed: int) -> tuple[Path, list[object]]:
-    """Metadata of a random size and shape, its sort output and a random option set."""
+def _case(tmp: Path, seed: int) -> tuple[Path, list[object], Case | None]:
+    """Metadata of a random size and shape, its sort output (or the mpiexec sort that makes it)
+    and a random option set."""
     rng = np.random.default_rng(seed)
     n = int(rng.choice([40, 700, 3000, 9000]))
     budget = int(rng.choice([2048, 8192]))
@@ -101,106 +108,180 @@ def _case(tmp: Path, seed: int) -> tuple[Path, list[object]]:
     meta = tmp / "meta"
     write_shards(meta, ids, lens, [n // 3, 0, n - n // 3], source=source)
     how = seed % 3  # a parts output of one sort rank, of three, or a single file
+    sort: Case | None = None
     if how == 1:
-        mpiexec(3, "sort", meta, tmp / "sorted", "-q")
+        sort = (3, ["sort", meta, tmp / "sorted", "-q"])
     else:
         cli("sort", meta, tmp / "sorted", "-q", *(["--single-file"] if how == 2 else []))
     args = _options(rng, budget)
     if "--carry" in args:
         args += ["--carry-from", meta]
-    return tmp / "sorted", args
+    return tmp / "sorted", args, sort
 
 
 #: the rank count of each random case, in turn: every count, the uneven splits most (one count per
 #: case, as each mpiexec costs a second of start-up per rank; the cases vary the rest)
 RANKS = (4, 2, 3, 4, 3, 2, 1, 4)
 
+#: the ``--pp`` option sets (packed): each (step, rank) padded to its largest micro-batch on the
+#: rank that holds the step; the warm-up reorder moves whole (step, rank) groups
+PIPELINE = [
+    ["--grad-accum", 4, "--pp", 2, "--warmup", "reorder", "--oversize", "split", "--dp", 2],
+    ["--grad-accum", 2, "--pp", 2, "--warmup", "reorder", "--order", "shuffle", "--seed", 5],
+    ["--grad-accum", 4, "--pp", 4, "--order", "shuffle", "--compose", "tokens", "--epochs", 2],
+    ["--grad-accum", 2, "--pp", 2, "--warmup", "reorder", "--max-shapes", 6, "--epochs", 2],
+]
+PIPELINE_BASE = ["--max-tokens", 4096, "--dp", 3, "--oversize", "drop", "--cost", "flops",
+                 "--model-preset", "qwen2.5-0.5b"]  # fmt: skip
+#: refusals every rank agrees on, and a part of the line they print
+AGREED = [
+    (["--max-tokens", 512], "samples do not fit --max-tokens 512 even alone"),
+    (["--max-tokens", 4096, "--dp", 5000], "cannot fill one step"),
+    (
+        ["--max-tokens", 4096, "--order", "shuffle", "--layout", "padded"],
+        "--compose cost in the padded layout is not planned across",
+    ),
+    (["--max-tokens", 4096, "--batching", "blocks"], "--batching blocks is not planned across"),
+]
+CARRIED = ["--max-tokens", 4096, "--dp", 4, "--oversize", "split", "--split-len", 700,
+           "--carry", "source", "-q"]  # fmt: skip
+CARRY_FAULTS = ["null", "repeated", "missing"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Case, Ran]]:
+    """Every run under mpiexec that shares a job, by name: its case ``(ranks, args)`` and what
+    it gave (the sorts under mpiexec that make some inputs: ``sort-NAME``)."""
+    top = tmp_path_factory.mktemp("plan-mpi")
+    plans: dict[str, Case] = {}
+    sorts: dict[str, Case] = {}
+    for seed in range(24):
+        tmp = top / f"seed{seed}"
+        sorted_out, args, sort = _case(tmp, seed)
+        if sort is not None:
+            sorts[f"seed{seed}"] = sort
+        ranks = RANKS[seed % len(RANKS)]
+        plans[f"seed{seed}"] = (ranks, ["plan", sorted_out, tmp / f"ranks{ranks}", *args])
+    piped = _pipeline_input(top / "pp")
+    for i, args in enumerate(PIPELINE):
+        for ranks in (2, 4):
+            full = [*PIPELINE_BASE, *args, "-q"]
+            plans[f"pp{i}-{ranks}"] = (ranks, ["plan", piped, top / "pp" / f"{i}-r{ranks}", *full])
+    few = _few_samples(top / "few")
+    plans["few"] = (4, ["plan", few, top / "few" / "four", "--max-tokens", 1024, "--dp", 2,
+                        "--epochs", 2, "-q"])  # fmt: skip
+    agreed = _agreed_input(top / "agreed")
+    for i, (args, _) in enumerate(AGREED):
+        plans[f"agreed{i}"] = (3, ["plan", agreed, top / "agreed" / f"out{i}", *args])
+    for fault in CARRY_FAULTS:
+        sorted_out, args = _carry_fault(top / "carry", fault)
+        plans[f"carry-{fault}"] = (3, ["plan", sorted_out, top / "carry" / f"out-{fault}", *args])
+    sorts["rowgroups"] = _row_groups_input(top / "rowgroups")
+    for ranks in (2, 4):
+        plans[f"rowgroups{ranks}"] = (ranks, ["plan", top / "rowgroups" / "sorted",
+                                              top / "rowgroups" / f"r{ranks}", *CARRIED,
+                                              "--carry-from", top / "rowgroups" / "meta"])  # fmt: skip
+    raw = top / "raw"
+    write_shards(raw / "meta", np.arange(100), np.full(100, 10), [100])
+    plans["raw"] = (2, ["plan", raw / "meta", raw / "out", "--max-tokens", 64])
+    usage = top / "usage"
+    plans["usage"] = (3, ["plan", usage / "in", usage / "out", "--max-tokens", 0])
+    # the sorts first: the jobs of their rank counts run first, and them first in those jobs
+    cases = {**{f"sort-{name}": case for name, case in sorts.items()}, **plans}
+    got = mpiexec_many(list(cases.values()), top / "jobs")
+    return {name: (case, ran) for (name, case), ran in zip(cases.items(), got, strict=True)}
+
+
+def _ok(got: Ran) -> Ran:
+    """A run that must succeed (as ``testkit.mpiexec`` checks it)."""
+    assert got.returncode == 0, f"rc={got.returncode}\nstdout:\n{got.stdout}\nstderr:\n{got.stderr}"
+    return got
+
 
 @pytest.mark.parametrize("seed", range(24))
-def test_plans_are_the_one_process_plan(tmp_path: Path, seed: int) -> None:
-    sorted_out, args = _case(tmp_path, seed)
-    one = cli("plan", sorted_out, tmp_path / "one", *args, expect=None)
-    ranks = RANKS[seed % len(RANKS)]
-    out = tmp_path / f"ranks{ranks}"
-    got = mpiexec(ranks, "plan", sorted_out, out, *args, check=False)
+def test_plans_are_the_one_process_plan(runs: dict[str, tuple[Case, Ran]], seed: int) -> None:
+    if f"sort-seed{seed}" in runs:  # the input sorted by three ranks
+        _ok(runs[f"sort-seed{seed}"][1])
+    (ranks, (_, sorted_out, out, *args)), got = runs[f"seed{seed}"]
+    tmp = Path(str(out)).parent
+    one = cli("plan", sorted_out, tmp / "one", *args, expect=None)
     assert got.returncode == one.exit_code, (args, got.stderr, one.output)
     if one.exit_code:  # the same refusal: one line, nothing written
         assert got.stderr.strip() == one.output.strip()
-        assert not out.exists()
+        assert not Path(str(out)).exists()
     else:
-        assert _files(out) == _files(tmp_path / "one"), (ranks, args)
-        assert got.stdout.replace(str(out), "OUT") == one.stdout.replace(
-            str(tmp_path / "one"), "OUT"
-        )
-    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+        assert _files(Path(str(out))) == _files(tmp / "one"), (ranks, args)
+        assert got.stdout.replace(str(out), "OUT") == one.stdout.replace(str(tmp / "one"), "OUT")
+    leftovers = [p.name for p in tmp.iterdir() if p.name.startswith(".")]
     assert leftovers == []
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["--grad-accum", 4, "--pp", 2, "--warmup", "reorder", "--oversize", "split", "--dp", 2],
-        ["--grad-accum", 2, "--pp", 2, "--warmup", "reorder", "--order", "shuffle", "--seed", 5],
-        ["--grad-accum", 4, "--pp", 4, "--order", "shuffle", "--compose", "tokens", "--epochs", 2],
-        ["--grad-accum", 2, "--pp", 2, "--warmup", "reorder", "--max-shapes", 6, "--epochs", 2],
-    ],
-)
+def _pipeline_input(tmp: Path) -> Path:
+    rng = np.random.default_rng(11)
+    n = 4000
+    write_shards(tmp / "meta", rng.permutation(3 * n)[:n], _lengths(rng, n, "tail", 4096),
+                 [n // 2, n - n // 2])  # fmt: skip
+    cli("sort", tmp / "meta", tmp / "sorted", "-q")
+    return tmp / "sorted"
+
+
+@pytest.mark.parametrize("args", PIPELINE)
 def test_pipeline_parallel_plans_are_the_one_process_plan(
-    tmp_path: Path, args: list[object]
+    runs: dict[str, tuple[Case, Ran]], tmp_path: Path, args: list[object]
 ) -> None:
     """``--pp`` (packed): each (step, rank) padded to its largest micro-batch on the rank that
     holds the step; the warm-up reorder moves whole (step, rank) groups."""
-    rng = np.random.default_rng(11)
-    n = 4000
-    write_shards(tmp_path / "meta", rng.permutation(3 * n)[:n], _lengths(rng, n, "tail", 4096),
-                 [n // 2, n - n // 2])  # fmt: skip
-    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
-    args = ["--max-tokens", 4096, "--dp", 3, "--oversize", "drop", "--cost", "flops", "--model-preset",
-            "qwen2.5-0.5b", *args, "-q"]  # fmt: skip
-    cli("plan", tmp_path / "sorted", tmp_path / "one", *args)
+    i = PIPELINE.index(args)
+    (_, (_, sorted_out, _, *full)), _ = runs[f"pp{i}-2"]
+    cli("plan", sorted_out, tmp_path / "one", *full)
     for ranks in (2, 4):
-        mpiexec(ranks, "plan", tmp_path / "sorted", tmp_path / f"r{ranks}", *args)
-        assert _files(tmp_path / f"r{ranks}") == _files(tmp_path / "one"), (ranks, args)
+        (_, (_, _, out, *_)), got = runs[f"pp{i}-{ranks}"]
+        _ok(got)
+        assert _files(Path(str(out))) == _files(tmp_path / "one"), (ranks, args)
 
 
-def test_more_ranks_than_steps(tmp_path: Path) -> None:
-    """Ranks that end up holding no step write their share of nothing: still the same plan."""
+def _few_samples(tmp: Path) -> Path:
     rng = np.random.default_rng(3)
-    ids = np.arange(30)
-    write_shards(tmp_path / "meta", ids, rng.integers(1, 500, 30), [30])
-    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
-    args = ["--max-tokens", 1024, "--dp", 2, "--epochs", 2, "-q"]
-    cli("plan", tmp_path / "sorted", tmp_path / "one", *args)
-    mpiexec(4, "plan", tmp_path / "sorted", tmp_path / "four", *args)
-    assert _files(tmp_path / "four") == _files(tmp_path / "one")
+    write_shards(tmp / "meta", np.arange(30), rng.integers(1, 500, 30), [30])
+    cli("sort", tmp / "meta", tmp / "sorted", "-q")
+    return tmp / "sorted"
 
 
-@pytest.mark.parametrize(
-    "args, line",
-    [
-        (["--max-tokens", 512], "samples do not fit --max-tokens 512 even alone"),
-        (["--max-tokens", 4096, "--dp", 5000], "cannot fill one step"),
-        (
-            ["--max-tokens", 4096, "--order", "shuffle", "--layout", "padded"],
-            "--compose cost in the padded layout is not planned across",
-        ),
-        (["--max-tokens", 4096, "--batching", "blocks"], "--batching blocks is not planned across"),
-    ],
-)
-def test_failures_are_agreed(tmp_path: Path, args: list[object], line: str) -> None:
-    """Every rank stops; one line (the one process's, where it fails too), one exit code;
-    nothing is left."""
+def test_more_ranks_than_steps(runs: dict[str, tuple[Case, Ran]]) -> None:
+    """Ranks that end up holding no step write their share of nothing: still the same plan."""
+    (_, (_, sorted_out, four, *args)), got = runs["few"]
+    _ok(got)
+    one = Path(str(four)).parent / "one"
+    cli("plan", sorted_out, one, *args)
+    assert _files(Path(str(four))) == _files(one)
+
+
+def _agreed_input(tmp: Path) -> Path:
     rng = np.random.default_rng(5)
-    write_shards(tmp_path / "meta", np.arange(2000), rng.integers(1, 3000, 2000), [2000])
-    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
-    one = cli("plan", tmp_path / "sorted", tmp_path / "one", *args, expect=None)
-    got = mpiexec(3, "plan", tmp_path / "sorted", tmp_path / "out", *args, check=False)
+    write_shards(tmp / "meta", np.arange(2000), rng.integers(1, 3000, 2000), [2000])
+    cli("sort", tmp / "meta", tmp / "sorted", "-q")
+    return tmp / "sorted"
+
+
+@pytest.mark.parametrize("args, line", AGREED)
+def test_failures_are_agreed(
+    runs: dict[str, tuple[Case, Ran]], tmp_path: Path, args: list[object], line: str
+) -> None:
+    """Every rank stops; one line (the one process's, where it fails too), one exit code;
+    nothing is left. The ranks end by ``Abort`` in a job of their own: a batch of this module
+    gives the same."""
+    (_, (_, sorted_out, batched, *_)), in_batch = runs[f"agreed{AGREED.index((args, line))}"]
+    one = cli("plan", sorted_out, tmp_path / "one", *args, expect=None)
+    got = mpiexec(3, "plan", sorted_out, tmp_path / "out", *args, check=False)
     assert got.returncode == 2 and got.stdout == ""
     assert got.stderr.count("\n") == 1 and line in got.stderr
     if one.exit_code:
         assert got.stderr.strip() == one.output.strip()
-    leftovers = {"meta", "sorted"} | ({"one"} if one.exit_code == 0 else set())
+    leftovers = {"one"} if one.exit_code == 0 else set()
     assert {p.name for p in tmp_path.iterdir()} == leftovers
+    assert (in_batch.returncode, in_batch.stdout, in_batch.stderr) == (2, "", got.stderr)
+    assert not Path(str(batched)).exists()
+    assert not [p for p in Path(str(batched)).parent.iterdir() if p.name.startswith(".")]
 
 
 def _unmapped_segments() -> set[str]:
@@ -229,21 +310,28 @@ def test_a_failed_plan_leaves_no_shared_memory(tmp_path: Path) -> None:
     assert _unmapped_segments() - before == set()
 
 
-def test_raw_metadata_is_refused_under_mpi(tmp_path: Path) -> None:
-    write_shards(tmp_path / "meta", np.arange(100), np.full(100, 10), [100])
-    got = mpiexec(2, "plan", tmp_path / "meta", tmp_path / "out", "--max-tokens", 64,
-                  check=False)  # fmt: skip
+def test_raw_metadata_is_refused_under_mpi(runs: dict[str, tuple[Case, Ran]]) -> None:
+    (_, (_, _, out, *_)), got = runs["raw"]
     assert got.returncode == 2 and got.stderr.count("\n") == 1
-    assert "run varpack sort first" in got.stderr and not (tmp_path / "out").exists()
+    assert "run varpack sort first" in got.stderr and not Path(str(out)).exists()
+
+
+@pytest.fixture(scope="module")
+def big_sorted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 M samples, sorted into a single file (the two signals' input)."""
+    top = tmp_path_factory.mktemp("big")
+    cli("synth", top / "meta", "-n", "3M", "--shards", 2, "-q")
+    cli("sort", top / "meta", top / "sorted", "--single-file", "-q")
+    return top / "sorted"
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_under_mpi_leaves_nothing(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+def test_a_signal_under_mpi_leaves_nothing(
+    big_sorted: Path, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
     """SIGTERM or Ctrl-C to mpiexec while the ranks plan: every rank stops, one line per rank
     the signal reached, the partial plan removed."""
-    meta, sorted_out, out = tmp_path / "meta", tmp_path / "sorted", tmp_path / "plan"
-    cli("synth", meta, "-n", "3M", "--shards", 2, "-q")
-    cli("sort", meta, sorted_out, "--single-file", "-q")
+    sorted_out, out = big_sorted, tmp_path / "plan"
     mpi = [str(BIN / "mpiexec"), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "varpack"]
     cmd = [*mpi, "plan", str(sorted_out), str(out), "--max-tokens", "65536", "--dp", "8",
            "--oversize", "split", "-q"]  # fmt: skip
@@ -259,19 +347,18 @@ def test_a_signal_under_mpi_leaves_nothing(tmp_path: Path, sig: signal.Signals, 
     assert proc.returncode == code, err
     lines = err.strip().splitlines()
     assert lines and all(f"interrupted by {sig.name}" in ln for ln in lines), err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta", "sorted"]
+    assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("fault", ["null", "repeated", "missing"])
-def test_carry_errors_are_the_one_process_line(tmp_path: Path, fault: str) -> None:
-    """A carry source with a null, a repeated id or without some planned ids: every rank reads
-    a share of it, and the line is the one process's (the first offender of the whole source,
-    the count of all)."""
+def _carry_fault(top: Path, fault: str) -> tuple[Path, list[object]]:
+    """Metadata (sorted once for the three faults) and a carry source with ``fault``."""
     rng = np.random.default_rng(9)
     n = 3000
     ids = rng.permutation(10 * n)[:n]
-    write_shards(tmp_path / "meta", ids, rng.integers(1, 900, n), [n])
-    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
+    lens = rng.integers(1, 900, n)
+    if not (top / "sorted").exists():
+        write_shards(top / "meta", ids, lens, [n])
+        cli("sort", top / "meta", top / "sorted", "-q")
     keep = np.ones(n, bool)
     values = pa.array(rng.choice(["a", "b", "c"], n))
     carry_ids = ids.copy()
@@ -284,37 +371,56 @@ def test_carry_errors_are_the_one_process_line(tmp_path: Path, fault: str) -> No
     else:
         keep[[5, 1700, 2999]] = False
     table = pa.table({"sample_id": carry_ids[keep], "source": values.filter(pa.array(keep))})
-    (tmp_path / "carry").mkdir()
+    carry = top / f"carry-{fault}"
+    carry.mkdir()
     for k, part in enumerate(np.array_split(np.arange(int(keep.sum())), 3)):
-        pq.write_table(table.take(pa.array(part)), tmp_path / "carry" / f"{k}.parquet",
-                       row_group_size=250)  # fmt: skip
-    args = ["--max-tokens", 4096, "--dp", 2, "--carry", "source", "--carry-from",
-            tmp_path / "carry", "-q"]  # fmt: skip
-    one = cli("plan", tmp_path / "sorted", tmp_path / "one", *args, expect=None)
-    got = mpiexec(3, "plan", tmp_path / "sorted", tmp_path / "out", *args, check=False)
+        pq.write_table(table.take(pa.array(part)), carry / f"{k}.parquet", row_group_size=250)
+    args = ["--max-tokens", 4096, "--dp", 2, "--carry", "source", "--carry-from", carry, "-q"]
+    return top / "sorted", args
+
+
+@pytest.mark.parametrize("fault", CARRY_FAULTS)
+def test_carry_errors_are_the_one_process_line(
+    runs: dict[str, tuple[Case, Ran]], tmp_path: Path, fault: str
+) -> None:
+    """A carry source with a null, a repeated id or without some planned ids: every rank reads
+    a share of it, and the line is the one process's (the first offender of the whole source,
+    the count of all)."""
+    (_, (_, sorted_out, _, *args)), got = runs[f"carry-{fault}"]
+    one = cli("plan", sorted_out, tmp_path / "one", *args, expect=None)
     assert one.exit_code == 2 and got.returncode == 2, (one.output, got.stderr)
     assert got.stderr.strip() == one.output.strip()
 
 
-def test_carried_values_from_a_source_in_many_row_groups(tmp_path: Path) -> None:
-    """The carried values reach the same samples whichever rank read them."""
+def _row_groups_input(tmp: Path) -> Case:
+    """Metadata in row groups of 300 rows (one file empty), and the sort of two ranks."""
     rng = np.random.default_rng(4)
     n = 5000
     ids = rng.permutation(3 * n)[:n]
-    write_shards(tmp_path / "meta", ids, rng.integers(1, 2000, n), [n // 2, 0, n - n // 2],
+    write_shards(tmp / "meta", ids, rng.integers(1, 2000, n), [n // 2, 0, n - n // 2],
                  source=rng.choice(np.array(["web", "code", "books"]), n))  # fmt: skip
-    for f in sorted((tmp_path / "meta").iterdir()):  # row groups of 300 rows, one file empty
+    for f in sorted((tmp / "meta").iterdir()):
         pq.write_table(pq.read_table(f), f, row_group_size=300)
-    assert pq.ParquetFile(tmp_path / "meta" / "shard-000.parquet").num_row_groups > 1
-    mpiexec(2, "sort", tmp_path / "meta", tmp_path / "sorted", "-q")
-    args = ["--max-tokens", 4096, "--dp", 4, "--oversize", "split", "--split-len", 700,
-            "--carry", "source", "--carry-from", tmp_path / "meta", "-q"]  # fmt: skip
-    cli("plan", tmp_path / "sorted", tmp_path / "one", *args)
+    return (2, ["sort", tmp / "meta", tmp / "sorted", "-q"])
+
+
+def test_carried_values_from_a_source_in_many_row_groups(
+    runs: dict[str, tuple[Case, Ran]], tmp_path: Path
+) -> None:
+    """The carried values reach the same samples whichever rank read them."""
+    _ok(runs["sort-rowgroups"][1])
+    (_, (_, sorted_out, _, *args)), _ = runs["rowgroups2"]
+    meta = Path(str(sorted_out)).parent / "meta"
+    assert pq.ParquetFile(meta / "shard-000.parquet").num_row_groups > 1
+    cli("plan", sorted_out, tmp_path / "one", *args)
     for ranks in (2, 4):
-        mpiexec(ranks, "plan", tmp_path / "sorted", tmp_path / f"r{ranks}", *args)
-        assert _files(tmp_path / f"r{ranks}") == _files(tmp_path / "one")
+        (_, (_, _, out, *_)), got = runs[f"rowgroups{ranks}"]
+        _ok(got)
+        assert _files(Path(str(out))) == _files(tmp_path / "one")
 
 
+#: plan_ranks where rank 1 fails building its ``at``-th rank table; each ``at`` of the command
+#: line in turn, on a communicator of its own (no message of one run can reach the next)
 _FAILING_WRITE = """
 import sys
 from mpi4py import MPI
@@ -322,40 +428,55 @@ import varpack.manifest.mpi.write as W
 from varpack.manifest.mpi import plan_ranks
 from varpack.plan import PlanConfig
 from varpack.sort.agree import Agreed
-comm = MPI.COMM_WORLD
 built = W.plan_tables
-def failing(*args, **kwargs):
-    for i, table in enumerate(built(*args, **kwargs)):
-        if comm.Get_rank() == 1 and i == int(sys.argv[3]):
-            raise OSError(28, "No space left on device")
-        yield table
-W.plan_tables = failing
-try:
-    plan_ranks(comm, sys.argv[1], sys.argv[2], PlanConfig(max_tokens=4096, dp=4))
-except Agreed as exc:
-    print(f"rank {comm.Get_rank()}: {exc.error} ({exc.code})", flush=True)
+for at in sys.argv[3:]:
+    comm = MPI.COMM_WORLD.Dup()
+    def failing(*args, **kwargs):
+        for i, table in enumerate(built(*args, **kwargs)):
+            if comm.Get_rank() == 1 and i == int(at):
+                raise OSError(28, "No space left on device")
+            yield table
+    W.plan_tables = failing
+    try:
+        plan_ranks(comm, sys.argv[1], f"{sys.argv[2]}-{at}", PlanConfig(max_tokens=4096, dp=4))
+    except Agreed as exc:
+        print(f"at {at}: rank {comm.Get_rank()}: {exc.error} ({exc.code})", flush=True)
 """
+FAILING_AT = [0, 3]
 
 
-@pytest.mark.parametrize("at", [0, 3])
-def test_a_failure_while_writing_on_one_rank_is_agreed(tmp_path: Path, at: int) -> None:
+@pytest.fixture(scope="module")
+def failed_writes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The failing writes of 3 ranks, one after the other in one job: its directory and
+    stdout."""
+    top = tmp_path_factory.mktemp("failing")
+    rng = np.random.default_rng(2)
+    write_shards(top / "meta", np.arange(3000), rng.integers(1, 3000, 3000), [3000])
+    cli("sort", top / "meta", top / "sorted", "-q")
+    script = top / "failing.py"
+    script.write_text(_FAILING_WRITE)
+    cmd = [str(BIN / "mpiexec"), "-n", "3", sys.executable, str(script), str(top / "sorted"),
+           str(top / "out"), *map(str, FAILING_AT)]  # fmt: skip
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return top, got
+
+
+@pytest.mark.parametrize("at", FAILING_AT)
+def test_a_failure_while_writing_on_one_rank_is_agreed(
+    failed_writes: tuple[Path, subprocess.CompletedProcess[str]], at: int
+) -> None:
     """One rank fails building its part of a rank file (its disk fills): the owners still hear
     from it, nobody hangs, every rank gets that rank's error, and nothing is left."""
-    rng = np.random.default_rng(2)
-    write_shards(tmp_path / "meta", np.arange(3000), rng.integers(1, 3000, 3000), [3000])
-    cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
-    script = tmp_path / "failing.py"
-    script.write_text(_FAILING_WRITE)
-    cmd = [str(BIN / "mpiexec"), "-n", "3", sys.executable, str(script),
-           str(tmp_path / "sorted"), str(tmp_path / "out"), str(at)]  # fmt: skip
-    got = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    top, got = failed_writes
     for r in range(3):  # every rank got rank 1's error (lines may interleave)
-        assert f"rank {r}: [Errno 28] No space left on device (1)" in got.stdout, got
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["failing.py", "meta", "sorted"]
+        assert f"at {at}: rank {r}: [Errno 28] No space left on device (1)" in got.stdout, got
+    assert sorted(p.name for p in top.iterdir()) == ["failing.py", "meta", "sorted"]
 
 
-def test_a_usage_error_under_mpi_is_one_line(tmp_path: Path) -> None:
+def test_a_usage_error_under_mpi_is_one_line(runs: dict[str, tuple[Case, Ran]]) -> None:
     """Every rank parses the same flags; rank 0 alone prints the usage error."""
-    got = mpiexec(3, "plan", tmp_path / "in", tmp_path / "out", "--max-tokens", 0, check=False)
+    got = runs["usage"][1]
     assert got.returncode == 2 and got.stdout == ""
     assert got.stderr.count("\n") == 1 and "--max-tokens" in got.stderr

@@ -5,17 +5,21 @@ cases it rarely draws: steps composed by cost (with the warm-up reorder, kept-al
 full-budget pieces, and the fallback to tokens where the last window cannot be composed), and
 epochs large enough for the two-level permutation (its block and bucket sizes made small, in
 both the one process and the ranks).
+
+The runs under mpiexec are made up front, one MPI job per rank count (``tests/mpi_batch.py``; the
+cases that patch the planner say so in the environment they set); each test then checks its own.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from testkit import BIN, cli, mpiexec, write_shards
+from mpi_batch import Case, Ran, mpiexec_many
+from testkit import cli, write_shards
+
+from varpack.plan.kernels import permute
 
 pytestmark = pytest.mark.mpi
 
@@ -46,104 +50,51 @@ COMPOSED = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", range(len(COMPOSED)))
-def test_steps_composed_by_cost_are_the_one_process_plan(tmp_path: Path, case: int) -> None:
-    sorted_out = _sorted(tmp_path, 6000, case)
-    args = ["--max-tokens", 4096, "--order", "shuffle", "--seed", case, *COMPOSED[case]]
-    args += [] if "--oversize" in args else ["--oversize", "drop"]
-    one = cli("plan", sorted_out, tmp_path / "one", *args)
-    ranks = (3, 4, 2, 4, 3)[case]  # one count per case (a second of start-up per rank), each met
-    out = tmp_path / f"ranks{ranks}"
-    got = mpiexec(ranks, "plan", sorted_out, out, *args)
-    assert _files(out) == _files(tmp_path / "one"), (ranks, args)
-    assert got.stdout.replace(str(out), "OUT") == one.stdout.replace(str(tmp_path / "one"), "OUT")
-
-
-def test_an_epoch_too_small_to_compose_falls_back_alike(tmp_path: Path) -> None:
-    """Too few samples for the last window's steps: one process composes by tokens instead, and
-    so do the ranks (the rank holding the last window says so for all)."""
-    sorted_out = _sorted(tmp_path, 90, 3)
-    args = ["--max-tokens", 4096, "--order", "shuffle", "--dp", 8, "--grad-accum", 2,
+#: one rank count per composed case (each count met), as the CP cases below
+COMPOSED_RANKS = (3, 4, 2, 4, 3)
+CP_RANKS = (2, 3, 3, 2)
+FALLBACK = ["--max-tokens", 4096, "--order", "shuffle", "--dp", 8, "--grad-accum", 2,
             "--oversize", "drop"]  # fmt: skip
-    cli("plan", sorted_out, tmp_path / "one", *args)
-    assert "moved_steps_mean" in (tmp_path / "one" / "plan.json").read_text()
-    for ranks in (2, 4):
-        mpiexec(ranks, "plan", sorted_out, tmp_path / f"r{ranks}", *args)
-        assert _files(tmp_path / f"r{ranks}") == _files(tmp_path / "one")
+TWO_LEVEL = ["--max-tokens", "4096", "--order", "shuffle", "--dp", "2", "--grad-accum", "2",
+             "--epochs", "2", "--oversize", "drop", "-q"]  # fmt: skip
+REDONE = ["--max-tokens", "4096", "--order", "shuffle", "--dp", "2", "--grad-accum", "2",
+          "--cost", "flops", "--model-preset", "qwen2.5-0.5b", "--oversize", "drop", "-q"]  # fmt: skip
 
+#: the two-level permutation's sizes made small (the test sets them in-process)
+SMALL = {"WHOLE": 1000, "BUCKET": 256, "BLOCK": 700}
 
-_SMALL_BUCKETS = """
-import sys
-from varpack.plan.kernels import permute
-permute.WHOLE, permute.BUCKET, permute.BLOCK = 1000, 256, 700
-from varpack.cli import main
-main(sys.argv[1:])
-"""
-
-
-@pytest.mark.parametrize("compose", ["cost", "tokens"])
-def test_the_two_level_permutation_is_drawn_alike(tmp_path: Path, compose: str) -> None:
-    """Above WHOLE samples the permutation is drawn in buckets, labels block by block: each rank
-    draws its own samples' labels and the bucket owners shuffle; same plan as one process."""
-    sorted_out = _sorted(tmp_path, 5000, 11)
-    script = tmp_path / "small_buckets.py"
-    script.write_text(_SMALL_BUCKETS)
-    args = ["plan", str(sorted_out), "", "--max-tokens", "4096", "--order", "shuffle",
-            "--dp", "2", "--grad-accum", "2", "--epochs", "2", "--compose", compose,
-            "--oversize", "drop", "-q"]  # fmt: skip
-    outs = {}
-    for ranks in (1, 2, 3):
-        out = tmp_path / f"r{ranks}"
-        args[2] = str(out)
-        cmd = [sys.executable, str(script), *args]
-        if ranks > 1:
-            cmd = [str(BIN / "mpiexec"), "-n", str(ranks), sys.executable, "-m", "mpi4py", *cmd[1:]]
-        got = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-        assert got.returncode == 0, got.stderr
-        outs[ranks] = _files(out)
-    assert outs[2] == outs[1] and outs[3] == outs[1]
-    # the draw is not numpy's one-pass permutation there: the patch took effect
-    plain = tmp_path / "plain"
-    cli(*args[:2], plain, *args[3:])
-    assert _files(plain) != outs[1]
-
-
-_REDONE = """
-import sys
+#: what the ranks of this module's jobs run first. In a case that sets COUNT_REDONE, each rank
+#: says how many windows it composed again with samples carried in; in a case that sets
+#: SMALL_PERMUTATION, the permutation's sizes are SMALL (the batch calls ``varpack.cli.main`` as
+#: this leaves it). The other cases run the planner as it is.
+_PATCHES = f"""
+import os
+import varpack.cli
 from mpi4py import MPI
 from varpack.manifest.mpi import compose
+from varpack.plan.kernels import permute
 composed_again = compose._all
 def counted(w, carry, held, found):
     out = composed_again(w, carry, held, found)
-    print(f"rank {MPI.COMM_WORLD.Get_rank()}: {len(carry)} carried in, "
-          f"{len(out)} of {len(w.starts) - 1} windows composed again", flush=True)
+    if os.environ.get("COUNT_REDONE"):
+        print(f"rank {{MPI.COMM_WORLD.Get_rank()}}: {{len(carry)}} carried in, "
+              f"{{len(out)}} of {{len(w.starts) - 1}} windows composed again", flush=True)
     return out
 compose._all = counted
-from varpack.cli import main
-main(sys.argv[1:])
+main = varpack.cli.main
+def small_permutation(*args, **kwargs):
+    if not os.environ.get("SMALL_PERMUTATION"):
+        return main(*args, **kwargs)
+    kept = {{name: getattr(permute, name) for name in {SMALL!r}}}
+    for name, value in {SMALL!r}.items():
+        setattr(permute, name, value)
+    try:
+        return main(*args, **kwargs)
+    finally:
+        for name, value in kept.items():
+            setattr(permute, name, value)
+varpack.cli.main = small_permutation
 """
-
-
-def test_a_carry_between_ranks_is_composed_in(tmp_path: Path) -> None:
-    """Where a rank's last window hands samples on, the next rank composes its first windows
-    again with them (every rank composed its own at once, as if none came in): the plan is
-    still the one process's."""
-    sorted_out = _sorted(tmp_path, 6000, 21)
-    script = tmp_path / "redone.py"
-    script.write_text(_REDONE)
-    args = ["--max-tokens", "4096", "--order", "shuffle", "--dp", "2", "--grad-accum", "2",
-            "--cost", "flops", "--model-preset", "qwen2.5-0.5b", "--oversize", "drop", "-q"]  # fmt: skip
-    cli("plan", sorted_out, tmp_path / "one", *args)
-    redone = 0
-    for ranks in (3, 4):
-        out = tmp_path / f"r{ranks}"
-        cmd = [str(BIN / "mpiexec"), "-n", str(ranks), sys.executable, "-m", "mpi4py",
-               str(script), "plan", str(sorted_out), str(out), *args]  # fmt: skip
-        got = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-        assert got.returncode == 0, got.stderr
-        redone += got.stdout.count("carried in")
-        assert _files(out) == _files(tmp_path / "one")
-    assert redone > 0  # the case this test is for did occur
 
 
 CONTEXT_PARALLEL = [
@@ -156,14 +107,131 @@ CONTEXT_PARALLEL = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", range(len(CONTEXT_PARALLEL)))
-def test_context_parallel_plans_are_the_one_process_plan(tmp_path: Path, case: int) -> None:
-    """``--cp``: GDS steps, the CP placement and the ``cp`` figures of plan.json, per rank."""
-    sorted_out = _sorted(tmp_path, 5000, 30 + case)
-    args = ["--max-tokens", 4096, "--dp", 2, "--grad-accum", 2, "--oversize", "drop",
+def _composed_args(case: int) -> list[object]:
+    args = ["--max-tokens", 4096, "--order", "shuffle", "--seed", case, *COMPOSED[case]]
+    return args + ([] if "--oversize" in args else ["--oversize", "drop"])
+
+
+def _cp_args(case: int) -> list[object]:
+    return ["--max-tokens", 4096, "--dp", 2, "--grad-accum", 2, "--oversize", "drop",
             *CONTEXT_PARALLEL[case]]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Case, Ran]]:
+    """Every plan under mpiexec of this module, by name: its case ``(ranks, args, env)`` and
+    what it gave."""
+    top = tmp_path_factory.mktemp("shuffle-mpi")
+    cases: dict[str, Case] = {}
+    for case in range(len(COMPOSED)):
+        sorted_out = _sorted(top / f"composed{case}", 6000, case)
+        out = top / f"composed{case}" / "out"
+        cases[f"composed{case}"] = (COMPOSED_RANKS[case], ["plan", sorted_out, out,
+                                                           *_composed_args(case)])  # fmt: skip
+    few = _sorted(top / "fallback", 90, 3)
+    for ranks in (2, 4):
+        cases[f"fallback{ranks}"] = (
+            ranks,
+            ["plan", few, top / "fallback" / f"r{ranks}", *FALLBACK],
+        )
+    for case in range(len(CONTEXT_PARALLEL)):
+        sorted_out = _sorted(top / f"cp{case}", 5000, 30 + case)
+        out = top / f"cp{case}" / "out"
+        cases[f"cp{case}"] = (CP_RANKS[case], ["plan", sorted_out, out, *_cp_args(case)])
+    again = _sorted(top / "redone", 6000, 21)
+    for ranks in (3, 4):
+        out = top / "redone" / f"r{ranks}"
+        cases[f"redone{ranks}"] = (ranks, ["plan", again, out, *REDONE], {"COUNT_REDONE": "1"})
+    shared = _sorted(top / "buckets", 5000, 11)
+    small = {"SMALL_PERMUTATION": "1"}
+    for compose in ("cost", "tokens"):
+        for ranks in (2, 3):
+            out = top / "buckets" / f"{compose}-r{ranks}"
+            args = ["plan", shared, out, *TWO_LEVEL, "--compose", compose]
+            cases[f"{compose}{ranks}"] = (ranks, args, small)
+    ran = mpiexec_many(list(cases.values()), top / "jobs", prelude=_PATCHES)
+    got = {name: (case, r) for (name, case), r in zip(cases.items(), ran, strict=True)}
+    return got
+
+
+def _ok(got: Ran) -> Ran:
+    """A run that must succeed (as ``testkit.mpiexec`` checks it)."""
+    assert got.returncode == 0, f"rc={got.returncode}\nstdout:\n{got.stdout}\nstderr:\n{got.stderr}"
+    return got
+
+
+def _out(case: Case) -> Path:
+    return Path(str(case[1][2]))
+
+
+@pytest.mark.parametrize("case", range(len(COMPOSED)))
+def test_steps_composed_by_cost_are_the_one_process_plan(
+    runs: dict[str, tuple[Case, Ran]], tmp_path: Path, case: int
+) -> None:
+    (ranks, (_, sorted_out, out, *args)), got = runs[f"composed{case}"]
+    one = cli("plan", sorted_out, tmp_path / "one", *args)
+    _ok(got)
+    assert _files(Path(str(out))) == _files(tmp_path / "one"), (ranks, args)
+    assert got.stdout.replace(str(out), "OUT") == one.stdout.replace(str(tmp_path / "one"), "OUT")
+
+
+def test_an_epoch_too_small_to_compose_falls_back_alike(
+    runs: dict[str, tuple[Case, Ran]], tmp_path: Path
+) -> None:
+    """Too few samples for the last window's steps: one process composes by tokens instead, and
+    so do the ranks (the rank holding the last window says so for all)."""
+    cli("plan", runs["fallback2"][0][1][1], tmp_path / "one", *FALLBACK)
+    assert "moved_steps_mean" in (tmp_path / "one" / "plan.json").read_text()
+    for ranks in (2, 4):
+        case, got = runs[f"fallback{ranks}"]
+        _ok(got)
+        assert _files(_out(case)) == _files(tmp_path / "one")
+
+
+@pytest.mark.parametrize("compose", ["cost", "tokens"])
+def test_the_two_level_permutation_is_drawn_alike(
+    runs: dict[str, tuple[Case, Ran]], tmp_path: Path, compose: str, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Above WHOLE samples the permutation is drawn in buckets, labels block by block: each rank
+    draws its own samples' labels and the bucket owners shuffle; same plan as one process."""
+    (_, (_, sorted_out, _, *args), _), _ = runs[f"{compose}2"]
+    cli("plan", sorted_out, tmp_path / "plain", *args)  # the sizes as they are
+    for name, value in SMALL.items():
+        monkeypatch.setattr(permute, name, value)
+    cli("plan", sorted_out, tmp_path / "r1", *args)
+    outs = {1: _files(tmp_path / "r1")}
+    for ranks in (2, 3):
+        case, got = runs[f"{compose}{ranks}"]
+        assert got.returncode == 0, got.stderr
+        outs[ranks] = _files(_out(case))
+    assert outs[2] == outs[1] and outs[3] == outs[1]
+    # the draw is not numpy's one-pass permutation there: the patch took effect
+    assert _files(tmp_path / "plain") != outs[1]
+
+
+def test_a_carry_between_ranks_is_composed_in(
+    runs: dict[str, tuple[Case, Ran]], tmp_path: Path
+) -> None:
+    """Where a rank's last window hands samples on, the next rank composes its first windows
+    again with them (every rank composed its own at once, as if none came in): the plan is
+    still the one process's."""
+    cli("plan", runs["redone3"][0][1][1], tmp_path / "one", *REDONE)
+    redone = 0
+    for ranks in (3, 4):
+        case, got = runs[f"redone{ranks}"]
+        assert got.returncode == 0, got.stderr
+        redone += got.stdout.count("carried in")
+        assert _files(_out(case)) == _files(tmp_path / "one")
+    assert redone > 0  # the case this test is for did occur
+
+
+@pytest.mark.parametrize("case", range(len(CONTEXT_PARALLEL)))
+def test_context_parallel_plans_are_the_one_process_plan(
+    runs: dict[str, tuple[Case, Ran]], tmp_path: Path, case: int
+) -> None:
+    """``--cp``: GDS steps, the CP placement and the ``cp`` figures of plan.json, per rank."""
+    (ranks, (_, sorted_out, out, *args)), got = runs[f"cp{case}"]
     cli("plan", sorted_out, tmp_path / "one", *args)
     assert '"cp"' in (tmp_path / "one" / "plan.json").read_text()
-    ranks = (2, 3, 3, 2)[case]  # one count per case, as above
-    mpiexec(ranks, "plan", sorted_out, tmp_path / f"r{ranks}", *args)
-    assert _files(tmp_path / f"r{ranks}") == _files(tmp_path / "one"), (ranks, args)
+    _ok(got)
+    assert _files(Path(str(out))) == _files(tmp_path / "one"), (ranks, args)

@@ -1,4 +1,10 @@
-"""``varpack sort`` end to end: under ``mpiexec -n 1..4`` and as a plain single process."""
+"""``varpack sort`` end to end: under ``mpiexec -n 1..4`` and as a plain single process.
+
+The sorts under mpiexec that succeed (or fail on input the ranks agree about) are made up front,
+one MPI job per rank count (``tests/mpi_batch.py``: a rank's start-up costs more than these
+sorts); each test then checks its own. A bad shard that one rank meets, and the ``mpirun`` entry,
+keep their own launches.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from mpi_batch import Case, Ran, mpiexec_many
 from testkit import BIN, cli, mpiexec, write_metadata, write_shards
 
 from varpack.fingerprint import fingerprint
@@ -44,10 +51,54 @@ def dataset(tmp_path_factory) -> Path:
     return root
 
 
+MESSAGE = "VARPACK_SORT_MAX_MESSAGE"
+
+
+@pytest.fixture(scope="module")
+def runs(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Case, Ran]]:
+    """Every sort of this module that shares a job, by name: its case and what it gave."""
+    top = tmp_path_factory.mktemp("sorts")
+    cases: dict[str, Case] = {}
+    for ranks in (1, 2, 3, 4):
+        cases[f"parts{ranks}"] = (ranks, ["sort", dataset, top / f"parts{ranks}" / "sorted"])
+        # with 3 and 4 ranks, messages and writes cut into 4000-byte rounds (the large-count path)
+        env = {MESSAGE: "4000"} if ranks >= 3 else {}
+        out = top / "single" / f"sorted-{ranks}.bin"
+        cases[f"single{ranks}"] = (ranks, ["sort", dataset, out, "--single-file", "--quiet"], env)
+    rng = np.random.default_rng(12345)  # the seed of the tests' ``rng``
+    n = 6000
+    ids = rng.choice(2**62, n, replace=False)
+    lens = rng.integers(1, 50, n)
+    score = rng.normal(size=n).round(2)
+    score[:10] = -0.0
+    src = write_shards(top / "wide" / "in", ids, lens, [2500, 0, 3500], score=score)
+    cases["wide"] = (3, ["sort", src, top / "wide" / "sorted", "--key", "score", "--key",
+                         "seq_len", "--descending", "score"], {MESSAGE: "48"})  # fmt: skip
+    rng = np.random.default_rng(12345)
+    n = 40_000
+    lens = np.where(rng.random(n) < 0.9, rng.choice([128, 512, 2048], n), rng.integers(1, 4096, n))
+    src = write_shards(top / "heavy" / "in", rng.permutation(n), lens, [n // 2, n // 4, n // 4])
+    cases["heavy"] = (4, ["sort", src, top / "heavy" / "sorted", "--descending", "seq_len",
+                          "--quiet"])  # fmt: skip
+    src = write_metadata(top / "few" / "in.parquet", [9, 4], [3, 3])
+    cases["few"] = (3, ["sort", src, top / "few" / "sorted", "--quiet"])
+    write_metadata(top / "dup" / "in" / "a.parquet", [1, 2, 3], [5, 5, 5])
+    write_metadata(top / "dup" / "in" / "b.parquet", [4, 2, 6], [5, 5, 5])
+    cases["dup"] = (2, ["sort", top / "dup" / "in", top / "dup" / "out"])
+    got = mpiexec_many(list(cases.values()), top / "jobs")
+    return {name: (case, ran) for (name, case), ran in zip(cases.items(), got, strict=True)}
+
+
+def _ok(got: Ran) -> Ran:
+    """A run that must succeed (as ``testkit.mpiexec`` checks it)."""
+    assert got.returncode == 0, f"rc={got.returncode}\nstdout:\n{got.stdout}\nstderr:\n{got.stderr}"
+    return got
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
-def test_parts_match_reference_sort(dataset, tmp_path, ranks):
-    out = tmp_path / "sorted"
-    proc = mpiexec(ranks, "sort", dataset, out)
+def test_parts_match_reference_sort(runs, dataset, ranks):
+    (_, (_, _, out)), proc = runs[f"parts{ranks}"]
+    _ok(proc)
     assert "sort: write" in proc.stderr and "rows/s" in proc.stderr
     table, index = read_sorted(out)
     ref = _reference(dataset, ["seq_len"], [])
@@ -61,36 +112,26 @@ def test_parts_match_reference_sort(dataset, tmp_path, ranks):
     )
     fp = fingerprint(ref["sample_id"].to_numpy(), ref["seq_len"].to_numpy())
     assert index["fingerprint"] == fp.hex and index["total_tokens"] == fp.tokens
-    assert index["num_rows"] == len(ref) and not list(tmp_path.glob(".*tmp*"))
+    assert index["num_rows"] == len(ref) and not list(Path(out).parent.glob(".*tmp*"))
 
 
-def test_single_file_is_byte_identical_for_every_rank_count(dataset, tmp_path, monkeypatch):
+def test_single_file_is_byte_identical_for_every_rank_count(runs, dataset):
     files = []
     for ranks in (1, 2, 3, 4):
-        if ranks >= 3:  # cut messages and writes into 4000-byte rounds (the large-count path)
-            monkeypatch.setenv("VARPACK_SORT_MAX_MESSAGE", "4000")
-        out = tmp_path / f"sorted-{ranks}.bin"
-        mpiexec(ranks, "sort", dataset, out, "--single-file", "--quiet")
-        files.append(out.read_bytes())
+        (_, (_, _, out, *_), env), proc = runs[f"single{ranks}"]
+        assert (MESSAGE in env) == (ranks >= 3)
+        _ok(proc)
+        files.append(Path(out).read_bytes())
     assert all(f == files[0] for f in files[1:])
-    rec = read_single_file(tmp_path / "sorted-1.bin")
+    rec = read_single_file(runs["single1"][0][1][2])
     ref = _reference(dataset, ["seq_len"], [])
     assert rec["sample_id"].tolist() == ref["sample_id"].to_list()
 
 
-def test_multi_key_descending_wide_keys(tmp_path, monkeypatch, rng):
+def test_multi_key_descending_wide_keys(runs):
     """A float key + an int key + large ids need several key words (the byte-string path)."""
-    n = 6000
-    ids = rng.choice(2**62, n, replace=False)
-    lens = rng.integers(1, 50, n)
-    score = rng.normal(size=n).round(2)
-    score[:10] = -0.0
-    src = write_shards(tmp_path / "in", ids, lens, [2500, 0, 3500], score=score)
-    monkeypatch.setenv("VARPACK_SORT_MAX_MESSAGE", "48")
-    out = tmp_path / "sorted"
-    proc = mpiexec(
-        3, "sort", src, out, "--key", "score", "--key", "seq_len", "--descending", "score"
-    )
+    (_, (_, src, out, *_), _), proc = runs["wide"]
+    _ok(proc)
     assert "B keys" in proc.stderr and "(8 B keys" not in proc.stderr
     table, index = read_sorted(out)
     ref = _reference(src, ["score", "seq_len"], ["score"])
@@ -101,12 +142,9 @@ def test_multi_key_descending_wide_keys(tmp_path, monkeypatch, rng):
     assert table.column("seq_len").to_pylist() == ref["seq_len"].to_list()
 
 
-def test_duplicate_heavy_lengths_stay_balanced(tmp_path, rng):
-    n = 40_000
-    lens = np.where(rng.random(n) < 0.9, rng.choice([128, 512, 2048], n), rng.integers(1, 4096, n))
-    src = write_shards(tmp_path / "in", rng.permutation(n), lens, [n // 2, n // 4, n // 4])
-    out = tmp_path / "sorted"
-    mpiexec(4, "sort", src, out, "--descending", "seq_len", "--quiet")
+def test_duplicate_heavy_lengths_stay_balanced(runs):
+    (_, (_, src, out, *_)), proc = runs["heavy"]
+    _ok(proc)
     table, index = read_sorted(out)
     assert index["balance"]["after_exchange_max_over_mean"] <= 1.10
     rows = [p["rows"] for p in index["parts"]]
@@ -115,10 +153,9 @@ def test_duplicate_heavy_lengths_stay_balanced(tmp_path, rng):
     assert table.column("sample_id").to_pylist() == ref["sample_id"].to_list()
 
 
-def test_more_ranks_than_rows(tmp_path):
-    src = write_metadata(tmp_path / "in.parquet", [9, 4], [3, 3])
-    out = tmp_path / "sorted"
-    mpiexec(3, "sort", src, out, "--quiet")
+def test_more_ranks_than_rows(runs):
+    (_, (_, _, out, _)), proc = runs["few"]
+    _ok(proc)
     table, index = read_sorted(out)
     assert table.column("sample_id").to_pylist() == [4, 9]
     assert [p["rows"] for p in index["parts"]] == [0, 1, 1]
@@ -145,14 +182,12 @@ def test_a_bad_shard_on_one_rank_stops_all_ranks(tmp_path, rng, ranks):
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in"]
 
 
-def test_duplicate_ids_across_ranks_are_named(tmp_path):
-    write_metadata(tmp_path / "in" / "a.parquet", [1, 2, 3], [5, 5, 5])
-    write_metadata(tmp_path / "in" / "b.parquet", [4, 2, 6], [5, 5, 5])
-    proc = mpiexec(2, "sort", tmp_path / "in", tmp_path / "out", check=False)
+def test_duplicate_ids_across_ranks_are_named(runs):
+    (_, (_, src, out)), proc = runs["dup"]
     assert proc.returncode != 0
     assert "duplicate sample_id 2" in proc.stderr
     assert "a.parquet row 1" in proc.stderr and "b.parquet row 1" in proc.stderr
-    assert not (tmp_path / "out").exists()
+    assert not Path(out).exists() and sorted(p.name for p in Path(out).parent.iterdir()) == ["in"]
 
 
 def test_single_process_cli_and_overwrite(dataset, tmp_path):
