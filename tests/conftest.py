@@ -35,8 +35,9 @@ os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: cost of a test, to order modules (seconds of CPU, roughly): ``slow`` runs trainers or many
-#: processes, ``mpi`` launches ranks, anything else is about a tenth of a second
-WEIGHTS = {"slow": 10.0, "mpi": 3.0}
+#: processes, ``mpi`` launches ranks (most modules batch their cases in one job per rank
+#: count), anything else is about a tenth of a second
+WEIGHTS = {"slow": 10.0, "mpi": 1.0}
 WARM_LOCK = "VARPACK_TEST_WARM_LOCK"
 _WARM = pytest.StashKey[tuple[list[subprocess.Popen[bytes]], Path]]()
 
