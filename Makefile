@@ -20,10 +20,9 @@ $(STAMP): pyproject.toml
 	$(PIP) -e '.[mpi,torch,plot,dev]'
 	touch $(STAMP)
 
-# One worker per core and one more (a test waiting on its processes' deadlines or signals leaves
-# its core idle otherwise); --dist loadfile hands each worker whole modules, heaviest first (the
-# order tests/conftest.py gives them), so the run does not end on one worker with a long test.
-TEST_WORKERS ?= $(shell $(PY) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
+# One worker per core; --dist loadfile hands each worker whole modules, heaviest first (the order
+# tests/conftest.py gives them), so the run does not end on one worker with a long test.
+TEST_WORKERS ?= auto
 # The suite starts hundreds of processes (MPI ranks, trainers, CLIs): with PYTHONDONTWRITEBYTECODE
 # set (as on some machines) each one compiles varpack's modules from source again, 0.3-0.8 s of CPU.
 test: install
