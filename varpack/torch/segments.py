@@ -59,10 +59,10 @@ def segment_attention(
     for start, end in bounds:
         if start > at:
             parts.append(qf.new_zeros(start - at, h, d))
+        qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (qf, kf, vf))
         y = F.scaled_dot_product_attention(
-            *(x[start:end].transpose(0, 1).unsqueeze(0) for x in (qf, kf, vf)),
-            is_causal=causal, scale=scale, enable_gqa=gqa,
-        )  # fmt: skip
+            qs, ks, vs, is_causal=causal, scale=scale, enable_gqa=gqa
+        )
         parts.append(y[0].transpose(0, 1))
         at = end
     if at < b * t:
