@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pyarrow as pa
@@ -81,3 +83,14 @@ def mpiexec(
             f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
         )
     return proc
+
+
+def load_train(name: str) -> ModuleType:
+    """``jobs/train.py`` as a module of its own (``name``), so a test calls its ``main`` in-process:
+    one run's imports paid once, not once per run."""
+    path = Path(__file__).resolve().parents[1] / "jobs" / "train.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -9,7 +9,6 @@ demo's pattern and once on random tokens.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import shlex
 from pathlib import Path
@@ -19,8 +18,8 @@ import pytest
 
 pytest.importorskip("torch.nn")
 
-from job_helpers import LAUNCH, ROOT, TRAIN, metrics  # noqa: E402
-from testkit import cli  # noqa: E402
+from job_helpers import LAUNCH, ROOT, metrics  # noqa: E402
+from testkit import cli, load_train  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -69,8 +68,4 @@ def test_the_demos_loss_falls_on_its_data_only(tmp_path: Path, pattern: str,
 
 
 def _trainer() -> Any:
-    spec = importlib.util.spec_from_file_location("varpack_jobs_train_demo", TRAIN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_train("varpack_jobs_train_demo")

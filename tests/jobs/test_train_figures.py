@@ -8,7 +8,6 @@ train.py runs in this process (its ``main``, one rank on a dp 1 plan): no torch 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 from pathlib import Path
@@ -18,8 +17,8 @@ import pytest
 
 pytest.importorskip("torch.nn")
 
-from job_helpers import LAUNCH, TRAIN, make_data, metrics  # noqa: E402
-from testkit import cli  # noqa: E402
+from job_helpers import LAUNCH, make_data, metrics  # noqa: E402
+from testkit import cli, load_train  # noqa: E402
 
 from varpack.torch import ParquetTokenDataset, PlanLoader  # noqa: E402
 from varpack.torch.checkpoint import load_checkpoint  # noqa: E402
@@ -37,11 +36,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def trainer() -> Any:
-    spec = importlib.util.spec_from_file_location("varpack_jobs_train_figures", TRAIN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_train("varpack_jobs_train_figures")
 
 
 @pytest.fixture

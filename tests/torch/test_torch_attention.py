@@ -223,19 +223,22 @@ def test_model_packed_equals_each_sample_alone(
             assert (logits[r, s : s + n] - alone).abs().max() < ATOL
 
 
+def _train_step(model, batch, backend: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Token losses and gradients of one micro-batch; only ``mask`` builds the dense mask."""
+    model.zero_grad(set_to_none=True)
+    meta = A.attention_meta(batch, backend)
+    assert (meta.mask is None) == (backend != "mask")
+    losses = token_losses(model(batch.input_ids, batch.position_ids, meta), batch.labels)
+    losses.sum().backward()
+    return losses.detach(), [p.grad.clone() for p in model.parameters()]
+
+
 def test_padded_is_causal_needs_no_mask_and_has_no_nan(model, batches) -> None:
     batch = batches["padded"]
     assert batch.pad_rows == 1
-    out = {}
-    for backend in ("causal", "mask"):
-        model.zero_grad(set_to_none=True)
-        meta = A.attention_meta(batch, backend)
-        assert (meta.mask is None) == (backend == "causal")
-        losses = token_losses(model(batch.input_ids, batch.position_ids, meta), batch.labels)
-        losses.sum().backward()
-        grads = [p.grad.clone() for p in model.parameters()]
+    out = {backend: _train_step(model, batch, backend) for backend in ("causal", "mask")}
+    for losses, grads in out.values():
         assert torch.isfinite(losses).all() and all(torch.isfinite(g).all() for g in grads)
-        out[backend] = (losses.detach(), grads)
     assert float(out["causal"][0].sum()) > 1.0
     assert torch.allclose(out["causal"][0], out["mask"][0], atol=ATOL)
     for a, b in zip(out["causal"][1], out["mask"][1], strict=True):
@@ -246,14 +249,7 @@ def test_padded_is_causal_needs_no_mask_and_has_no_nan(model, batches) -> None:
 def test_segments_train_as_the_dense_mask(model, batches, layout) -> None:
     """Sample by sample, the same losses and gradients as the dense mask, and no mask built."""
     batch = batches[layout]
-    out = {}
-    for backend in ("segments", "mask"):
-        model.zero_grad(set_to_none=True)
-        meta = A.attention_meta(batch, backend)
-        assert (meta.mask is None) == (backend == "segments")
-        losses = token_losses(model(batch.input_ids, batch.position_ids, meta), batch.labels)
-        losses.sum().backward()
-        out[backend] = (losses.detach(), [p.grad.clone() for p in model.parameters()])
+    out = {backend: _train_step(model, batch, backend) for backend in ("segments", "mask")}
     assert float(out["segments"][0].sum()) > 1.0
     assert torch.allclose(out["segments"][0], out["mask"][0], atol=ATOL)
     for a, b in zip(out["segments"][1], out["mask"][1], strict=True):

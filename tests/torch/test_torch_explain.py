@@ -6,7 +6,6 @@ case takes a few seconds; the two-rank DDP run is in test_torch_distributed.py.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 pytest.importorskip("torch.nn")
 
 from plan_helpers import make_plan, random_lengths, ranks, write_tokens  # noqa: E402
-from testkit import cli, write_metadata  # noqa: E402
+from testkit import cli, load_train, write_metadata  # noqa: E402
 from warm_start import warm_start  # noqa: E402
 
 from varpack.errors import InputError  # noqa: E402
@@ -53,11 +52,7 @@ def here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) ->
 
 
 def _trainer() -> Any:
-    spec = importlib.util.spec_from_file_location("varpack_jobs_train_explain", TRAIN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_train("varpack_jobs_train_explain")
 
 
 def train(*args: object, expect: int = 0) -> subprocess.CompletedProcess[str]:
