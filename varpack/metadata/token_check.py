@@ -91,8 +91,19 @@ def _sample_values(
 
 
 def unsigned(tokens: np.ndarray) -> np.ndarray:
-    """``tokens`` seen as unsigned integers of their width (what the hash reads), no copy."""
-    return tokens.view(np.dtype(f"u{tokens.dtype.itemsize}"))
+    """``tokens`` seen as unsigned integers of their width (what the hash reads), no copy,
+    read-only and contiguous (:func:`_given`)."""
+    return _given(tokens.view(np.dtype(f"u{tokens.dtype.itemsize}")))
+
+
+def _given(a: np.ndarray, dtype: type | None = None) -> np.ndarray:
+    """A kernel's input as one numba type: C-contiguous, of ``dtype``, read-only (a view; a
+    copy only where the layout or dtype differ). numba compiles a kernel again for each
+    readonly flag and layout it meets (a memory map, an Arrow buffer, a slice): 18 variants
+    of the read kernel in one test run, a second of CPU each."""
+    v = np.ascontiguousarray(a, dtype=dtype).view()
+    v.flags.writeable = False
+    return v
 
 
 def sample_values(
@@ -112,7 +123,11 @@ def sample_values(
     first = np.cumsum(count) - count
     check = np.empty(len(ids), dtype=np.uint64)
     chunks = np.empty(int(count.sum()), dtype=np.uint64)
-    _sample_values(unsigned(tokens), start, length, ids, first, check, chunks, CHUNK)
+    i64 = np.int64
+    _sample_values(
+        unsigned(tokens), _given(start, i64), _given(length, i64), _given(ids, i64),
+        _given(first, i64), check, chunks, CHUNK,
+    )  # fmt: skip
     return check, chunks
 
 
@@ -159,7 +174,8 @@ def out_of_bounds(
     >>> out_of_bounds(one, np.array([0, 5]), np.array([5, 6]), np.array([10]), np.array([6]))
     1
     """
-    return int(_out_of_bounds(file, start, length, tokens, longest))
+    args = (_given(a, np.int64) for a in (file, start, length, tokens, longest))
+    return int(_out_of_bounds(*args))
 
 
 @njit(cache=True)
@@ -225,15 +241,10 @@ def gather_verified(
     return int(
         _gather_verified(
             unsigned(src),
-            src_start,
-            count,
-            unsigned(dst),
-            dst_start,
-            ids,
-            length,
-            k0,
-            check,
-            table,
+            *(_given(a, np.int64) for a in (src_start, count)),
+            dst.view(np.dtype(f"u{dst.dtype.itemsize}")),
+            *(_given(a, np.int64) for a in (dst_start, ids, length, k0)),
+            *(_given(a, np.uint64) for a in (check, table)),
             CHUNK,
         )  # fmt: skip
     )

@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from varpack.errors import ConfigError
+from varpack.plan.kernels.inputs import frozen
 
 DISTRIBUTED = -1
 _DACP, _ROUND_ROBIN, _ALL = 0, 1, 2
@@ -149,8 +150,7 @@ def _strategy(code: int) -> Callable[..., tuple[np.ndarray, int]]:
     def run(
         lens: np.ndarray, offsets: np.ndarray, cap: int, n: int, lin: float, quad: float
     ) -> tuple[np.ndarray, int]:
-        lens64 = np.ascontiguousarray(lens, dtype=np.int64)
-        off = np.ascontiguousarray(offsets, dtype=np.int64)
+        lens64, off = frozen(lens, np.int64), frozen(offsets, np.int64)
         out, bad = _place_all(lens64, off, int(cap), int(n), code, float(lin), float(quad))
         return out, int(bad)
 

@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.figures.merge import WHOLE, Merge, length_histogram
+from varpack.plan.kernels.inputs import frozen
 from varpack.plan.rules import LAYOUT_CODE, volume
 from varpack.plan.sync import SYNC_MODELS
 
@@ -73,7 +74,7 @@ def mixing(
     for lo in range(0, num_steps, per_pass):
         hi = min(num_steps, lo + per_pass)
         hist = np.zeros((hi - lo) * nb, dtype=np.int64)
-        _step_histogram(sample_step, lens, edges, table, lo, hi, nb, hist)
+        _step_histogram(frozen(sample_step), frozen(lens), edges, table, lo, hi, nb, hist)
         merged = merge.total(hist)
         if merged is None:
             continue

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from varpack.plan.kernels.inputs import frozen
 from varpack.plan.kernels.permute import permutation, permuted
 
 
@@ -112,8 +113,8 @@ def regroup(
     ([1, 0, 3, 2], [0, 2, 4])
     """
     idx, new_seg = _regroup(
-        np.ascontiguousarray(perm, dtype=np.int64),
-        np.ascontiguousarray(lens, dtype=np.int64),
+        frozen(perm, np.int64),
+        frozen(lens, np.int64),
         np.int64(rule.step),
         np.int64(rule.window * rule.step),
         rule.by_samples,

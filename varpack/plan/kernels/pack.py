@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from varpack.errors import ConfigError
+from varpack.plan.kernels.inputs import frozen
 from varpack.plan.rules import LAYOUT_CODE, fits
 
 
@@ -304,7 +305,7 @@ def pack(
     groups = np.zeros(0, np.int64) if group is None else np.ascontiguousarray(group, np.int64)
     if cap == 0:  # the stream order stands (perm None: the identity)
         return None, _pack_free(
-            lens,
+            frozen(lens),
             np.ascontiguousarray(alone, dtype=np.bool_),
             groups,
             np.ascontiguousarray(bounds, dtype=np.int64),

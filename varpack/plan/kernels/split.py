@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from varpack.plan.kernels.inputs import frozen
 from varpack.plan.rules import round_up
 from varpack.plan.segments import gather_positions
 
@@ -85,8 +86,8 @@ def split_units(ids: np.ndarray, lens: np.ndarray, split_len: int) -> Units | No
         np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     )
     _merge(
-        np.ascontiguousarray(ids, np.int64),
-        np.ascontiguousarray(lens, np.int64),
+        frozen(ids, np.int64),
+        frozen(lens, np.int64),
         long,
         part.ids,
         part.lens,

@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from varpack.plan.kernels.inputs import frozen
+
 
 def levels(cost_kind: str, order: str) -> bool:
     """Does a plan level its curriculum steps by cost?
@@ -44,10 +46,10 @@ def by_cost_in_windows(
     ([2, 0, 1, 3, 4], [0, 1, 3, 5], [9, 4, 4, 3, 3])
     """
     return _reorder(
-        np.ascontiguousarray(idx),
-        np.ascontiguousarray(off, dtype=np.int64),
-        np.ascontiguousarray(lens),
-        np.ascontiguousarray(cost, dtype=np.float64),
+        frozen(idx),
+        frozen(off, np.int64),
+        frozen(lens),
+        frozen(cost, np.float64),
         np.int64(max(window, 1)),
     )
 

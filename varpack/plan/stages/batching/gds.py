@@ -28,6 +28,7 @@ from numba import njit
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cp.cost import cp_model
+from varpack.plan.kernels.inputs import frozen
 from varpack.plan.stages.batching import greedy
 from varpack.plan.sync import slotted
 
@@ -150,7 +151,7 @@ def regroup_steps(
         (cfg.micro_per_step, 1) if slotted(cfg.sync, cfg.grad_accum) else (cfg.dp, cfg.grad_accum)
     )
     perm, new_off, _ = _regroup(
-        np.ascontiguousarray(lens, dtype=np.int64), offsets.astype(np.int64), dp, k, cap,
+        frozen(lens, np.int64), frozen(offsets, np.int64), dp, k, cap,
         model.lin, model.quad,
     )  # fmt: skip
     return perm, new_off
