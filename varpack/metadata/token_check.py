@@ -238,13 +238,19 @@ def gather_verified(
     >>> gather_verified(t, np.array([0, 5]), *args, zero, check[::-1], table)
     0
     """
+    i64, u64 = np.int64, np.uint64
     return int(
         _gather_verified(
             unsigned(src),
-            *(_given(a, np.int64) for a in (src_start, count)),
+            _given(src_start, i64),
+            _given(count, i64),
             dst.view(np.dtype(f"u{dst.dtype.itemsize}")),
-            *(_given(a, np.int64) for a in (dst_start, ids, length, k0)),
-            *(_given(a, np.uint64) for a in (check, table)),
+            _given(dst_start, i64),
+            _given(ids, i64),
+            _given(length, i64),
+            _given(k0, i64),
+            _given(check, u64),
+            _given(table, u64),
             CHUNK,
         )  # fmt: skip
     )
