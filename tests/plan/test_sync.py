@@ -216,9 +216,11 @@ def test_property_micro_plans_keep_every_promise(lens, c):
     volume = p.micro.pad_to * (p.micro.rows if cfg.layout == "padded" else 1)
     assert (volume <= 400).all() and (p.micro.samples >= 1).all()
     # a sample trains within about one window of its random position (two for a heavy one
-    # that waited; the warm-up reorder moves a micro-batch of each shape on purpose)
+    # that waited; the warm-up reorder moves a micro-batch of each shape on purpose; padded
+    # bands at grad-accum 1 are pooled by four blocks: two more)
     if cfg.order == "shuffle" and cfg.warmup != "reorder":
-        assert meta["stats"]["moved_steps_max"] <= 3 * cfg.shuffle_window + 3
+        wide = 2 * (cfg.layout == "padded" and cfg.grad_accum == 1 and cfg.compose == "cost")
+        assert meta["stats"]["moved_steps_max"] <= (3 + wide) * cfg.shuffle_window + 3
     # scored under both models; validate recomputes both from the manifests
     both = meta["stats"]["time_vs_ideal_by_sync"]
     assert meta["stats"]["time_vs_ideal"] == both["micro"] >= both["step"] - 1e-12

@@ -17,6 +17,9 @@ wait about half that spread; a heavy band balances only when ``dp`` of them cost
 block holds too few. :func:`pool_pairs` first cuts each pair of neighbouring blocks as one (its
 sorted runs of ``dp``, each to the block most of it comes from): a band trains at most one
 block from where it was composed (as a heavy sample that waits a window in the packed layout).
+At grad-accum 1 a block holds too few bands of long rows even so (a band of one long row is
+priced by its length alone): :func:`pool_quads` pools each group of four blocks as one where
+that pays, and a band then moves at most three blocks.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.order import snake
+
+#: A group of four blocks is pooled as one where that lowers its slot time by more than this
+#: share (measured at grad-accum 1: nearly every group gains more; none of a band's extra
+#: moves for less)
+WIDE_GAIN = 0.01
 
 
 def slot_order(cost: np.ndarray, dp: int, k: int, window: int) -> np.ndarray:
@@ -139,3 +147,51 @@ def move_micro(
     new_starts = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(np.diff(starts)[order], out=new_starts[1:])
     return tuple(_gather(a, starts, order, new_starts) for a in arrays), new_starts
+
+
+@njit(cache=True)
+def _waits(cost, order, a, b, dp):  # type: ignore[no-untyped-def]
+    """The slot cut's time of block ``order[a:b]``: the sum of every ``dp``-th cost, sorted."""
+    s = np.sort(cost[order[a:b]])[::-1]
+    out = 0.0
+    for j in range(0, len(s), dp):
+        out += s[j]
+    return out
+
+
+def pool_quads(cost: np.ndarray, size: int, dp: int, gain: float) -> np.ndarray:
+    """:func:`pool_pairs`' order, but each group of four blocks ``(4j .. 4j + 3)`` pooled as one
+    where that lowers the group's slot time by more than ``gain`` of it: its micro-batches,
+    costliest first, in runs of ``dp``, each run to the pair of blocks most of it comes from,
+    then inside the pair to the block (:func:`pool_pairs` on pairs of blocks, then on blocks).
+    A micro-batch then moves at most to another block of its group; every block keeps its
+    count and its stream order.
+
+    Two ranks, blocks of two: each block holds one heavy micro-batch, each pair two of unlike
+    cost (9 with 5, 8.5 with 4); pooled by four the two costliest meet in one slot, and the
+    5 and the 4 in another (slots of 9, 5, 1, 1 against 9, 1, 8.5, 1).
+
+    >>> c = np.array([9.0, 1, 5, 1, 8.5, 1, 4, 1])
+    >>> pool_pairs(c, 2, 2).tolist(), pool_quads(c, 2, 2, 0.01).tolist()
+    ([0, 2, 1, 3, 4, 6, 5, 7], [0, 4, 2, 6, 1, 3, 5, 7])
+    """
+    pairs = pool_pairs(cost, size, dp)
+    wide = pool_pairs(cost, 2 * size, dp)
+    wide = wide[pool_pairs(cost[wide], size, dp)]
+    return _choose(cost, pairs, wide, size, dp, gain)
+
+
+@njit(cache=True)
+def _choose(cost, pairs, wide, size, dp, gain):  # type: ignore[no-untyped-def]
+    """``pairs`` with each group of four blocks taken from ``wide`` where that pays."""
+    out = pairs.copy()
+    m = len(cost)
+    for g in range(0, m, 4 * size):
+        tp = tw = 0.0
+        for a in range(g, min(g + 4 * size, m), size):
+            b = min(a + size, m)
+            tp += _waits(cost, pairs, a, b, dp)
+            tw += _waits(cost, wide, a, b, dp)
+        if tw < (1.0 - gain) * tp:
+            out[g : g + 4 * size] = wide[g : g + 4 * size]
+    return out

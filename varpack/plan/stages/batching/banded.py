@@ -11,8 +11,11 @@ stage levels a rank's bands (longest-processing-time first). With ``--sync micro
 make a step. The count is completed to whole steps by splitting the costliest bands
 (:func:`varpack.plan.kernels.pack.complete`). Then (``--sync micro``, and grad-accum 1 under
 both models) each pair of neighbouring blocks is cut as one, in sorted runs of ``dp``
-(:func:`~varpack.plan.kernels.slots.pool_pairs`), and each block's micro-batches cut into slots
-by cost (:func:`~varpack.plan.kernels.slots.slot_order`).
+(:func:`~varpack.plan.kernels.slots.pool_pairs`; at grad-accum 1 each group of four where that
+lowers its time, :func:`~varpack.plan.kernels.slots.pool_quads`), rows are moved between the
+bands of a block where that lowers its time (:func:`~varpack.plan.kernels.bandlevel.level_bands`),
+and each block's micro-batches cut into slots by cost
+(:func:`~varpack.plan.kernels.slots.slot_order`).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import numpy as np
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import cost_coefficients
+from varpack.plan.kernels.bandlevel import PASSES, level_bands, regroup
 from varpack.plan.kernels.bands import band_items, deal_steps
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete
-from varpack.plan.kernels.slots import move_micro, pool_pairs, slot_order
+from varpack.plan.kernels.slots import WIDE_GAIN, move_micro, pool_pairs, pool_quads, slot_order
 from varpack.plan.segments import gather_positions, segment_max
 from varpack.plan.stages.batching import greedy, pipeline
 from varpack.plan.stages.batching.common import (
@@ -68,6 +72,30 @@ def merge_small(
     return idx, new
 
 
+def cut_slots(
+    idx: np.ndarray, starts: np.ndarray, lens: np.ndarray, eff: np.ndarray, cfg: PlanConfig,
+    epoch: int,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """An epoch's bands (``idx`` cut at ``starts``) completed to whole steps, pooled (pairs of
+    blocks; at grad-accum 1 groups of four where that pays), levelled by moving rows inside each
+    block, and cut into slots by cost: ``(idx, starts)`` in step order."""
+    starts, cost = whole_steps(starts, lens[idx], cfg, epoch)
+    size, dp = cfg.micro_per_step * cfg.shuffle_window, cfg.dp
+    if cfg.grad_accum == 1:
+        pooled = pool_quads(cost, size, dp, WIDE_GAIN)
+    else:
+        pooled = pool_pairs(cost, size, dp)
+    lin, quad = cost_coefficients(cfg.cost_model())
+    band = level_bands(np.ascontiguousarray(eff[idx], dtype=np.int64), starts, pooled, size, dp,
+                       cfg.max_tokens, lin, quad, PASSES)  # fmt: skip
+    perm, starts = regroup(band, len(starts) - 1)
+    idx = idx[perm]
+    cost = summarize(starts, lens[idx], cfg.micro_rule()).cost
+    order = slot_order(cost[pooled], dp, cfg.grad_accum, cfg.shuffle_window)
+    (idx,), starts = move_micro((idx,), starts, pooled[order])
+    return idx, starts
+
+
 def build(
     lens: np.ndarray,
     alone: np.ndarray,
@@ -103,11 +131,8 @@ def build(
         order = deal_steps(starts, np.asarray(bounds, np.int64), heavy, item_cost, per_step, dp)
         pos, starts = gather_positions(starts[:-1][order], np.diff(starts)[order])
         idx = idx[pos]
-        if cut:  # whole steps, slots cut by cost, pairs of blocks pooled
-            starts, cost = whole_steps(starts, lens[idx], cfg, epoch)
-            pooled = pool_pairs(cost, cfg.micro_per_step * cfg.shuffle_window, dp)
-            order = slot_order(cost[pooled], dp, cfg.grad_accum, cfg.shuffle_window)
-            (idx,), starts = move_micro((idx,), starts, pooled[order])
+        if cut:  # whole steps, blocks pooled, rows levelled, slots cut by cost
+            idx, starts = cut_slots(idx, starts, lens, eff, cfg, epoch)
         else:
             starts = complete(
                 starts,
