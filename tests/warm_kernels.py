@@ -7,7 +7,7 @@ each kernel on first use: about a minute of CPU for the suite's kernels. Left to
 workers, or the ranks of an ``mpiexec``, that reach a kernel at the same time each compile it.
 Under ``pytest -n N`` in a clean clone, ``tests/conftest.py`` runs this twice side by side while
 the workers collect: ``composed`` plans the families whose steps are composed by cost (the
-longest kernels to compile), ``others`` the rest. Every family is planned through the CLI, so
+longest kernels to compile) and context parallelism, ``others`` the rest (about 50 CPU-s each). Every family is planned through the CLI, so
 the kernels meet the argument types the tests give them.
 """
 
@@ -34,12 +34,18 @@ EXTRA: dict[str, list[str]] = {
                "--order", "shuffle", "--seed", "3", "--oversize", "drop"],
     "cp-greedy": ["--max-tokens", "4096", "--cp", "4", "--bucket-size", "2048", "--oversize",
                   "drop", "--cp-batching", "greedy", "--cp-placement", "round-robin"],
+    # the padded layout at grad-accum 1: blocks pooled by four, rows levelled between bands
+    "padded-k1-flops": ["--max-tokens", "8192", "--layout", "padded", "--order", "shuffle",
+                        "--cost", "flops", "--model-preset", "qwen2.5-0.5b", "--dp", "2"],
 }  # fmt: skip
 
 
 def composed(opts: list[str]) -> bool:
-    """Steps composed by cost: shuffled budget batching, neither CP, blocks nor fixed batches."""
-    return "shuffle" in opts and not {"--cp", "blocks", "fixed"} & set(opts)
+    """Steps composed by cost (shuffled budget batching in the packed layout, neither blocks nor
+    fixed batches), and context parallelism: the two halves of the compile, about even (the
+    padded layout's bands take kernels of their own, in the other half)."""
+    shuffled = "shuffle" in opts and not {"blocks", "fixed", "padded"} & set(opts)
+    return shuffled or "--cp" in opts
 
 
 def families(part: str) -> list[tuple[str, list[str]]]:
