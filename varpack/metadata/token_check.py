@@ -100,7 +100,8 @@ def _given(a: np.ndarray, dtype: type | None = None) -> np.ndarray:
     """A kernel's input as one numba type: C-contiguous, of ``dtype``, read-only (a view; a
     copy only where the layout or dtype differ). numba compiles a kernel again for each
     readonly flag and layout it meets (a memory map, an Arrow buffer, a slice): 18 variants
-    of the read kernel in one test run, a second of CPU each."""
+    of the read kernel in one test run, a second of CPU each. (The planner's kernels do the
+    same through ``varpack.plan.kernels.inputs.frozen``; metadata may not import the planner.)"""
     v = np.ascontiguousarray(a, dtype=dtype).view()
     v.flags.writeable = False
     return v

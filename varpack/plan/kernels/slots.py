@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from varpack.plan.kernels.level import _time
 from varpack.plan.kernels.order import snake
 
 #: A group of four blocks is pooled as one where that lowers its slot time by more than this
@@ -149,16 +150,6 @@ def move_micro(
     return tuple(_gather(a, starts, order, new_starts) for a in arrays), new_starts
 
 
-@njit(cache=True)
-def _waits(cost, order, a, b, dp):  # type: ignore[no-untyped-def]
-    """The slot cut's time of block ``order[a:b]``: the sum of every ``dp``-th cost, sorted."""
-    s = np.sort(cost[order[a:b]])[::-1]
-    out = 0.0
-    for j in range(0, len(s), dp):
-        out += s[j]
-    return out
-
-
 def pool_quads(cost: np.ndarray, size: int, dp: int, gain: float) -> np.ndarray:
     """:func:`pool_pairs`' order, but each group of four blocks ``(4j .. 4j + 3)`` pooled as one
     where that lowers the group's slot time by more than ``gain`` of it: its micro-batches,
@@ -190,8 +181,8 @@ def _choose(cost, pairs, wide, size, dp, gain):  # type: ignore[no-untyped-def]
         tp = tw = 0.0
         for a in range(g, min(g + 4 * size, m), size):
             b = min(a + size, m)
-            tp += _waits(cost, pairs, a, b, dp)
-            tw += _waits(cost, wide, a, b, dp)
+            tp += _time(cost[pairs[a:b]], dp)  # the slot cut's time of each block
+            tw += _time(cost[wide[a:b]], dp)
         if tw < (1.0 - gain) * tp:
             out[g : g + 4 * size] = wide[g : g + 4 * size]
     return out
