@@ -1,7 +1,7 @@
 """Plan quality against peers: section (b) of bench_plan.py (`--only quality`), and the
 DeepSpeed PR 7104 comparison of its throughput section (a).
 
-Each peer is reimplemented from its paper or code as a :class:`Layout` (stream lengths,
+Each peer's batching rule is reimplemented as a :class:`Layout` (stream lengths,
 micro-batch offsets, each micro-batch's step and rank), and every strategy, varpack's included,
 is scored by the same functions (varpack.plan.kernels.micro.summarize / stats): padding ratio,
 estimated time / ideal, imbalance, mixing. Peers: DDP's random fixed batches, LongAlign's sorted
