@@ -25,7 +25,8 @@ eager row's model steps with the batches already on the GPU against the full loo
 DataLoader workers by default from the CPUs per GPU, ``varpack.torch.workers``). Results: OUT.md,
 OUT.json. A row that cannot run here (a missing kernel) says why; one that runs out of memory says
 "OOM at this budget"; one that fails otherwise records its error. ``--time-budget`` counts from
-the start (data and plans included): rows not started within it are skipped and say so.
+the start (data and plans included): rows not started within it are skipped and say so. The rows,
+their order and the report made of their figures: ``gpu_report.py``.
 """
 
 from __future__ import annotations
@@ -38,13 +39,26 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from varpack.torch import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, however started
+
+from gpu_report import (  # noqa: E402
+    COMPILED_REFERENCE,
+    ORDER,
+    REFERENCE,
+    Row,
+    best_row,
+    make_rows,
+    markdown,
+    ratios,
+)
+
+from varpack.torch import (  # noqa: E402
     ParquetTokenDataset,
     PlanLoader,
     compile_warmup,
@@ -54,51 +68,11 @@ from varpack.torch import (
     resolve_backend,
     token_loss_sum,
 )
-from varpack.torch.attention import BackendUnavailableError
-from varpack.torch.model import PRESETS, GPTConfig, TinyGPT, model_inputs, param_count_str
-from varpack.torch.workers import default_workers
+from varpack.torch.attention import BackendUnavailableError  # noqa: E402
+from varpack.torch.model import PRESETS, GPTConfig, TinyGPT, model_inputs  # noqa: E402
+from varpack.torch.workers import default_workers  # noqa: E402
 
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40": 181.0}
-
-
-@dataclass(frozen=True)
-class Row:
-    name: str
-    plan: str  # key of the prepared plans ("" for the references)
-    attention: str
-    compile: str = "none"  # none | static | dynamic
-    varpack: bool = True  # a packed row (counts for "best varpack row")
-
-
-def make_rows(budget: int, ga: int, shapes: int) -> list[Row]:
-    """The benchmark's rows, named after the budget, grad-accum and shape limit in use."""
-    k = f"{budget // 1024}K" if budget >= 1024 else str(budget)
-    return [
-        Row(f"packed {k}, ga {ga}, mask", "packed", "mask"),
-        Row(f"packed {k}, ga {ga}, varlen", "packed", "varlen"),
-        Row(f"packed {k}, ga {ga}, flex", "packed", "flex"),
-        Row(f"packed --max-shapes {shapes}, varlen", "shapes", "varlen"),
-        Row(f"packed --pack-to {budget}, flex", "packto", "flex"),
-        Row("padded fixed 4 random, per-sample mask", "fixed", "mask", varpack=False),
-        Row("padded fixed 4 random, is_causal", "fixed", "causal", varpack=False),
-        Row(f"padded {k} length-grouped, is_causal", "grouped", "causal", varpack=False),
-        Row(f"packed --max-shapes {shapes}, --compile static", "shapes", "auto", "static"),
-        Row(f"packed {k}, --compile dynamic", "packed", "auto", "dynamic"),
-        Row(f"reference: full-length causal rows of {budget}", "", "causal", varpack=False),
-        Row("reference: full-length causal rows, --compile static", "", "causal", "static", False),
-    ]
-
-
-REFERENCE, COMPILED_REFERENCE = 10, 11  # indices of the reference rows (eager, compiled)
-BASELINES = {"vs_padded_random_mask": 5, "vs_padded_random_causal": 6, "vs_padded_length_grouped": 7}  # fmt: skip
-# Run order (the time budget may cut the tail): eager rows, the references, the compiled rows;
-# the reader share runs before the first compiled row.
-ORDER = [1, 2, 0, 3, 4, 5, 6, 7, REFERENCE, COMPILED_REFERENCE, 8, 9]
-
-
-def reference_of(row: Row) -> int:
-    """The reference a row is compared with: the one of its compile mode."""
-    return REFERENCE if row.compile == "none" else COMPILED_REFERENCE
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -375,20 +349,6 @@ def measure_row(bench: Bench, k: int, plans: dict[str, Path]) -> dict:
     return res
 
 
-def _ok(results: dict, k: int) -> bool:
-    return results.get(k, {}).get("status") == "ok"
-
-
-def best_row(rows: list[Row], results: dict, compiled: bool = True) -> int | None:
-    """The varpack row with the most real tokens/s (``compiled=False``: among eager rows)."""
-    ok = [
-        k
-        for k, r in enumerate(rows)
-        if r.varpack and (compiled or r.compile == "none") and _ok(results, k)
-    ]
-    return max(ok, key=lambda k: results[k]["tokens_per_s"]) if ok else None
-
-
 def reader_share(bench: Bench, plans: dict[str, Path], results: dict) -> dict:
     """The best uncompiled varpack row again, its micro-batches moved to the device first."""
     best = best_row(bench.rows, results, compiled=False)
@@ -404,56 +364,6 @@ def reader_share(bench: Bench, plans: dict[str, Path], results: dict) -> dict:
     share = (full - moved["seconds"]) / full
     return {"row": row.name, "full_loop_s": full, "preloaded_s": moved["seconds"],
             "share": share, "target": 0.02, "ok": share <= 0.02}  # fmt: skip
-
-
-def ratios(rows: list[Row], results: dict) -> dict:
-    """Every row as a share of the reference of its compile mode (in place); the best eager
-    varpack row against the baselines (eager too: like with like)."""
-    for k in results:
-        ref = reference_of(rows[k])
-        if _ok(results, k) and _ok(results, ref):
-            results[k]["vs_reference"] = results[k]["tokens_per_s"] / results[ref]["tokens_per_s"]
-    best, eager = best_row(rows, results), best_row(rows, results, compiled=False)
-    out: dict[str, Any] = {"best_varpack_row": rows[best].name if best is not None else None,
-                           "best_eager_row": rows[eager].name if eager is not None else None}  # fmt: skip
-    for key, k in BASELINES.items():
-        if eager is not None and _ok(results, k):
-            out[key] = results[eager]["tokens_per_s"] / results[k]["tokens_per_s"]
-    return out
-
-
-def markdown(report: dict) -> str:
-    peak = report["peak_tflops"]
-    lines = [f"# GPU benchmark ({report['device']}, torch {report['torch']})", "",
-             f"Model {report['preset']} ({param_count_str(report['params'])} params), {report['dtype']}, budget "
-             f"{report['budget']} tokens, grad-accum {report['grad_accum']}, {report['warmup_steps']} "
-             f"warm-up + {report['steps']} timed steps. MFU over {peak or 'n/a'} TFLOP/s.", "",
-             "| # | row | attention | real tokens/s | padded | peak GiB | MFU | recompiles | vs reference |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for name, r in report["rows"].items():
-        i = r["row"]
-        if r.get("status") != "ok":
-            why = r["status"] + (f" ({r['detail']})" if "detail" in r else "")
-            lines.append(f"| {i} | {name} | {why} | | | | | | |")
-            continue
-        mfu = f"{r['tflops'] / peak:.1%}" if peak else "n/a"
-        gib = f"{r['peak_gib']:.1f}" if "peak_gib" in r else "n/a"
-        vs = f"{r['vs_reference']:.2f}" if "vs_reference" in r else "n/a"
-        lines.append(f"| {i} | {name} | {r['attention']} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['padded_frac']:.1%} | {gib} | {mfu} | {r['recompiles']} | {vs} |")  # fmt: skip
-    rat, rd = report["ratios"], report["reader"]
-    lines += ["", "vs reference: against the full-length rows of the same compile mode (eager or "
-              "compiled); a reference, not a bound: short samples cost less attention per token.",
-              "", f"Best varpack row: {rat.get('best_varpack_row')}. Against the padded "
-              f"baselines (eager), the best eager row: {rat.get('best_eager_row')}."]  # fmt: skip
-    for key, value in rat.items():
-        if key.startswith("vs_") and value is not None:
-            lines.append(f"- {key.replace('_', ' ')}: {value:.2f}x")
-    if "share" in rd:
-        lines.append(f"- reader's share ({rd['row']}, {report['workers']} DataLoader workers): "
-                     f"{rd['share']:.1%} of the loop "
-                     f"({'within' if rd['ok'] else 'over'} the 2 % target)")  # fmt: skip
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

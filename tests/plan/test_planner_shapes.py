@@ -2,7 +2,9 @@
 
 Every plan is written, read back and checked by `varpack validate`; the properties also check
 each invariant directly from the written manifests (independently of validate), and a simulated
-trainer replays each rank's shape sequence to see when it would compile.
+trainer replays each rank's shape sequence to see when it would compile (``shape_helpers.py``).
+The command line's side (validate refusing broken shape rules, the CLI's plans replayed, TOML):
+``test_planner_shapes_cli.py``.
 """
 
 from __future__ import annotations
@@ -12,83 +14,19 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from testkit import cli, write_metadata
+from shape_helpers import compiles_after_prefix, manifests, planned
 
 from varpack.errors import ConfigError
-from varpack.manifest.format import (
-    PLAN_JSON,
-    _write_table,
-    load_plan,
-    rank_file,
-    sha256_file,
-    write_plan,
-)
+from varpack.manifest.format import PLAN_JSON
 from varpack.manifest.tables import plan_tables
 from varpack.manifest.validate import validate_plan
 from varpack.metadata.synth import action_genome_lengths
 from varpack.plan import PlanConfig, make_plan, plan_arrays
 from varpack.plan.kernels.shapes import choose_lengths, padding_of
 from varpack.plan.stages.batching.blocks import reset_table
-
-
-def _write(tmp: Path, ids, lens, cfg: PlanConfig) -> Path:
-    arrays, meta, extra = make_plan(np.asarray(ids), np.asarray(lens), cfg)
-    out = tmp / "plan"
-    write_plan(out, meta, plan_tables(arrays), rank_extra=extra)
-    return out
-
-
-def _manifests(plan: Path) -> list[dict[str, np.ndarray]]:
-    """Each rank's rows as arrays: step, counts, pad_to, rows of the shape, warmup, lists."""
-    p = load_plan(plan, verify=True)
-    cfg = p.meta["config"]
-    out = []
-    for r in range(p.dp):
-        t = p.rank_table(r)
-        n = np.array([len(x) for x in t.column("sample_ids").to_pylist()])
-        pad_rows = (
-            np.array(t.column("pad_rows").to_pylist())
-            if "pad_rows" in t.column_names
-            else np.zeros(len(n), int)
-        )
-        if cfg["batching"] == "blocks":
-            rows = np.full(len(n), cfg["blocks_per_batch"])
-        elif cfg["layout"] == "padded":
-            rows = n + pad_rows
-        else:
-            rows = np.ones(len(n), int)
-        out.append(
-            {
-                "step": np.array(t.column("step").to_pylist()),
-                "count": n,
-                "pad_to": np.array(t.column("pad_to").to_pylist()),
-                "rows": rows,
-                "pad_rows": pad_rows,
-                "warmup": np.array(t.column("warmup").to_pylist(), bool),
-                "seq_lens": t.column("seq_lens").to_pylist(),
-                "block_index": t.column("block_index").to_pylist()
-                if "block_index" in t.column_names
-                else None,
-            }
-        )
-    return out
-
-
-def compiles_after_prefix(rows: np.ndarray, pad_to: np.ndarray, warmup: np.ndarray) -> list[int]:
-    """Simulate a static-shape trainer: positions where a never-seen shape appears after warm-up."""
-    seen: set[tuple[int, int]] = set()
-    late = []
-    for i, shape in enumerate(zip(rows.tolist(), pad_to.tolist(), strict=True)):
-        if shape not in seen and not warmup[i]:
-            late.append(i)
-        seen.add(shape)
-    return late
-
 
 # ---- hand-checked cases ---------------------------------------------------------------------------
 
@@ -112,7 +50,7 @@ def test_max_shapes_padded_fixes_rows_and_pads_with_empty_rows(tmp_path):
     assert rows[0]["seq_lens"] == [3, 3, 4] and rows[0]["pad_rows"] == 1  # 3 of B=4 rows
     meta = make_plan(np.arange(5), np.array([3, 3, 4, 9, 16]), cfg)[1]
     assert meta["stats"]["pad_rows"] == 1 and meta["stats"]["pad_row_tokens"] == 4
-    assert validate_plan(_write(tmp_path, np.arange(5), [3, 3, 4, 9, 16], cfg)).problems == []
+    assert validate_plan(planned(tmp_path, np.arange(5), [3, 3, 4, 9, 16], cfg)).problems == []
 
 
 def test_pack_to_pads_every_micro_batch_to_l(tmp_path):
@@ -123,7 +61,7 @@ def test_pack_to_pads_every_micro_batch_to_l(tmp_path):
     meta = make_plan(np.arange(6), np.array(lens), cfg)[1]
     assert meta["shape_lengths"] == [16] and meta["stats"]["shapes_per_rank"] == [1]
     assert meta["stats"]["padded_tokens"] == 16 * len(p.micro.pad_to)
-    assert validate_plan(_write(tmp_path, np.arange(6), lens, cfg)).problems == []
+    assert validate_plan(planned(tmp_path, np.arange(6), lens, cfg)).problems == []
 
 
 def test_padded_dp_lower_bound_is_met_on_curriculum(rng):
@@ -141,11 +79,11 @@ def test_padded_dp_lower_bound_is_met_on_curriculum(rng):
 def test_pp_groups_share_one_shape_and_fill_the_budget(tmp_path, rng):
     lens = np.sort(rng.integers(1, 500, 3000))
     cfg = PlanConfig(max_tokens=1024, layout="padded", dp=2, grad_accum=4, pp=2, pad_multiple=16)
-    out = _write(tmp_path, np.arange(3000), lens, cfg)
+    out = planned(tmp_path, np.arange(3000), lens, cfg)
     meta = json.loads((out / PLAN_JSON).read_text())
     assert meta["layout"] == {"dp": 2, "pp": 2, "cp": 1, "grad_accum": 4}
     assert meta["stats"]["pp_extra_padding"] >= 0
-    for m in _manifests(out):
+    for m in manifests(out):
         for s in np.unique(m["step"]):
             sel = m["step"] == s
             assert (
@@ -164,13 +102,13 @@ def test_blocks_on_action_genome_shape(tmp_path):
     lens = action_genome_lengths()
     ids = np.arange(len(lens))
     cfg = PlanConfig(batching="blocks", max_tokens=94 * 8, order="shuffle", seed=1)
-    out = _write(tmp_path, ids, np.sort(lens), cfg)
+    out = planned(tmp_path, ids, np.sort(lens), cfg)
     meta = json.loads((out / PLAN_JSON).read_text())
     b = meta["stats"]["blocks"]
     assert meta["config"]["block_len"] == 94 and meta["config"]["blocks_per_batch"] == 8
     assert b["block_padding"] < 3695  # the BLoad paper's padded frames on Action Genome
     assert b["block_padding"] == b["blocks"] * 94 - int(lens.sum())
-    for m in _manifests(out):
+    for m in manifests(out):
         for sl, bi in zip(m["seq_lens"], m["block_index"], strict=True):
             fill = np.bincount(bi, weights=sl)
             assert fill.max() <= 94 and bi[0] == 0 and (np.diff(bi) >= 0).all()
@@ -191,9 +129,9 @@ def test_warmup_reorder_prefix_largest_first_and_lr_recomputed(tmp_path, rng):
         base_batch_size=16,
     )
     listed = plan_arrays(np.arange(2000), lens, PlanConfig(**kw))
-    out = _write(tmp_path, np.arange(2000), lens, PlanConfig(**kw, warmup="reorder"))
+    out = planned(tmp_path, np.arange(2000), lens, PlanConfig(**kw, warmup="reorder"))
     meta = json.loads((out / PLAN_JSON).read_text())
-    for r, m in enumerate(_manifests(out)):
+    for r, m in enumerate(manifests(out)):
         p = int(m["warmup"].sum())
         assert m["warmup"][:p].all() and not m["warmup"][p:].any()
         shapes = meta["ranks"][r]["shapes"]
@@ -251,62 +189,6 @@ def test_blocks_defaults_resolve_from_data():
             np.array([3, 5, 12]),
             PlanConfig(batching="blocks", max_tokens=64, block_len=10),
         )
-
-
-# ---- validate catches broken shape rules ----------------------------------------------------------
-
-
-def _forge(plan: Path, rank: int, rows: list[dict]) -> None:
-    path = plan / rank_file(rank)
-    table = pa.Table.from_pylist(rows, schema=pq.read_schema(path))
-    _write_table(table, path)
-    doc = json.loads((plan / PLAN_JSON).read_text())
-    doc["ranks"][rank].update(sha256=sha256_file(path), rows=table.num_rows)
-    (plan / PLAN_JSON).write_text(json.dumps(doc))
-
-
-def test_validate_catches_late_shape_after_warmup(tmp_path, rng):
-    lens = np.sort(rng.integers(1, 300, 800))
-    cfg = PlanConfig(max_tokens=512, layout="padded", max_shapes=5, warmup="reorder", grad_accum=1)
-    out = _write(tmp_path, np.arange(800), lens, cfg)
-    rows = pq.read_table(out / rank_file(0)).to_pylist()
-    rows[0]["warmup"] = False  # the largest shape is now met only... in its warm-up slot? no: late
-    _forge(out, 0, rows)
-    text = cli("validate", out, expect=1).stdout
-    assert "warm-up" in text or "not in the warm-up prefix" in text
-
-
-def test_validate_catches_pp_shape_mismatch_and_block_overflow(tmp_path, rng):
-    lens = np.sort(rng.integers(1, 300, 800))
-    pp = _write(
-        tmp_path / "a",
-        np.arange(800),
-        lens,
-        PlanConfig(max_tokens=512, layout="padded", grad_accum=2, pp=2),
-    )
-    rows = pq.read_table(pp / rank_file(0)).to_pylist()
-    rows[0]["pad_rows"] += 1
-    _forge(pp, 0, rows)
-    assert "shapes, the pipeline needs one" in cli("validate", pp, expect=1).stdout
-    blk = _write(
-        tmp_path / "b", np.arange(800), lens, PlanConfig(batching="blocks", max_tokens=600)
-    )
-    rows = pq.read_table(blk / rank_file(0)).to_pylist()
-    row = next(r for r in rows if len(r["block_index"]) >= 2 and r["block_index"][1] == 1)
-    row["block_index"][1] = 0  # two samples in one block: over its length or not, fill changes
-    _forge(blk, 0, rows)
-    text = cli("validate", blk, expect=1).stdout
-    assert "blocks +" in text or "over the block length" in text
-
-
-def test_validate_catches_too_many_shapes(tmp_path, rng):
-    lens = np.sort(rng.integers(1, 300, 800))
-    out = _write(tmp_path, np.arange(800), lens, PlanConfig(max_tokens=512, max_shapes=2))
-    rows = pq.read_table(out / rank_file(0)).to_pylist()
-    rows[-1]["pad_to"] = 511
-    _forge(out, 0, rows)
-    text = cli("validate", out, expect=1).stdout
-    assert "pad_to differs from the shape rule" in text and "over --max-shapes 2" in text
 
 
 # ---- properties: every combination through the real planner ---------------------------------------
@@ -378,7 +260,7 @@ def test_property_shapes_invariants_and_validate(lens, c):
     cfg = shape_config(c)
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            out = _write(Path(tmp), ids, lens_a, cfg)
+            out = planned(Path(tmp), ids, lens_a, cfg)
         except ConfigError as exc:
             assert any(s in str(exc) for s in ACCEPTED), str(exc)
             event("refused: " + next(s for s in ACCEPTED if s in str(exc)))
@@ -387,7 +269,7 @@ def test_property_shapes_invariants_and_validate(lens, c):
         meta = json.loads((out / PLAN_JSON).read_text())
         rcfg = meta["config"]
         k = cfg.grad_accum
-        for r, m in enumerate(_manifests(out)):
+        for r, m in enumerate(manifests(out)):
             shapes = set(zip(m["rows"].tolist(), m["pad_to"].tolist(), strict=True))
             assert sorted(map(list, shapes)) == sorted(meta["ranks"][r]["shapes"])
             assert (m["count"] >= 1).all() and (m["pad_rows"] >= 0).all()
@@ -419,80 +301,3 @@ def test_property_shapes_invariants_and_validate(lens, c):
                 assert not m["warmup"].any()
         report = validate_plan(out, (ids, lens_a))
         assert report.problems == []
-
-
-@pytest.mark.parametrize(
-    "extra",
-    [
-        [],
-        ["--max-shapes", 4],
-        ["--layout", "padded", "--max-shapes", 4],
-        ["--layout", "padded", "--pp", 2, "--pad-multiple", 32],
-        ["--layout", "padded", "--pp", 2, "--max-shapes", 4, "--order", "shuffle"],
-        ["--pp", 2, "--max-shapes", 3, "--epochs", 2],
-    ],
-)
-def test_no_shape_first_appears_after_the_warmup_prefix(tmp_path, rng, extra):
-    """Replay each rank's shape sequence from the written manifests, as a compiling trainer would."""
-    lens = rng.lognormal(5.0, 1.0, 3000).astype(np.int64).clip(1, 1024)
-    write_metadata(tmp_path / "m.parquet", np.arange(3000), lens)
-    out = tmp_path / "plan"
-    cli(
-        "plan",
-        tmp_path / "m.parquet",
-        out,
-        "--max-tokens",
-        2048,
-        "--dp",
-        3,
-        "--grad-accum",
-        4,
-        "--warmup",
-        "reorder",
-        *extra,
-    )
-    meta = json.loads((out / PLAN_JSON).read_text())
-    for r, m in enumerate(_manifests(out)):
-        assert compiles_after_prefix(m["rows"], m["pad_to"], m["warmup"]) == []
-        p = int(m["warmup"].sum())
-        assert p == len(meta["ranks"][r]["shapes"]) * (4 if "--pp" in extra else 1)  # whole steps
-    assert cli("validate", out, "--metadata", tmp_path / "m.parquet").stdout.startswith("OK ")
-    text = cli("inspect", out).stdout
-    assert "largest shapes" in text and "warm-up" in text
-    if "--pp" in extra:
-        assert "pipeline" in text
-
-
-def test_toml_accepts_shape_options(tmp_path, rng):
-    lens = rng.integers(1, 90, 2000)
-    write_metadata(tmp_path / "m.parquet", np.arange(2000), lens)
-    toml = tmp_path / "plan.toml"
-    toml.write_text('batching = "blocks"\nmax-tokens = 940\nwarmup = "reorder"\n[plan_extra]\n')
-    res = cli("plan", tmp_path / "m.parquet", tmp_path / "x", "--config", toml, expect=2)
-    assert "unexpected table" in res.stderr
-    toml.write_text(
-        'batching = "blocks"\nmax-tokens = 940\nwarmup = "reorder"\nblock-window = 512\n'
-    )
-    cli("plan", tmp_path / "m.parquet", tmp_path / "p", "--config", toml, "--dp", 2)
-    cfg = json.loads((tmp_path / "p" / PLAN_JSON).read_text())["config"]
-    assert (cfg["block_len"], cfg["blocks_per_batch"], cfg["block_window"], cfg["dp"]) == (
-        int(lens.max()),
-        940 // int(lens.max()),
-        512,
-        2,
-    )
-    text = cli("inspect", tmp_path / "p").stdout
-    assert "blocks" in text and "padding inside blocks" in text
-    bad = cli(
-        "plan",
-        tmp_path / "m.parquet",
-        tmp_path / "q",
-        "--max-tokens",
-        64,
-        "--grad-accum",
-        3,
-        "--pp",
-        2,
-        expect=2,
-    )
-    assert "multiple of --pp" in bad.stderr and not (tmp_path / "q").exists()
