@@ -81,6 +81,9 @@ def mix_window(buf, order, wait, lens, alone, lin, quad, nbins, dp, cap, where, 
     other = np.empty(m, dtype=np.int64)
     if not lpt_window(buf, order, wait, lens, alone, lin, quad, nbins, cap, other, last):
         return False
+    # levelled as fully as the composer's: the swaps also bring alike costs into one bucket of
+    # the slot cut (RL rollouts, dp 16: mixing 0.220 unlevelled, 0.203 at 32 passes, 0.193 at
+    # 128, for 1.2-1.3x the plan time at grad-accum 1)
     level_window(buf, m, other, lens, alone, nbins, dp, cap, lin, quad, passes)
     mine = window_time(buf, m, where, lens, nbins, dp, lin, quad)
     if window_time(buf, m, other, lens, nbins, dp, lin, quad) >= mine:
