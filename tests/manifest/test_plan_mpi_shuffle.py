@@ -39,6 +39,21 @@ def _sorted(tmp: Path, n: int, seed: int, budget: int = 4096) -> Path:
     return tmp / "sorted"
 
 
+def _rollouts(tmp: Path, n: int, seed: int) -> Path:
+    """RL rollouts in small, sorted: a prompt and a response cut at half the budget of 4 K (a
+    quarter reach it), so that at grad-accum 1 most windows are dealt window-wide and their
+    slots cut in a seeded order."""
+    rng = np.random.default_rng(seed)
+    prompt = np.clip(np.rint(np.exp(rng.normal(np.log(90), 0.7, n))), 4, 1024)
+    response = np.clip(np.rint(np.exp(rng.normal(np.log(1050), 1.0, n))), 1, 2048)
+    lens = (prompt + response).astype(np.int64)
+    write_shards(tmp / "meta", rng.permutation(3 * n)[:n], lens, [n // 2, n - n // 2])
+    cli("sort", tmp / "meta", tmp / "sorted", "-q")
+    return tmp / "sorted"
+
+
+ROLLOUTS = ["--max-tokens", 4096, "--order", "shuffle", "--seed", 1, "--dp", 4, "--epochs", 2,
+            "--cost", "flops", "--model-preset", "qwen2.5-0.5b"]  # fmt: skip
 COMPOSED = [
     ["--dp", 4, "--grad-accum", 2, "--epochs", 2, "--shuffle-window", 3],
     ["--dp", 2, "--grad-accum", 1, "--epochs", 1, "--warmup", "reorder", "--cost", "flops",
@@ -128,6 +143,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Case, Ran]
         out = top / f"composed{case}" / "out"
         cases[f"composed{case}"] = (COMPOSED_RANKS[case], ["plan", sorted_out, out,
                                                            *_composed_args(case)])  # fmt: skip
+    rl = _rollouts(top / "rollouts", 5000, 5)
+    cases["rollouts"] = (3, ["plan", rl, top / "rollouts" / "out", *ROLLOUTS])
     few = _sorted(top / "fallback", 90, 3)
     for ranks in (2, 4):
         cases[f"fallback{ranks}"] = (
@@ -173,6 +190,16 @@ def test_steps_composed_by_cost_are_the_one_process_plan(
     _ok(got)
     assert _files(Path(str(out))) == _files(tmp_path / "one"), (ranks, args)
     assert got.stdout.replace(str(out), "OUT") == one.stdout.replace(str(tmp_path / "one"), "OUT")
+
+
+def test_windows_dealt_window_wide_are_the_one_process_plan(
+    runs: dict[str, tuple[Case, Ran]], tmp_path: Path
+) -> None:
+    # grad-accum 1: which windows were dealt window-wide travels with the rows to the slot cut
+    (_, (_, sorted_out, out, *args)), got = runs["rollouts"]
+    cli("plan", sorted_out, tmp_path / "one", *args)
+    _ok(got)
+    assert _files(Path(str(out))) == _files(tmp_path / "one")
 
 
 def test_an_epoch_too_small_to_compose_falls_back_alike(

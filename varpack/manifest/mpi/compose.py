@@ -36,10 +36,11 @@ class _Windows:
     args: Args
 
 
-_Out = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # stream, starts, carry, held
+#: stream, starts, carry, held, and for each stream entry whether its window was dealt wide
+_Out = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 #: compose_run's arguments after (lens, alone): coefficients, window and step tokens, dp,
-#: grad-accum, pad multiple, budget, balance fill
-Args = tuple[tuple[float, float], int, int, int, int, int, int, float]
+#: grad-accum, pad multiple, budget, balance fill; and whether windows may be dealt window-wide
+Args = tuple[tuple[float, float], int, int, int, int, int, int, float, bool]
 
 
 def _window(w: _Windows, j: int, carry: np.ndarray, held: np.ndarray) -> _Out | None:
@@ -49,10 +50,10 @@ def _window(w: _Windows, j: int, carry: np.ndarray, held: np.ndarray) -> _Out | 
     before = int(w.before[j])
     run = (len(carry), before, w.total - int(w.before[j + 1]), w.size - w.at - b, held)
     lens, alone = _pick(w.lens, w.extra["lens"], idx), _pick(w.alone, w.extra["alone"], idx)
-    got = compose_run(lens, alone, *w.args, None, run)
+    got = compose_run(lens, alone, *w.args[:8], None, run, mix=w.args[8])
     if got is None:
         return None
-    return idx[got.stream], got.starts, idx[got.carry], got.held
+    return idx[got.stream], got.starts, idx[got.carry], got.held, got.wide
 
 
 def _same(x: _Out | None, y: _Out | None) -> bool:
@@ -86,6 +87,7 @@ class _Found:
     def __init__(self, w: _Windows) -> None:
         n = w.starts[-1]
         self.stream = np.empty(n, dtype=np.int64)
+        self.wide = np.zeros(n, dtype=np.bool_)
         self.at = [0]  # where each window's stream starts in ``stream``
         self.bounds: list[np.ndarray] = []
         self.carries: list[tuple[np.ndarray, np.ndarray]] = []
@@ -98,6 +100,7 @@ class _Found:
                 break
             a = self.at[-1]
             self.stream[a : a + len(got[0])] = got[0]
+            self.wide[a : a + len(got[0])] = got[4]
             self.at.append(a + len(got[0]))
             self.bounds.append(got[1])
             carry, held = got[2], got[3]
@@ -115,8 +118,9 @@ def compose_share(
     comm: Any, rows: Rows, starts: list[int], args: Args
 ) -> tuple[Rows, np.ndarray] | None:
     """This rank's windows (``starts``: where each starts, and the end; whole on this rank)
-    composed by cost: ``(rows, starts)`` in the composed order, or None on the rank whose last
-    window could not be composed. ``args``: :func:`compose_run`'s arguments after
+    composed by cost: ``(rows, starts)`` in the composed order (with a column ``_wide``: was
+    the row's window dealt window-wide), or None on the rank whose last window could not be
+    composed. ``args``: :func:`compose_run`'s arguments after
     ``(lens, alone)``."""
     n, lens = count(rows), rows["lens"].astype(np.int64, copy=False)
     sizes = comm.allgather((n, int(lens.sum())))
@@ -141,7 +145,9 @@ def compose_share(
         if any(x is None for x in redone) or (found.failed and len(redone) < len(starts) - 1):
             return None, ({k: v[:0] for k, v in rows.items()}, none[1])
         if len(starts) == 1:  # no window here: the carry goes on
-            return (_taken(rows, carried, [none[0]]), np.zeros(1, np.int64)), (carried, held)
+            empty = _taken(rows, carried, [none[0]])
+            empty["_wide"] = np.zeros(0, np.bool_)
+            return (empty, np.zeros(1, np.int64)), (carried, held)
         return _assembled(rows, carried, found, [x for x in redone if x is not None])
 
     return relayed(comm, work, None)
@@ -164,6 +170,9 @@ def _assembled(
     left, held = found.carries[-1] if rest else (redone[-1][2], redone[-1][3])
     handed = _taken(rows, carried, [left], copy=True)  # before the rows are replaced
     taken = _taken(rows, carried, parts)
+    taken["_wide"] = np.concatenate(
+        [x[4] for x in redone] + [found.wide[found.at[j] : found.at[-1]]]
+    )
     found.stream = found.stream[:0]
     return (taken, bounds), (handed, held)
 

@@ -36,7 +36,7 @@ from varpack.plan.kernels.pack import pack, pack_steps
 from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.stages.batching import composes_by_cost
 from varpack.plan.stages.batching.common import effective_lengths, order_rule
-from varpack.plan.stages.batching.costed import step_fill, step_tokens
+from varpack.plan.stages.batching.costed import MIX_SHARE, mix_seed, step_fill, step_tokens
 from varpack.plan.sync import slotted
 
 Epoch = tuple[Rows, np.ndarray, int, int]  # (rows, off, first micro-batch, epoch's count)
@@ -202,7 +202,7 @@ def _costed(
         starts = _starts(window)
         del window
         args = (coeffs, window_tok, step_tok, cfg.dp, cfg.grad_accum // slots, cfg.pad_multiple,
-                cfg.max_tokens, step_fill(cfg))  # fmt: skip
+                cfg.max_tokens, step_fill(cfg), cfg.grad_accum == 1)  # fmt: skip
         got = compose_share(comm, rows, starts, args)
         if not comm.allreduce(got is not None, op=_land(comm)):
             return None
@@ -210,6 +210,7 @@ def _costed(
         rows, off = got
         if per == cfg.dp:  # slots (steps at grad-accum 1) cut by cost, as whole_steps does
             rows, off = _slots_by_cost(comm, rows, off, cfg, epoch)
+        del rows["_wide"]
         epochs.append(_numbered(comm, rows, off))
         tallies.append(moved_tally(comm, epochs[-1], cfg.micro_per_step))
     return epochs, [t for t in tallies if t is not None]  # rank 0's; empty elsewhere
@@ -238,7 +239,10 @@ def _slots_by_cost(
     rows, off = complete_tail(comm, rows, off, cfg, f"epoch {epoch}")
     rows, off = whole_units(comm, rows, off, cfg.shuffle_window * cfg.micro_per_step)
     cost = summarize(off, rows["lens"], cfg.micro_rule()).cost
-    order = slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window)
+    mix = None
+    if cfg.grad_accum == 1:
+        mix = (MIX_SHARE, mix_seed(cfg.seed, epoch), rows["_wide"][off[:-1]])
+    order = slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window, mix)
     (idx,), off = move_micro((np.arange(count(rows), dtype=np.int64),), off, order)
     return take_index(rows, idx), off
 

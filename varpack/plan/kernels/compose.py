@@ -36,6 +36,7 @@ from numba import njit
 
 from varpack.plan.kernels.heavy import cost, grouping, heavy_prefix
 from varpack.plan.kernels.level import PASSES
+from varpack.plan.kernels.lpt import mix_window
 from varpack.plan.kernels.order import _sort_by_length
 from varpack.plan.kernels.window import compose_window
 from varpack.plan.rules import capacity
@@ -152,7 +153,22 @@ def _steps_of(
 
 @njit(cache=True)
 def _compose_epoch(
-    lens, alone, lin, quad, window_tok, step_tok, dp, k, cap, fill, src, wshare, tol, run, passes
+    lens,
+    alone,
+    lin,
+    quad,
+    window_tok,
+    step_tok,
+    dp,
+    k,
+    cap,
+    fill,
+    src,
+    wshare,
+    tol,
+    run,
+    passes,
+    mix,
 ):  # type: ignore[no-untyped-def]
     """The epoch's stream (positions in the permuted order) and micro-batch starts; ``lens``
     and ``alone`` are in the permuted order, so a window's samples are read in sequence.
@@ -176,6 +192,7 @@ def _compose_epoch(
     where = np.empty(0, dtype=np.int64)
     out = nmb = 0
     held = np.zeros(n, dtype=np.bool_)  # heavy samples waiting for the next window
+    wide = np.zeros(n, dtype=np.bool_)  # each stream entry: its window was dealt window-wide
     for i in range(nc0):
         buf[i] = i
         held[i] = held_in[i]
@@ -221,35 +238,44 @@ def _compose_epoch(
             p0 = _slots_by_cost(buf, wait, m, lens, lin, quad, dp * cap * density, p0)
         p = _steps_of(buf, order, nc, wait, group, density, lens, alone, lin, quad, p0, last, dp,
                       k, cap, where, fill, src, wshare, tol, passes)  # fmt: skip
+        dealt = False
+        if mix and p > 0:  # grad-accum 1: a window-wide deal where its slots wait less
+            dealt = mix_window(buf, order[:m], wait, lens, alone, lin, quad, p * dp, dp, cap, where,
+                               last, passes)  # fmt: skip
         if p == 0:
             if last:
-                return stream[:0], starts[:1], False, buf[:0], held[:0]
+                return stream[:0], starts[:1], False, buf[:0], held[:0], wide[:0]
             for i in range(m):  # too few samples for a step: all of them wait for the next one
                 carry[i] = buf[i]
             nc = m
         else:
             starts = _grow(starts, nmb + p * per_step + 1)
+            was = out
             out, nmb, nc = _emit(
                 buf, order, where[:m], p * per_step, stream, out, starts, nmb, carry
             )
+            wide[was:out] = dealt
         for i in range(nc):
             buf[i] = carry[i]
     starts[nmb] = out
     kept = np.empty(nc, dtype=np.bool_)
     for i in range(nc):
         kept[i] = held[buf[i]]
-    return stream[:out], starts[: nmb + 1], True, buf[:nc].copy(), kept
+    return stream[:out], starts[: nmb + 1], True, buf[:nc].copy(), kept, wide[:out]
 
 
 class Composed(NamedTuple):
     """A run of a permuted stream composed by cost (:func:`compose_run`): ``stream`` (positions
     in the run, carried items first) cut into micro-batches at ``starts``; the items it hands on
-    to the next run (``carry``, positions) and whether each is a heavy sample held back."""
+    to the next run (``carry``, positions) and whether each is a heavy sample held back;
+    ``wide``: for each entry of ``stream``, whether its window was dealt window-wide
+    (:mod:`.lpt`, only with ``mix``)."""
 
     stream: np.ndarray
     starts: np.ndarray
     carry: np.ndarray
     held: np.ndarray
+    wide: np.ndarray
 
 
 def compose_run(
@@ -266,6 +292,7 @@ def compose_run(
     sources: tuple[np.ndarray, np.ndarray, float] | None = None,
     run: tuple[int, int, int, int, np.ndarray] | None = None,
     level: bool = True,
+    mix: bool = False,
 ) -> Composed | None:
     """A run of the permuted stream composed by cost, or None where it cannot be.
 
@@ -290,7 +317,7 @@ def compose_run(
     if run is None:
         run = (0, 0, 0, 0, np.zeros(0, dtype=np.bool_))
     nc0, cum0, rest_tok, rest_n, held = run
-    stream, starts, ok, carry, kept = _compose_epoch(
+    stream, starts, ok, carry, kept, wide = _compose_epoch(
         np.ascontiguousarray(plens, dtype=np.int64),
         np.ascontiguousarray(alone, dtype=np.bool_),
         float(coeffs[0]),
@@ -305,8 +332,9 @@ def compose_run(
         (np.int64(nc0), np.int64(cum0), np.int64(rest_tok), np.int64(rest_n),
          np.ascontiguousarray(held, dtype=np.bool_)),
         np.int64(PASSES if level else 0),
+        bool(mix),
     )  # fmt: skip
-    return Composed(stream, starts, carry, kept) if ok else None
+    return Composed(stream, starts, carry, kept, wide) if ok else None
 
 
 def _no_blend() -> tuple[np.ndarray, np.ndarray, float]:

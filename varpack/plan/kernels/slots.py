@@ -36,7 +36,13 @@ from varpack.plan.kernels.order import snake
 WIDE_GAIN = 0.01
 
 
-def slot_order(cost: np.ndarray, dp: int, k: int, window: int) -> np.ndarray:
+def slot_order(
+    cost: np.ndarray,
+    dp: int,
+    k: int,
+    window: int,
+    mix: tuple[float, np.uint64, np.ndarray] | None = None,
+) -> np.ndarray:
     """The micro-batches in their new order (``dp * k`` a step, ``dp`` a slot): each block of
     ``window`` steps (the last one may be shorter) sorted by ``cost`` (costliest first, ties by
     position), cut into slots of ``dp``, the slots dealt in a snake to the block's steps.
@@ -46,6 +52,12 @@ def slot_order(cost: np.ndarray, dp: int, k: int, window: int) -> np.ndarray:
 
     >>> slot_order(np.array([1.0, 9, 2, 8, 3, 7, 4, 6]), 2, 2, 2).tolist()
     [1, 3, 2, 0, 5, 7, 6, 4]
+
+    ``mix`` ``(share, seed, wide)``: in a block most of whose micro-batches are flagged in
+    ``wide`` (dealt window-wide, :mod:`.lpt`: they cost about the same whatever they hold),
+    costs within ``share`` of the block's mean count as alike (sorted in buckets of that width),
+    taken in a ``seed``-drawn order rather than by position, so a slot mixes micro-batches of
+    unlike contents (see :func:`_bucketed`).
     """
     m = len(cost)
     if m == 0:
@@ -53,7 +65,12 @@ def slot_order(cost: np.ndarray, dp: int, k: int, window: int) -> np.ndarray:
     size = window * k * dp
     pos = np.arange(m, dtype=np.int64)
     block = pos // size
-    order = _sorted_blocks(np.ascontiguousarray(cost, dtype=np.float64), size)
+    cost = np.ascontiguousarray(cost, dtype=np.float64)
+    if mix is None:
+        order = _sorted_blocks(cost, size)
+    else:
+        share, seed, wide = mix
+        order = _bucketed(cost, size, share, seed, np.ascontiguousarray(wide, dtype=np.bool_))
     rank = pos - block * size  # place of order[i] in its block, costliest first
     steps = np.minimum(size, m - block * size) // (k * dp)  # steps of each block
     slot, lane = np.divmod(rank, dp)
@@ -72,6 +89,37 @@ def _sorted_blocks(cost, size):  # type: ignore[no-untyped-def]
     for a in range(0, len(cost), size):
         b = min(a + size, len(cost))
         out[a:b] = np.argsort(-cost[a:b], kind="mergesort") + a
+    return out
+
+
+@njit(cache=True)
+def _draw(seed, j):  # type: ignore[no-untyped-def]
+    """A pseudo-random key of place ``j`` (splitmix64): the same on every rank and run."""
+    z = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(j + 1)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True)
+def _bucketed(cost, size, share, seed, wide):  # type: ignore[no-untyped-def]
+    """Positions, each block of ``size`` most of whose micro-batches are flagged in ``wide``
+    sorted by cost in buckets of ``share`` of the block's mean cost, costliest first, inside a
+    bucket in an order drawn from ``seed`` and the place in the block (not the stream position:
+    a block's order is the same on every rank); the other blocks as :func:`_sorted_blocks`."""
+    out = np.empty(len(cost), dtype=np.int64)
+    for a in range(0, len(cost), size):
+        b = min(a + size, len(cost))
+        if 2 * wide[a:b].sum() <= b - a:  # composed by the cost composer: the sorted cut
+            out[a:b] = np.argsort(-cost[a:b], kind="mergesort") + a
+            continue
+        width = share * max(cost[a:b].mean(), 1e-300)
+        key = np.empty(b - a, dtype=np.uint64)
+        for j in range(b - a):
+            key[j] = _draw(seed, j)
+        drawn = np.argsort(key)
+        bucket = np.floor(cost[a:b] / width)
+        out[a:b] = drawn[np.argsort(-bucket[drawn], kind="mergesort")] + a
     return out
 
 
