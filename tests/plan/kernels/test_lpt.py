@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from varpack.plan import PlanConfig, make_plan
-from varpack.plan.kernels import compose as compose_mod
+from varpack.plan.kernels import compose_threads as threads_mod
 from varpack.plan.kernels.level import _time
 from varpack.plan.kernels.lpt import lpt_window, mix_window, window_time
 from varpack.plan.kernels.slots import _sorted_blocks, slot_order
@@ -120,8 +120,9 @@ def test_buckets_keep_unlike_costs_in_cost_order():
 
 def _plan_figures(lens, monkeypatch, wide):  # type: ignore[no-untyped-def]
     if not wide:
-        run = compose_mod.compose_run
-        monkeypatch.setattr(costed, "compose_run", lambda *a, **k: run(*a, **{**k, "mix": False}))
+        run = threads_mod.compose_threaded
+        monkeypatch.setattr(costed, "compose_threaded",
+                            lambda *a, **k: run(*a, **{**k, "mix": False}))  # fmt: skip
     cfg = PlanConfig(max_tokens=16384, dp=16, cost="flops", model_preset="qwen2.5-0.5b",
                      order="shuffle", seed=3)  # fmt: skip
     _, meta, _ = make_plan(np.arange(len(lens)), lens, cfg)

@@ -53,7 +53,8 @@ def _window(w: _Windows, j: int, carry: np.ndarray, held: np.ndarray) -> _Out | 
     got = compose_run(lens, alone, *w.args[:8], None, run, mix=w.args[8])
     if got is None:
         return None
-    return idx[got.stream], got.starts, idx[got.carry], got.held, got.wide
+    wide = got.wide if w.args[8] else np.zeros(len(got.stream), dtype=np.bool_)
+    return idx[got.stream], got.starts, idx[got.carry], got.held, wide
 
 
 def _same(x: _Out | None, y: _Out | None) -> bool:

@@ -151,7 +151,7 @@ def _steps_of(
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _compose_epoch(
     lens,
     alone,
@@ -192,7 +192,7 @@ def _compose_epoch(
     where = np.empty(0, dtype=np.int64)
     out = nmb = 0
     held = np.zeros(n, dtype=np.bool_)  # heavy samples waiting for the next window
-    wide = np.zeros(n, dtype=np.bool_)  # each stream entry: its window was dealt window-wide
+    wide = np.zeros(n if mix else 0, dtype=np.bool_)  # each entry: its window dealt window-wide
     for i in range(nc0):
         buf[i] = i
         held[i] = held_in[i]
@@ -254,14 +254,15 @@ def _compose_epoch(
             out, nmb, nc = _emit(
                 buf, order, where[:m], p * per_step, stream, out, starts, nmb, carry
             )
-            wide[was:out] = dealt
+            if mix:
+                wide[was:out] = dealt
         for i in range(nc):
             buf[i] = carry[i]
     starts[nmb] = out
     kept = np.empty(nc, dtype=np.bool_)
     for i in range(nc):
         kept[i] = held[buf[i]]
-    return stream[:out], starts[: nmb + 1], True, buf[:nc].copy(), kept, wide[:out]
+    return stream[:out], starts[: nmb + 1], True, buf[:nc].copy(), kept, wide[: out if mix else 0]
 
 
 class Composed(NamedTuple):
@@ -269,7 +270,7 @@ class Composed(NamedTuple):
     in the run, carried items first) cut into micro-batches at ``starts``; the items it hands on
     to the next run (``carry``, positions) and whether each is a heavy sample held back;
     ``wide``: for each entry of ``stream``, whether its window was dealt window-wide
-    (:mod:`.lpt`, only with ``mix``)."""
+    (:mod:`.lpt`; empty without ``mix``)."""
 
     stream: np.ndarray
     starts: np.ndarray

@@ -21,7 +21,7 @@ import numpy as np
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import cost_coefficients
-from varpack.plan.kernels.compose import compose_run
+from varpack.plan.kernels.compose_threads import compose_threaded, default_threads
 from varpack.plan.kernels.order import MovedTally
 from varpack.plan.kernels.permute import permuted
 from varpack.plan.kernels.slots import move_micro, slot_order
@@ -86,9 +86,10 @@ def build(
     # composed whole (a slot of dp micro-batches is too small to hold the weights) and the
     # assign stage cuts each step into slots
     slots = cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) and blend is None else 1
+    threads = default_threads()  # the plan is the same whatever their number
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)  # the shuffle order's permutation
-        got = compose_run(
+        got = compose_threaded(
             plens,
             alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
             coeffs,
@@ -101,6 +102,7 @@ def build(
             step_fill(cfg),
             None if blend is None else (blend[0][perm], blend[1], blend[2]),
             mix=cfg.grad_accum == 1 and blend is None,
+            threads=threads,
         )
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
@@ -112,7 +114,8 @@ def build(
             del sl
             mix = None
             if cfg.grad_accum == 1:  # each micro-batch's window dealt window-wide or not
-                mix = (MIX_SHARE, mix_seed(cfg.seed, epoch), wide[off[:-1]])
+                dealt = wide[off[:-1]] if len(wide) else np.zeros(len(off) - 1, np.bool_)
+                mix = (MIX_SHARE, mix_seed(cfg.seed, epoch), dealt)
             order = slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window, mix)
             (pos,), off = move_micro((pos,), off, order)
         joined.add(epoch, perm[pos], off, per_step)
