@@ -93,6 +93,8 @@ def test_a_bad_environment_variable_is_one_line(
         ("VARPACK_PROGRESS_INTERVAL", "-1"),
         ("VARPACK_PROGRESS_INTERVAL", "nan"),
         ("VARPACK_SORT_MAX_MESSAGE", "1e9"),
+        ("VARPACK_THREADS", "0"),
+        ("VARPACK_THREADS", "two"),
     ],
 )
 @pytest.mark.parametrize("command", ["plan", "validate", "calibrate"])

@@ -91,10 +91,12 @@ def check_environment() -> None:
     """Read every ``VARPACK_*`` setting before any work, so that a bad one stops every command
     in one line, not only the commands that happen to use it."""
     from varpack.console import log_interval
+    from varpack.plan.kernels.compose_threads import default_threads
     from varpack.sort.exchange import max_message_bytes
 
     log_interval()
     max_message_bytes()
+    default_threads()
 
 
 def usage_error(exc: click.UsageError) -> None:

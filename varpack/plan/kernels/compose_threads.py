@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from varpack.errors import ConfigError
+from varpack.errors import env_int
 from varpack.plan.kernels.compose import Composed, compose_run
 
 #: windows of each run (after the first) composed one by one, so that a carry coming in can be
@@ -41,19 +41,11 @@ THREADS_ENV = "VARPACK_THREADS"
 
 def default_threads() -> int:
     """``$VARPACK_THREADS``, else the CPUs this process may run on (at most :data:`MAX_THREADS`)."""
-    value = os.environ.get(THREADS_ENV, "").strip()
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ConfigError(
-                f"{THREADS_ENV}={value!r}: expected a whole number of threads (1 or more); "
-                f"unset it to use the CPUs this process may run on"
-            )
-        return int(value)
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(MAX_THREADS, cpus))
+    return env_int(THREADS_ENV, max(1, min(MAX_THREADS, cpus)), low=1)
 
 
 @njit(cache=True, nogil=True)
