@@ -127,6 +127,19 @@ def checked(arrays: object, stats: dict, dp: int) -> str:  # type: ignore[type-a
     return "ok" if all(abs(got[k] - want[k]) < 1e-6 * want[k] for k in got) else f"{got}"
 
 
+def shuffle_mixing(arrays: object) -> float:
+    """Mixing of the plan's steps refilled by a plain random shuffle (each step keeps its
+    number of samples): the floor of sampling noise a step of that many samples has, so a
+    plan's mixing reads against it (documents at grad-accum 1: 17 samples a step, 0.21)."""
+    from varpack.plan.figures.stats import mixing
+
+    p = arrays
+    sl = p.lens[p.stream] if p.stream_lens is None else p.stream_lens  # type: ignore[attr-defined]
+    per = np.diff(p.offsets)  # type: ignore[attr-defined]
+    step = np.repeat(np.asarray(p.step), per)  # type: ignore[attr-defined]
+    return mixing(step, np.random.default_rng(0).permutation(sl), int(step.max()) + 1)
+
+
 def _only(var: str) -> list[str] | None:
     """The comma-separated values of environment variable ``var`` (None: unset)."""
     value = os.environ.get(var)
@@ -141,11 +154,12 @@ def balance(n: int) -> None:
         "step (ranks meet once a step: DDP, Megatron) or micro (at every micro-batch: FSDP, "
         "ZeRO-3), scored under its own model: time / ideal, bound (no composition of the plan's "
         "windows does better under that model), gap; 'other' = its time under the other model; "
-        "fill given up = mean / max below the median step; check = both times recomputed by an "
-        "independent scorer (rl_peers.independent_times)"
+        "fill given up = mean / max below the median step; shuf = the mixing of the same steps "
+        "refilled by a plain random shuffle (the sampling floor of steps that size); check = both "
+        "times recomputed by an independent scorer (rl_peers.independent_times)"
     )
     head = (f"{'layout':<7} {'K':>3} {'sync':<5} {'time':>6} {'bound':>6} {'gap':>6} {'other':>6} "
-            f"{'fill up':>12} {'mixing':>7} {'padding':>8} {'check':>6}")  # fmt: skip
+            f"{'fill up':>12} {'mixing':>7} {'shuf':>6} {'padding':>8} {'check':>6}")  # fmt: skip
     for name, (lens, budget, dp, extra, ks) in datasets(quick).items():
         if sets is not None and not any(name.startswith(w) for w in sets):
             continue
@@ -172,6 +186,7 @@ def balance(n: int) -> None:
                         f"{s['time_vs_ideal']:>6.3f} {s['time_vs_ideal_bound']:>6.3f} "
                         f"{s['time_vs_ideal'] - s['time_vs_ideal_bound']:>+6.3f} {other:>6.3f} "
                         f"{100 * f['mean']:>5.1f}/{100 * f['max']:>5.1f}% {s['mixing']:>7.3f} "
+                        f"{shuffle_mixing(arrays):>6.3f} "
                         f"{100 * s['padding_ratio']:>7.2f}% {checked(arrays, s, dp):>6}"
                     )
     if sets is not None or ks_only is not None or layouts is not None:
