@@ -10,9 +10,9 @@ varpack's marker file), and an output of varpack's that holds files its index do
 (:func:`foreign_files`: the user's notes or checkpoints are never deleted).
 
 Temporaries are registered while they live and carry a lock file naming their owner (pid and
-host). :func:`interruptible` turns SIGTERM, SIGINT and SIGHUP into :class:`Interrupted`, so the
-cleanup of every ``with`` block runs; a process killed outright (SIGKILL) leaves its temporary,
-and the next run for the same output removes it once its owner is gone (:func:`clean_stale`).
+host). :func:`interruptible` turns SIGTERM, SIGINT and SIGHUP into :class:`Interrupted`, so every
+``with`` block's cleanup runs; a process killed outright (SIGKILL) leaves its temporary, removed
+by the next run for the same output once its owner is gone (:func:`clean_stale`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from varpack.errors import Interrupted, OutputError, OutputExistsError, WriteError
+from varpack.errors import SIGNALS as _SIGNALS
+from varpack.errors import Interrupted, OutputError, OutputExistsError, WriteError, signal_held
 
 #: marker file of directories varpack writes that have no index of their own (metadata, synth)
 MARKER = "_varpack.json"
 _OWN_INDEXES = {"plan.json": "varpack.plan", "_index.json": "varpack.sorted"}
 _LIVE: set[Path] = set()  # temporaries this process owns
-_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 _HINTS = {
     errno.ENOSPC: "the disk is full: free space or write elsewhere",
     errno.EDQUOT: "the disk quota is exhausted: free space or write elsewhere",
@@ -407,7 +407,8 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     for name in _SIGNALS:  # a second signal must not interrupt the cleanup of the first
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     _PENDING.append(signum)
-    raise Interrupted(signum)
+    if not signal_held(signum):  # else raised when the numba kernel has returned
+        raise Interrupted(signum)
 
 
 def check_interrupted() -> None:

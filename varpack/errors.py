@@ -7,6 +7,8 @@ keeps its traceback. Messages say what is wrong, where (file, row, sample id, op
 do. :class:`Interrupted` is raised by varpack's signal handlers (SIGTERM, SIGINT, SIGHUP) so that
 every ``finally`` and cleanup runs; the CLI reports it in one line and exits ``128 + signal``.
 
+:func:`held_signals` holds their exception back around a long numba kernel.
+
 :func:`env_int` and :func:`env_float` read the numbers varpack takes from the environment
 (``VARPACK_*``, torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``): a bad value is a
 :class:`ConfigError` naming the variable, never a traceback.
@@ -14,9 +16,15 @@ every ``finally`` and cleanup runs; the CLI reports it in one line and exits ``1
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
+import threading
+from collections.abc import Iterator
+
+#: the signals varpack turns into :class:`Interrupted`
+SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 
 
 class VarpackError(Exception):
@@ -103,3 +111,37 @@ def env_float(name: str, default: float, low: float = 0.0) -> float:
             "or give one"
         )
     return value
+
+
+_HOLDS = [0]  # blocks within held_signals, in any thread
+ARRIVED: list[int] = []  # signals that arrived while held (raised when the hold ends)
+
+
+def signal_held(signum: int) -> bool:
+    """Called by varpack's signal handler: True (and the signal noted) where a hold is on, so
+    the handler returns instead of raising."""
+    if _HOLDS[0] == 0:
+        return False
+    ARRIVED.append(signum)
+    return True
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """Within the block, a signal's :class:`Interrupted` is held back and raised when the
+    block ends (in the main thread; a worker thread's block only ends its hold).
+
+    For a long numba kernel: a signal that arrives while it runs is otherwise handled while
+    numba boxes the kernel's results (it calls back into Python there), where the handler's
+    exception is not expected: a ``SystemError``, or a segmentation fault, instead of a clean
+    exit. Masking the signal does not do: a thread of Arrow's pool may take it.
+    """
+    _HOLDS[0] += 1
+    try:
+        yield
+    finally:
+        _HOLDS[0] -= 1
+    if _HOLDS[0] == 0 and ARRIVED and threading.current_thread() is threading.main_thread():
+        signum = ARRIVED[0]
+        ARRIVED.clear()
+        raise Interrupted(signum)
