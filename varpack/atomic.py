@@ -1,8 +1,7 @@
 """Safe publication of outputs: never over an input, all at once, nothing left when interrupted.
 
-Every command writes into a temporary sibling of its output (same filesystem, so the final
-``os.replace`` is atomic) and renames it onto the output only after everything succeeded: a
-reader never sees a half-written output and a failure leaves nothing behind. Before any work,
+Every command writes into a temporary sibling of its output (same filesystem: ``os.replace`` is
+atomic), renamed onto the output once all succeeded: no half-written output, no failure's rest. Before any work,
 :func:`check_output` refuses an output that equals, contains or lies inside an input (real paths,
 symlinks followed), an existing output without ``--overwrite``, and, with it, anything varpack
 did not write itself (:func:`is_varpack_output`: a plan, a sort output, or a directory with
