@@ -115,29 +115,36 @@ def level_window(buf, m, where, lens, alone, nbins, dp, cap, lin, quad, passes):
             tk[b] += x
             cnt[b] += 1
             closed[b] = closed[b] or alone[buf[i]]
+    order, lim = _tops(c, dp)
+    top = np.zeros(nbins, dtype=np.bool_)
+    before = 0.0
+    stale = True  # the costs changed since the tops were sorted (only a kept move does that)
     for _ in range(passes):
         moved = False
         for g in range(0, nbins - 1, dp):
-            order, lim = _tops(c, dp)
+            if stale:
+                order, lim = _tops(c, dp)
+                top[:] = False
+                before = 0.0  # the window's time: as _time, from the same sorted costs
+                for q in range(0, nbins, dp):
+                    top[order[q]] = True
+                    before += c[order[q]]
+                stale = False
             a = order[g]
             need = c[a] - c[order[g + 1]] if g + 1 < nbins else 0.0
             if need <= 1e-9 * c[a]:
                 continue
-            top = np.zeros(nbins, dtype=np.bool_)
-            for q in range(0, nbins, dp):
-                top[order[q]] = True
             gain, s, t, b = _best(a, need, buf, m, where, lens, alone, closed, c, tk, cnt, lim,
                                   top, cap, cw)  # fmt: skip
             if gain <= 1e-9 * c[a]:
                 continue
-            before = _time(c, dp)
             keep = (c[a], c[b], tk[a], tk[b], cnt[a], cnt[b])
             xs, xt = lens[buf[s]], lens[buf[t]] if t >= 0 else 0
             _shift(s, a, b, xs, cw[s], where, c, tk, cnt)
             if t >= 0:
                 _shift(t, b, a, xt, cw[t], where, c, tk, cnt)
             if _time(c, dp) < before * (1.0 - 1e-12):
-                moved = True
+                moved = stale = True
                 continue
             where[s] = a  # no better after all (the top fell past other runs): undo
             if t >= 0:
