@@ -1,15 +1,14 @@
 """Safe publication of outputs: never over an input, all at once, nothing left when interrupted.
 
 Every command writes into a temporary sibling of its output (same filesystem: ``os.replace`` is
-atomic), renamed onto the output once all succeeded: no half-written output, no failure's rest. Before any work,
-:func:`check_output` refuses an output that equals, contains or lies inside an input (real paths,
-symlinks followed), an existing output without ``--overwrite``, and, with it, anything varpack
-did not write itself (:func:`is_varpack_output`: a plan, a sort output, or a directory with
-varpack's marker file), and an output of varpack's that holds files its index does not list
-(:func:`foreign_files`: the user's notes or checkpoints are never deleted).
-
-Temporaries are registered while they live and carry a lock file naming their owner (pid and
-host). :func:`interruptible` turns SIGTERM, SIGINT and SIGHUP into :class:`Interrupted`, so every
+atomic), renamed onto the output once all succeeded: no half-written output, no failure's rest.
+Before any work, :func:`check_output` refuses an output that equals, contains or lies inside an
+input (real paths, symlinks followed), an existing output without ``--overwrite``, and, with it,
+anything varpack did not write itself (:func:`is_varpack_output`: a plan, a sort output, or a
+directory with varpack's marker file), and an output of varpack's that holds files its index does
+not list (:func:`foreign_files`: the user's notes or checkpoints are never deleted). Temporaries
+are registered while they live, with a lock file naming their owner (pid, host).
+:func:`interruptible` turns SIGTERM, SIGINT and SIGHUP into :class:`Interrupted`, so every
 ``with`` block's cleanup runs; a process killed outright (SIGKILL) leaves its temporary, removed
 by the next run for the same output once its owner is gone (:func:`clean_stale`).
 """
@@ -30,13 +29,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from varpack.errors import SIGNALS as _SIGNALS
-from varpack.errors import Interrupted, OutputError, OutputExistsError, WriteError, signal_held
+from varpack.errors import Interrupted, OutputError, OutputExistsError, WriteError, deferred
 
 #: marker file of directories varpack writes that have no index of their own (metadata, synth)
 MARKER = "_varpack.json"
 _OWN_INDEXES = {"plan.json": "varpack.plan", "_index.json": "varpack.sorted"}
 _LIVE: set[Path] = set()  # temporaries this process owns
+_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 _HINTS = {
     errno.ENOSPC: "the disk is full: free space or write elsewhere",
     errno.EDQUOT: "the disk quota is exhausted: free space or write elsewhere",
@@ -403,11 +402,12 @@ _PENDING: list[int] = []  # signals raised (one raised in a C callback was swall
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    if deferred(signum, frame):  # inside numba's own code: sent again, raised a line later
+        return
     for name in _SIGNALS:  # a second signal must not interrupt the cleanup of the first
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     _PENDING.append(signum)
-    if not signal_held(signum):  # else raised when the numba kernel has returned
-        raise Interrupted(signum)
+    raise Interrupted(signum)
 
 
 def check_interrupted() -> None:

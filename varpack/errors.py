@@ -7,7 +7,7 @@ keeps its traceback. Messages say what is wrong, where (file, row, sample id, op
 do. :class:`Interrupted` is raised by varpack's signal handlers (SIGTERM, SIGINT, SIGHUP) so that
 every ``finally`` and cleanup runs; the CLI reports it in one line and exits ``128 + signal``.
 
-:func:`held_signals` holds their exception back around a long numba kernel.
+:func:`deferred` keeps a signal's exception out of numba's own code.
 
 :func:`env_int` and :func:`env_float` read the numbers varpack takes from the environment
 (``VARPACK_*``, torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``): a bad value is a
@@ -16,15 +16,11 @@ every ``finally`` and cleanup runs; the CLI reports it in one line and exits ``1
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
 import threading
-from collections.abc import Iterator
-
-#: the signals varpack turns into :class:`Interrupted`
-SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+from types import FrameType
 
 
 class VarpackError(Exception):
@@ -113,35 +109,17 @@ def env_float(name: str, default: float, low: float = 0.0) -> float:
     return value
 
 
-_HOLDS = [0]  # blocks within held_signals, in any thread
-ARRIVED: list[int] = []  # signals that arrived while held (raised when the hold ends)
+def deferred(signum: int, frame: FrameType | None) -> bool:
+    """For varpack's signal handler: True where the signal came inside numba's own Python code,
+    and it is sent again (handled a line later) rather than raised there.
 
-
-def signal_held(signum: int) -> bool:
-    """Called by varpack's signal handler: True (and the signal noted) where a hold is on, so
-    the handler returns instead of raising."""
-    if _HOLDS[0] == 0:
-        return False
-    ARRIVED.append(signum)
-    return True
-
-
-@contextlib.contextmanager
-def held_signals() -> Iterator[None]:
-    """Within the block, a signal's :class:`Interrupted` is held back and raised when the
-    block ends (in the main thread; a worker thread's block only ends its hold).
-
-    For a long numba kernel: a signal that arrives while it runs is otherwise handled while
-    numba boxes the kernel's results (it calls back into Python there), where the handler's
-    exception is not expected: a ``SystemError``, or a segmentation fault, instead of a clean
-    exit. Masking the signal does not do: a thread of Arrow's pool may take it.
+    numba calls back into Python while it boxes a kernel's results (``_numba_unpickle``): a
+    signal that came while the kernel ran is handled there, and an exception there is not
+    expected: a ``SystemError``, or a segmentation fault (``plan`` and ``validate`` ended so in
+    about half of the SIGTERMs sent during a kernel). During a JIT compilation (numba's Python
+    too) the signal waits for it to end.
     """
-    _HOLDS[0] += 1
-    try:
-        yield
-    finally:
-        _HOLDS[0] -= 1
-    if _HOLDS[0] == 0 and ARRIVED and threading.current_thread() is threading.main_thread():
-        signum = ARRIVED[0]
-        ARRIVED.clear()
-        raise Interrupted(signum)
+    if frame is None or not str(frame.f_globals.get("__name__")).startswith("numba."):
+        return False
+    threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+    return True

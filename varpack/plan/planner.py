@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from varpack.errors import held_signals
 from varpack.plan.arrays import Batches, Placement, PlanArrays, Selection, Shapes
 from varpack.plan.config import PlanConfig
 from varpack.plan.cp.stage import CPPlan, place_cp
@@ -97,11 +96,7 @@ def _finish(
 def make_plan(
     ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig, source: str = ""
 ) -> tuple[PlanArrays, dict[str, Any], list[dict[str, Any]]]:
-    """Plan and describe: ``(arrays, meta, rank_extra)``; write with ``manifest.write_plan``.
-
-    A signal's :class:`~varpack.errors.Interrupted` is raised when both are done: raised while
-    a numba kernel returns, it crashed the process (:func:`~varpack.errors.held_signals`)."""
-    with held_signals():
-        arrays = plan_arrays(ids, lens, cfg)
-        meta, extra = plan_meta(arrays, input_info(ids, lens, source))
+    """Plan and describe: ``(arrays, meta, rank_extra)``; write with ``manifest.write_plan``."""
+    arrays = plan_arrays(ids, lens, cfg)
+    meta, extra = plan_meta(arrays, input_info(ids, lens, source))
     return arrays, meta, extra

@@ -34,7 +34,6 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from varpack.errors import held_signals
 from varpack.plan.kernels.heavy import cost, grouping, heavy_prefix
 from varpack.plan.kernels.level import PASSES
 from varpack.plan.kernels.lpt import mix_window
@@ -319,24 +318,23 @@ def compose_run(
     if run is None:
         run = (0, 0, 0, 0, np.zeros(0, dtype=np.bool_))
     nc0, cum0, rest_tok, rest_n, held = run
-    with held_signals():  # the kernel runs for seconds: a signal waits for its results
-        stream, starts, ok, carry, kept, wide = _compose_epoch(
-            np.ascontiguousarray(plens, dtype=np.int64),
-            np.ascontiguousarray(alone, dtype=np.bool_),
-            float(coeffs[0]),
-            float(coeffs[1]),
-            np.int64(max(window_tokens, 1)),
-            np.int64(max(step_tokens, 1)),
-            np.int64(dp),
-            np.int64(k),
-            np.int64(capacity(multiple, budget)),
-            float(fill),
-            *(_no_blend() if sources is None else _blend(*sources)),
-            (np.int64(nc0), np.int64(cum0), np.int64(rest_tok), np.int64(rest_n),
-             np.ascontiguousarray(held, dtype=np.bool_)),
-            np.int64(PASSES if level else 0),
-            bool(mix),
-        )  # fmt: skip
+    stream, starts, ok, carry, kept, wide = _compose_epoch(
+        np.ascontiguousarray(plens, dtype=np.int64),
+        np.ascontiguousarray(alone, dtype=np.bool_),
+        float(coeffs[0]),
+        float(coeffs[1]),
+        np.int64(max(window_tokens, 1)),
+        np.int64(max(step_tokens, 1)),
+        np.int64(dp),
+        np.int64(k),
+        np.int64(capacity(multiple, budget)),
+        float(fill),
+        *(_no_blend() if sources is None else _blend(*sources)),
+        (np.int64(nc0), np.int64(cum0), np.int64(rest_tok), np.int64(rest_n),
+         np.ascontiguousarray(held, dtype=np.bool_)),
+        np.int64(PASSES if level else 0),
+        bool(mix),
+    )  # fmt: skip
     return Composed(stream, starts, carry, kept, wide) if ok else None
 
 

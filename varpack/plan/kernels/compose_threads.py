@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from varpack.errors import env_int, held_signals
+from varpack.errors import env_int
 from varpack.plan.kernels.compose import Composed, compose_run
 
 #: windows of each run (after the first) composed one by one, so that a carry coming in can be
@@ -228,8 +228,7 @@ def compose_threaded(
                 None if sources is None else (sources[1], sources[2]), args, level, mix,
                 int(plens.sum()))  # fmt: skip
     parts = [_Run(ep, b, c, e) for b, c, e in spans]
-    with held_signals():  # the threads inherit it: no handler runs inside a kernel's return
-        _in_threads([p.compose for p in parts[1:]], parts[0].compose)
+    _in_threads([p.compose for p in parts[1:]], parts[0].compose)
     for p in parts:
         if p.error is not None:
             raise p.error
