@@ -111,12 +111,22 @@ def test_run_starts_fall_on_window_starts():
     assert np.all(np.diff(pos[:, 0]) > 0)
 
 
-@pytest.mark.parametrize(("k", "sync"), [(1, "micro"), (4, "micro"), (4, "step")])
-def test_plans_are_the_same_whatever_the_threads(k, sync, monkeypatch):
+@pytest.mark.parametrize(
+    ("k", "sync", "budget", "extra"),
+    [
+        (1, "micro", 16384, {}),
+        (4, "micro", 16384, {}),
+        (4, "step", 16384, {}),
+        (1, "micro", 4096, {"oversize": "split"}),  # documents split into budget-sized pieces
+        (2, "micro", 4096, {"oversize": "split"}),
+    ],
+)
+def test_plans_are_the_same_whatever_the_threads(k, sync, budget, extra, monkeypatch):
     monkeypatch.setattr(ct, "MIN_RUN", 5_000)
     lens = np.sort(_lens("heavy", 40_000))
-    cfg = PlanConfig(max_tokens=16384, dp=8, grad_accum=k, cost="flops",
-                     model_preset="qwen2.5-0.5b", order="shuffle", sync=sync, epochs=2)  # fmt: skip
+    cfg = PlanConfig(max_tokens=budget, dp=8, grad_accum=k, cost="flops",
+                     model_preset="qwen2.5-0.5b", order="shuffle", sync=sync, epochs=2,
+                     **extra)  # fmt: skip
     plans = []
     for threads in ("1", "4"):
         monkeypatch.setenv(ct.THREADS_ENV, threads)
