@@ -109,21 +109,26 @@ def grouping(order, carried, h, dp, defer, lens, buf, lin, quad):  # type: ignor
 
 
 @njit(cache=True)
-def strided(group, order, h, buf, lens, lin, quad, k, cap, density, p):  # type: ignore[no-untyped-def]
+def strided(group, order, h, buf, lens, lin, quad, k, cap, density, p, give):  # type: ignore[no-untyped-def]
     """The groups dealt across their cost range: the ``j``-th grouped heavy sample (costliest
     first) joins group ``j % G``, where that levels (else ``group`` as it is).
 
     Sorted groups level a step best, but with at most one group a step (``G <= p``) every step
     then holds one narrow band of the heavy lengths, and mixing suffers (RL rollouts at
     grad-accum 2: 0.16). From grad-accum 2 up a rank holding a lighter heavy sample takes more
-    of the light ones: a strided group levels where its lightest member's slot, filled to its
-    budget, reaches its costliest member's cost with the costliest's slot still taking the
-    difference in tokens. Where one group does not, all stay sorted.
+    of the light ones. A strided group levels where its lightest member's slot, filled to its
+    budget, reaches its costliest member's cost with room to spare, and where the budget its
+    slots leave empty to meet that lightest slot's level (each member's cost above its tokens
+    at the light ``density``, less the lightest member's) is at most ``give``, the fill a step
+    may give up (``--balance-fill``; none with ``--pp``). Where one group does not, all stay
+    sorted.
 
     >>> g = np.array([0, 0, 1, 1]); lens = np.array([40, 30, 20, 10]); o = np.arange(4)
-    >>> strided(g, o, 4, o, lens, 1.0, 0.0, 2, 100, 1.0, 2).tolist()
+    >>> strided(g, o, 4, o, lens, 1.0, 0.01, 2, 100, 1.0, 2, 50.0).tolist()
     [0, 1, 0, 1]
-    >>> strided(g, o, 4, o, lens, 1.0, 0.0, 1, 100, 1.0, 2).tolist()
+    >>> strided(g, o, 4, o, lens, 1.0, 0.01, 2, 100, 1.0, 2, 0.0).tolist()  # nothing to give
+    [0, 0, 1, 1]
+    >>> strided(g, o, 4, o, lens, 1.0, 0.01, 1, 100, 1.0, 2, 50.0).tolist()  # grad-accum 1
     [0, 0, 1, 1]
     """
     groups = 0
@@ -134,6 +139,8 @@ def strided(group, order, h, buf, lens, lin, quad, k, cap, density, p):  # type:
     out = group.copy()
     hi = np.zeros(groups, dtype=np.int64)
     lo = np.full(groups, np.int64(1) << 40)
+    excess = np.zeros(groups)  # each group's cost above its tokens at the light density
+    size = np.zeros(groups)
     j = 0
     for q in range(h):
         if group[q] < 0:
@@ -144,7 +151,12 @@ def strided(group, order, h, buf, lens, lin, quad, k, cap, density, p):  # type:
         x = lens[buf[order[q]]]
         hi[g] = max(hi[g], x)
         lo[g] = min(lo[g], x)
+        excess[g] += cost(x, lin, quad) - x * density
+        size[g] += 1
     for g in range(groups):
         if cost(hi[g], lin, quad) > cost(lo[g], lin, quad) + (k * cap - hi[g]) * density:
+            return group
+        base = cost(lo[g], lin, quad) - lo[g] * density
+        if (excess[g] - size[g] * base) / density > give:
             return group
     return out

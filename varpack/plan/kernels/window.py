@@ -357,7 +357,8 @@ def compose_window(
     groups = 0
     for q in range(h):
         groups = max(groups, group[q] + 1)
-    group = strided(group, order, h, buf, lens, lin, quad, k, cap, density, p)
+    give = (1.0 - fill) * dp * k * cap
+    group = strided(group, order, h, buf, lens, lin, quad, k, cap, density, p, give)
     members = np.zeros(groups + 1, dtype=np.int64)
     for q in range(h):  # backbones: one per rank, groups spread evenly over the steps
         i = order[q]
@@ -376,7 +377,6 @@ def compose_window(
     eps = cost(lens[buf[order[m - 1]]], lin, quad)
     # a cost linear in tokens: every slot reaches the same level; fill 1: never underfill
     level = density if quad > 0 and fill < 1.0 else 0.0
-    give = (1.0 - fill) * dp * k * cap
     ceil, room, hungry = _ceilings(p, dp, k, cap, load, stok, backbone, density, eps, give)
     edge = min(m - 1, h + int(HUNGRY_SHARE[min(k, 2) - 1] * (m - h)))
     c_hungry = cost(lens[buf[order[edge]]], lin, quad)
