@@ -145,15 +145,18 @@ def shuffle_mixing(arrays: object) -> float:
     return mixing(step, np.random.default_rng(0).permutation(sl), int(step.max()) + 1)
 
 
-def band_floor_mixing(lens: np.ndarray, budget: int, dp: int, k: int) -> float:
+def band_floor_mixing(lens: np.ndarray, budget: int, dp: int, k: int, slot: int = 1) -> float:
     """The best mixing a padded plan can have at its padding: every sample sorted, cut into
     micro-batches of at most ``budget`` padded tokens (the least padding: sorted packing's),
-    and steps of ``k * dp`` of them taken stratified (step ``s`` gets micro-batches ``s``,
-    ``s + P``, ``s + 2P`` ...: every step spans every band), with no balance constraint.
+    in units of ``slot`` neighbours, and steps of ``k * dp / slot`` units taken stratified
+    (step ``s`` gets units ``s``, ``s + P``, ``s + 2P`` ...: every step spans every band).
 
     A padded micro-batch holds samples of one length range, and a short range holds many more
     samples than a long one, so a step of few micro-batches cannot look like the dataset
-    (long-SFT tail: 0.33 at grad-accum 1, 0.22 at 2, 0.14 at 4)."""
+    (long-SFT tail: 0.33 at grad-accum 1, 0.22 at 2, 0.14 at 4). Under ``--sync micro`` a slot
+    balances when its ``dp`` micro-batches cost alike, i.e. hold one length range (``slot``
+    ``dp``): a step then spans ``k`` ranges (long-SFT tail: 0.64 at grad-accum 2, 0.47 at 4;
+    a plan's slots, of neighbouring bands of a window, can come a little under it)."""
     from varpack.plan.figures.stats import mixing
 
     x = np.sort(lens)
@@ -165,7 +168,7 @@ def band_floor_mixing(lens: np.ndarray, budget: int, dp: int, k: int) -> float:
     count = np.diff(np.array([0, *ends]))
     steps = len(count) // (k * dp)
     used = steps * k * dp
-    step = np.repeat(np.arange(used) % steps, count[:used])
+    step = np.repeat(np.arange(used) // slot % steps, count[:used])
     return mixing(step, x[: len(step)], steps)
 
 
@@ -186,7 +189,8 @@ def balance(n: int) -> None:
         "fill given up = mean / max below the median step; floor = packed: the mixing of the same "
         "steps refilled by a plain random shuffle (the sampling floor of steps that size), "
         "padded: the best mixing of steps of sorted padded micro-batches taken stratified "
-        "(band_floor_mixing: one length range a micro-batch, no balance); check = both "
+        "(band_floor_mixing: one length range a micro-batch; under micro, one a slot); "
+        "check = both "
         "times recomputed by an independent scorer (rl_peers.independent_times)"
     )
     head = (f"{'layout':<7} {'K':>3} {'sync':<5} {'time':>6} {'bound':>6} {'gap':>6} {'other':>6} "
@@ -212,7 +216,8 @@ def balance(n: int) -> None:
                     f = s["fill_given_up"]
                     both = s["time_vs_ideal_by_sync"]
                     other = both["micro" if sync == "step" else "step"]
-                    floor = (band_floor_mixing(trained_lengths(arrays), budget, dp, k) if layout == "padded"
+                    slot = dp if sync == "micro" and k > 1 else 1
+                    floor = (band_floor_mixing(trained_lengths(arrays), budget, dp, k, slot) if layout == "padded"
                              else shuffle_mixing(arrays))  # fmt: skip
                     print(
                         f"{layout:<7} {k:>3} {sync if k > 1 else 'both':<5} "
