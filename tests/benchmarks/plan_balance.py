@@ -127,6 +127,11 @@ def checked(arrays: object, stats: dict, dp: int) -> str:  # type: ignore[type-a
     return "ok" if all(abs(got[k] - want[k]) < 1e-6 * want[k] for k in got) else f"{got}"
 
 
+def trained_lengths(p: object) -> np.ndarray:
+    """The lengths of the samples a plan trains, in its order (split pieces as pieces)."""
+    return p.lens[p.stream] if p.stream_lens is None else p.stream_lens  # type: ignore[attr-defined]
+
+
 def shuffle_mixing(arrays: object) -> float:
     """Mixing of the plan's steps refilled by a plain random shuffle (each step keeps its
     number of samples): the floor of sampling noise a step of that many samples has, so a
@@ -134,10 +139,37 @@ def shuffle_mixing(arrays: object) -> float:
     from varpack.plan.figures.stats import mixing
 
     p = arrays
-    sl = p.lens[p.stream] if p.stream_lens is None else p.stream_lens  # type: ignore[attr-defined]
+    sl = trained_lengths(p)
     per = np.diff(p.offsets)  # type: ignore[attr-defined]
     step = np.repeat(np.asarray(p.step), per)  # type: ignore[attr-defined]
     return mixing(step, np.random.default_rng(0).permutation(sl), int(step.max()) + 1)
+
+
+def band_floor_mixing(lens: np.ndarray, budget: int, dp: int, k: int, slot: int = 1) -> float:
+    """The best mixing a padded plan can have at its padding: every sample sorted, cut into
+    micro-batches of at most ``budget`` padded tokens (the least padding: sorted packing's),
+    in units of ``slot`` neighbours, and steps of ``k * dp / slot`` units taken stratified
+    (step ``s`` gets units ``s``, ``s + P``, ``s + 2P`` ...: every step spans every band).
+
+    A padded micro-batch holds samples of one length range, and a short range holds many more
+    samples than a long one, so a step of few micro-batches cannot look like the dataset
+    (long-SFT tail: 0.33 at grad-accum 1, 0.22 at 2, 0.14 at 4). Under ``--sync micro`` a slot
+    balances when its ``dp`` micro-batches cost alike, i.e. hold one length range (``slot``
+    ``dp``): a step then spans ``k`` ranges (long-SFT tail: 0.64 at grad-accum 2, 0.47 at 4;
+    a plan's slots, of neighbouring bands of a window, can come a little under it)."""
+    from varpack.plan.figures.stats import mixing
+
+    x = np.sort(lens)
+    ends, i = [], 0
+    while i < len(x):  # the most samples from i whose padded size fits the budget
+        j = int(np.searchsorted(x[i:] * np.arange(1, len(x) - i + 1), budget, side="right"))
+        i += max(j, 1)
+        ends.append(i)
+    count = np.diff(np.array([0, *ends]))
+    steps = len(count) // (k * dp)
+    used = steps * k * dp
+    step = np.repeat(np.arange(used) // slot % steps, count[:used])
+    return mixing(step, x[: len(step)], steps)
 
 
 def _only(var: str) -> list[str] | None:
@@ -154,12 +186,15 @@ def balance(n: int) -> None:
         "step (ranks meet once a step: DDP, Megatron) or micro (at every micro-batch: FSDP, "
         "ZeRO-3), scored under its own model: time / ideal, bound (no composition of the plan's "
         "windows does better under that model), gap; 'other' = its time under the other model; "
-        "fill given up = mean / max below the median step; shuf = the mixing of the same steps "
-        "refilled by a plain random shuffle (the sampling floor of steps that size); check = both "
+        "fill given up = mean / max below the median step; floor = packed: the mixing of the same "
+        "steps refilled by a plain random shuffle (the sampling floor of steps that size), "
+        "padded: the best mixing of steps of sorted padded micro-batches taken stratified "
+        "(band_floor_mixing: one length range a micro-batch; under micro, one a slot); "
+        "check = both "
         "times recomputed by an independent scorer (rl_peers.independent_times)"
     )
     head = (f"{'layout':<7} {'K':>3} {'sync':<5} {'time':>6} {'bound':>6} {'gap':>6} {'other':>6} "
-            f"{'fill up':>12} {'mixing':>7} {'shuf':>6} {'padding':>8} {'check':>6}")  # fmt: skip
+            f"{'fill up':>12} {'mixing':>7} {'floor':>6} {'padding':>8} {'check':>6}")  # fmt: skip
     for name, (lens, budget, dp, extra, ks) in datasets(quick).items():
         if sets is not None and not any(name.startswith(w) for w in sets):
             continue
@@ -181,12 +216,15 @@ def balance(n: int) -> None:
                     f = s["fill_given_up"]
                     both = s["time_vs_ideal_by_sync"]
                     other = both["micro" if sync == "step" else "step"]
+                    slot = dp if sync == "micro" and k > 1 else 1
+                    floor = (band_floor_mixing(trained_lengths(arrays), budget, dp, k, slot) if layout == "padded"
+                             else shuffle_mixing(arrays))  # fmt: skip
                     print(
                         f"{layout:<7} {k:>3} {sync if k > 1 else 'both':<5} "
                         f"{s['time_vs_ideal']:>6.3f} {s['time_vs_ideal_bound']:>6.3f} "
                         f"{s['time_vs_ideal'] - s['time_vs_ideal_bound']:>+6.3f} {other:>6.3f} "
                         f"{100 * f['mean']:>5.1f}/{100 * f['max']:>5.1f}% {s['mixing']:>7.3f} "
-                        f"{shuffle_mixing(arrays):>6.3f} "
+                        f"{floor:>6.3f} "
                         f"{100 * s['padding_ratio']:>7.2f}% {checked(arrays, s, dp):>6}"
                     )
     if sets is not None or ks_only is not None or layouts is not None:

@@ -50,8 +50,8 @@ def test_the_default_tolerance_is_two_points_at_any_step_size(
     assert ("--mix-tolerance" in got.stderr) == (outside > 0) == (s["within"] < s["steps"])
     if grad_accum == 64:  # steps of 512 K tokens hold the weights
         assert s["within"] >= 0.9 * s["steps"] and s["p95"] <= 0.02
-    else:  # steps of 16 K tokens do not: said, not excused
-        assert s["within"] < 0.5 * s["steps"] and s["p95"] > 0.02
+    else:  # steps of 16 K tokens do not all hold them: said, not excused
+        assert s["within"] < 0.95 * s["steps"] and s["p95"] > 0.02
         assert f"95% of the steps are within {points(s['p95'])}" in got.stderr
 
 

@@ -223,7 +223,7 @@ def _compose_epoch(
         a = b
         order = _by_cost(buf, m, lens)
         last = a >= n and final
-        h, density = heavy_prefix(buf, order, lens, lin, quad, cap, held)
+        h, density = heavy_prefix(buf, order, lens, lin, quad, cap, held, k)
         # heavy samples wait for a whole group only where their cost is not their length
         group = grouping(order, nc, h, dp, not last and quad > 0, lens, buf, lin, quad)
         wait = np.zeros(m, dtype=np.bool_)

@@ -33,16 +33,23 @@ def cost(x, lin, quad):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def heavy_prefix(buf, order, lens, lin, quad, cap, held):  # type: ignore[no-untyped-def]
+def heavy_prefix(buf, order, lens, lin, quad, cap, held, k=1):  # type: ignore[no-untyped-def]
     """``(h, density)``: the window's heavy samples are ``order[:h]``; ``density`` is the mean
     cost per token of its samples of at most half a micro-batch (``cap`` tokens).
 
     A sample that waited in the last window (``held``) stays heavy here, with every costlier one.
+    At grad-accum ``k`` 1 a sample of more than half a micro-batch is heavy by that alone (its
+    rank's only micro-batch); from 2 up only by its cost: its rank's other micro-batches level
+    it, and a step need not hold one on every rank (dealt with the rest, such samples spread
+    over the steps like every length range).
 
-    >>> lens = np.array([100, 100, 100, 100, 4000])
+    >>> lens = np.array([100, 100, 100, 100, 2100])
     >>> buf = np.arange(5); order = np.array([4, 0, 1, 2, 3])
-    >>> heavy_prefix(buf, order, lens, 1.0, 1e-3, 4000, np.zeros(5, np.bool_))
-    (1, 1.1)
+    >>> held = np.zeros(5, np.bool_)
+    >>> heavy_prefix(buf, order, lens, 1.0, 1e-5, 4000, held)
+    (1, 1.001)
+    >>> heavy_prefix(buf, order, lens, 1.0, 1e-5, 4000, held, 2)
+    (0, 1.001)
     """
     m = len(order)
     ct = 0.0
@@ -57,7 +64,7 @@ def heavy_prefix(buf, order, lens, lin, quad, cap, held):  # type: ignore[no-unt
     h = 0
     while h < m:  # a sample of more than half a micro-batch needs one of its own: first too
         x = lens[buf[order[h]]]
-        if cost(x, lin, quad) - x * density <= lim and 2 * x <= cap:
+        if cost(x, lin, quad) - x * density <= lim and (2 * x <= cap or k > 1):
             break
         h += 1
     for q in range(h, m):
@@ -99,3 +106,57 @@ def grouping(order, carried, h, dp, defer, lens, buf, lin, quad):  # type: ignor
             g += 1
         q = end
     return group
+
+
+@njit(cache=True)
+def strided(group, order, h, buf, lens, lin, quad, k, cap, density, p, give):  # type: ignore[no-untyped-def]
+    """The groups dealt across their cost range: the ``j``-th grouped heavy sample (costliest
+    first) joins group ``j % G``, where that levels (else ``group`` as it is).
+
+    Sorted groups level a step best, but with at most one group a step (``G <= p``) every step
+    then holds one narrow band of the heavy lengths, and mixing suffers (RL rollouts at
+    grad-accum 2: 0.16). From grad-accum 2 up a rank holding a lighter heavy sample takes more
+    of the light ones. A strided group levels where its lightest member's slot, filled to its
+    budget, reaches its costliest member's cost with room to spare, and where the budget its
+    slots leave empty to meet that lightest slot's level (each member's cost above its tokens
+    at the light ``density``, less the lightest member's) is at most ``give``, the fill a step
+    may give up (``--balance-fill``; none with ``--pp``). Where one group does not, all stay
+    sorted.
+
+    >>> g = np.array([0, 0, 1, 1]); lens = np.array([40, 30, 20, 10]); o = np.arange(4)
+    >>> strided(g, o, 4, o, lens, 1.0, 0.01, 2, 100, 1.0, 2, 50.0).tolist()
+    [0, 1, 0, 1]
+    >>> strided(g, o, 4, o, lens, 1.0, 0.01, 2, 100, 1.0, 2, 0.0).tolist()  # nothing to give
+    [0, 0, 1, 1]
+    >>> strided(g, o, 4, o, lens, 1.0, 0.01, 1, 100, 1.0, 2, 50.0).tolist()  # grad-accum 1
+    [0, 0, 1, 1]
+    """
+    groups = 0
+    for q in range(h):
+        groups = max(groups, group[q] + 1)
+    if k < 2 or groups < 2 or groups > p:
+        return group
+    out = group.copy()
+    hi = np.zeros(groups, dtype=np.int64)
+    lo = np.full(groups, np.int64(1) << 40)
+    excess = np.zeros(groups)  # each group's cost above its tokens at the light density
+    size = np.zeros(groups)
+    j = 0
+    for q in range(h):
+        if group[q] < 0:
+            continue
+        g = j % groups
+        j += 1
+        out[q] = g
+        x = lens[buf[order[q]]]
+        hi[g] = max(hi[g], x)
+        lo[g] = min(lo[g], x)
+        excess[g] += cost(x, lin, quad) - x * density
+        size[g] += 1
+    for g in range(groups):
+        if cost(hi[g], lin, quad) > cost(lo[g], lin, quad) + (k * cap - hi[g]) * density:
+            return group
+        base = cost(lo[g], lin, quad) - lo[g] * density
+        if (excess[g] - size[g] * base) / density > give:
+            return group
+    return out

@@ -26,10 +26,17 @@ LEVEL_SAMPLES = 12
 #: the windows keep gaining a little for many passes (bimodal lengths at 128 K, grad-accum 1:
 #: 8 passes 1.044x, 32 1.042x, 128 1.040x, 0.029 above the bound)
 PASSES = 128
-#: Windows of more micro-batches than this are not levelled: a pass costs about the bins times
-#: the samples; the planner's windows of the default 8 steps stay within it up to dp 16 (an
-#: in-memory rollout batch, ``plan_batch``, is not levelled at all: it must take milliseconds)
+#: Windows of more micro-batches than this are levelled in fewer passes: a pass costs about the
+#: bins times the samples; the planner's windows of the default 8 steps stay within it at
+#: grad-accum 1 up to dp 16 (an in-memory rollout batch, ``plan_batch``, is not levelled at
+#: all: it must take milliseconds)
 LEVEL_BINS = 128
+#: ... and windows of more than this not at all; those between take :data:`WIDE_PASSES` (the
+#: slots of ``--sync micro`` at grad-accum 4 on dp 8, 2 on dp 16: bimodal lengths at 128 K,
+#: grad-accum 4, 1.029x -> 1.021x, 0.023 -> 0.016 above the bound; 16 passes 1.4 s for 20 K
+#: samples, 128 passes 3.5 s for 1.019x)
+WIDE_BINS = 256
+WIDE_PASSES = 16
 
 
 @njit(cache=True)
@@ -99,8 +106,10 @@ def level_window(buf, m, where, lens, alone, nbins, dp, cap, lin, quad, passes):
     """Lower the runs' tops of a window composed at grad-accum 1 (``where[:m]``: each sample's
     micro-batch, ``nbins`` of them; -1: moved on) by moves and swaps that lower its time, in at
     most ``passes`` passes (0: not levelled)."""
-    if passes <= 0 or dp < 2 or quad <= 0 or m > LEVEL_SAMPLES * nbins or nbins > LEVEL_BINS:
+    if passes <= 0 or dp < 2 or quad <= 0 or m > LEVEL_SAMPLES * nbins or nbins > WIDE_BINS:
         return
+    if nbins > LEVEL_BINS:
+        passes = min(passes, WIDE_PASSES)
     c = np.zeros(nbins)
     tk = np.zeros(nbins, dtype=np.int64)
     cnt = np.zeros(nbins, dtype=np.int64)

@@ -73,8 +73,9 @@ def window_time(buf, m, where, lens, nbins, dp, lin, quad):  # type: ignore[no-u
 def mix_window(buf, order, wait, lens, alone, lin, quad, nbins, dp, cap, where, last, passes):  # type: ignore[no-untyped-def]
     """Replace the composer's ``where[:m]`` by the window-wide deal (:func:`lpt_window`, its
     runs' tops then lowered as the composer's are) where that has the lower slot time (True).
-    Only windows the composer's are levelled in (few samples per micro-batch, few micro-batches:
-    the deal's work is about the samples times the micro-batches)."""
+    Only windows of few samples per micro-batch and at most ``LEVEL_BINS`` micro-batches, those
+    the composer's are levelled in fully (the deal's work is about the samples times the
+    micro-batches)."""
     m = len(order)
     if m > LEVEL_SAMPLES * nbins or nbins > LEVEL_BINS:
         return False

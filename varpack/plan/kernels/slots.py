@@ -42,6 +42,7 @@ def slot_order(
     k: int,
     window: int,
     mix: tuple[float, np.uint64, np.ndarray] | None = None,
+    deal: np.ndarray | None = None,
 ) -> np.ndarray:
     """The micro-batches in their new order (``dp * k`` a step, ``dp`` a slot): each block of
     ``window`` steps (the last one may be shorter) sorted by ``cost`` (costliest first, ties by
@@ -58,6 +59,17 @@ def slot_order(
     costs within ``share`` of the block's mean count as alike (sorted in buckets of that width),
     taken in a ``seed``-drawn order rather than by position, so a slot mixes micro-batches of
     unlike contents (see :func:`_bucketed`).
+
+    ``deal``: a key of each micro-batch (the padded layout: its rows' length) by which a
+    block's slots, as cut by cost, are dealt in the snake instead of by their cost (a slot's
+    key: its micro-batches' mean). Under ``--sync micro`` a plan lasts the sum of its slots'
+    costs whichever step holds each, so this costs no time; a padded slot holds bands of one
+    length range and a short band many more rows than a long one, so a deal by cost, which
+    follows the fill as much as the length, leaves steps of a few length ranges.
+
+    >>> c = np.array([9.0, 8, 7, 6, 5, 4, 3, 2])
+    >>> slot_order(c, 2, 2, 2, deal=np.array([1, 1, 2, 2, 3, 3, 4, 4])).tolist()
+    [6, 7, 0, 1, 4, 5, 2, 3]
     """
     m = len(cost)
     if m == 0:
@@ -74,11 +86,25 @@ def slot_order(
     rank = pos - block * size  # place of order[i] in its block, costliest first
     steps = np.minimum(size, m - block * size) // (k * dp)  # steps of each block
     slot, lane = np.divmod(rank, dp)
+    if deal is not None:
+        slot = _by_key(np.asarray(deal, dtype=np.float64)[order], block, size, dp)
     lap = slot // steps
     new = block * size + (snake(slot, steps) * k + lap) * dp + lane
     out = np.empty(m, dtype=np.int64)
     out[new] = order
     return out
+
+
+def _by_key(key: np.ndarray, block: np.ndarray, size: int, dp: int) -> np.ndarray:
+    """Each position's slot rank in its block by its slot's mean ``key``, largest first (ties:
+    the cost order); ``key`` in slot order (runs of ``dp``)."""
+    per = key.reshape(-1, dp).mean(axis=1)
+    sb = block[::dp]
+    first = np.searchsorted(sb, sb)  # each slot's block's first slot
+    ranked = np.lexsort((np.arange(len(per)), -per, sb))
+    rank = np.empty(len(per), dtype=np.int64)
+    rank[ranked] = np.arange(len(per)) - first[ranked]
+    return np.repeat(rank, dp)
 
 
 @njit(cache=True)
@@ -133,6 +159,12 @@ def _pool_pair(cost, a, mid, b, dp, out):  # type: ignore[no-untyped-def]
     for r in range(0, n, dp):  # a run to the block most of it comes from, else the other
         run = top[r : r + dp]
         blk = 0 if 2 * np.sum(run < size) >= len(run) else 1
+        # ... unless that block is a run ahead of its share of the runs so far: each block
+        # keeps its share of every cost range (else the first fills up first and the pair's
+        # cheapest runs, its shortest bands, all go to the second: steps of one length range)
+        share = (r + len(run)) * size / n if blk == 0 else (r + len(run)) * (n - size) / n
+        if (size if blk == 0 else n - size) - room[blk] + len(run) > share + dp:
+            blk = 1 - blk
         if room[blk] < len(run):
             blk = 1 - blk
         if room[blk] < len(run):  # the last, short run: split by room

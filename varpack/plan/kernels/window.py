@@ -5,12 +5,14 @@ places a window (see :mod:`varpack.plan.kernels.compose` for the whole algorithm
 
 1. **backbones**: the heavy samples (:mod:`.heavy`), costliest first, in groups of up to ``dp``
    (one per slot) spread evenly over the steps, or dealt to them in a snake where there are
-   more groups than steps;
+   more groups than steps (with at most one a step, strided over their costs where that
+   levels: :func:`~varpack.plan.kernels.heavy.strided`);
 2. **ceilings** (:func:`_ceilings`): a step with backbones lasts at least its costliest slot;
    above the level every slot can still reach filled to its budget a slot only makes the others
    wait. Its ceiling is the larger of the two, raised until the step keeps ``fill`` of its budget
    (``--balance-fill``); the budget a slot leaves empty below it is the compensation, and the
-   samples it does not take go to other steps or move on;
+   samples it does not take go to other steps or move on (a stratified share of the rest as
+   large as what exceeds the steps' room, :func:`_move_on`, not the lightest);
 3. **the deal**: the rest, costliest first (samples carried from the last window first), by
    count in proportion to the tokens each step can take (a weighted round robin, so every step
    gets a stratified share of every length range; in a blend, to the step holding least of the
@@ -37,15 +39,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from varpack.plan.kernels.heavy import cost
+from varpack.plan.kernels.heavy import cost, strided
 from varpack.plan.kernels.level import level_window
 from varpack.plan.kernels.shares import repair_shares
 
 CLOSED = np.int64(1) << 62  # tokens of a micro-batch that takes nothing more (oversize alone)
-#: The share of a window's light samples, costliest first, that hungry steps take before the deal
-#: (measured: 0.02 lifts mixing over 0.15 on heavy-bodied lengths at grad-accum 1, 0 costs 0.01
-#: to 0.02 of time vs ideal there)
-HUNGRY_SHARE = 0.01
+#: The share of a window's light samples, costliest first, that hungry steps take before the deal,
+#: at grad-accum 1 and from 2 up (measured: 0.02 lifts mixing over 0.15 on heavy-bodied lengths at
+#: grad-accum 1, 0 costs 0.01 to 0.02 of time vs ideal there; heavy tail, dp 32, grad-accum 2,
+#: 5 seeds: 0.01 mixes 0.13-0.16 at 1.011-1.014x, 0.005 0.11-0.14 at 1.013-1.016x)
+HUNGRY_SHARE = (0.01, 0.005)
 
 
 @njit(cache=True, inline="always")
@@ -226,6 +229,33 @@ def _ceilings(p, dp, k, cap, load, stok, backbone, density, eps, give):  # type:
 
 
 @njit(cache=True)
+def _move_on(order, lo, carried, done, lens, buf, room):  # type: ignore[no-untyped-def]
+    """Mark as moved on (``done``) a stratified share of the samples ``order[lo:]`` not yet
+    placed, as many tokens as they exceed the steps' ``room``, none carried in. (The deal goes
+    costliest first: what finds no room at its end is the window's lightest samples, and they
+    crowd the next window's first steps; heavy tail, dp 32, grad-accum 2: mixing 0.21.)"""
+    rest = 0.0
+    for q in range(lo, len(order)):
+        if not done[order[q]]:
+            rest += lens[buf[order[q]]]
+    total = 0.0
+    for s in range(len(room)):
+        total += room[s]
+    if not rest > total > 0.0:
+        return
+    share = (rest - total) / rest
+    acc = 0.5
+    for q in range(lo, len(order)):
+        i = order[q]
+        if done[i] or i < carried:
+            continue
+        acc += share
+        if acc >= 1.0:
+            acc -= 1.0
+            done[i] = True
+
+
+@njit(cache=True)
 def _donor(order, where, bin_cnt, lo, hi):  # type: ignore[no-untyped-def]
     """The lightest placed sample of a micro-batch in ``lo .. hi`` that holds two or more."""
     for q in range(len(order) - 1, -1, -1):
@@ -327,15 +357,16 @@ def compose_window(
     groups = 0
     for q in range(h):
         groups = max(groups, group[q] + 1)
-    first = 0
+    give = (1.0 - fill) * dp * k * cap
+    group = strided(group, order, h, buf, lens, lin, quad, k, cap, density, p, give)
+    members = np.zeros(groups + 1, dtype=np.int64)
     for q in range(h):  # backbones: one per rank, groups spread evenly over the steps
         i = order[q]
         if group[q] < 0:
             continue
-        if q == 0 or group[q] != group[q - 1]:
-            first = q
         s = _step_of(group[q], groups, p)
-        r = s * dp + q - first
+        r = s * dp + members[group[q]]
+        members[group[q]] += 1
         x = lens[buf[i]]
         if not _room(x, alone[buf[i]], bin_tok, least[r], cap):
             continue  # more groups than steps: this one is dealt with the rest
@@ -346,9 +377,8 @@ def compose_window(
     eps = cost(lens[buf[order[m - 1]]], lin, quad)
     # a cost linear in tokens: every slot reaches the same level; fill 1: never underfill
     level = density if quad > 0 and fill < 1.0 else 0.0
-    give = (1.0 - fill) * dp * k * cap
     ceil, room, hungry = _ceilings(p, dp, k, cap, load, stok, backbone, density, eps, give)
-    edge = min(m - 1, h + int(HUNGRY_SHARE * (m - h)))
+    edge = min(m - 1, h + int(HUNGRY_SHARE[min(k, 2) - 1] * (m - h)))
     c_hungry = cost(lens[buf[order[edge]]], lin, quad)
     free = np.full(p, np.inf)  # no ceiling
     due = np.full(p, np.inf)  # when each step is next due, in dealt samples
@@ -374,6 +404,8 @@ def compose_window(
     big = 0  # samples of more than half a micro-batch need an empty one: they go first
     while big < m and 2 * lens[buf[order[big]]] > cap:
         big += 1
+    if not last:
+        _move_on(order, big, carried, done, lens, buf, room)
     for phase in range(4):  # the big samples, then the rest; those carried over first in each
         lo, hi = (0, big) if phase < 2 else (big, m)
         for q in range(lo, hi):
