@@ -90,11 +90,10 @@ def cut_slots(
                        cfg.max_tokens, lin, quad, PASSES)  # fmt: skip
     perm, starts = regroup(band, len(starts) - 1)
     idx = idx[perm]
-    cost = summarize(starts, lens[idx], cfg.micro_rule()).cost
-    deal = None  # from grad-accum 2 up, slots dealt to steps by their rows' length: they mix
-    if cfg.grad_accum > 1 and len(idx):
-        deal = np.maximum.reduceat(lens[idx], starts[:-1])[pooled]
-    order = slot_order(cost[pooled], dp, cfg.grad_accum, cfg.shuffle_window, deal=deal)
+    micro = summarize(starts, lens[idx], cfg.micro_rule())
+    # from grad-accum 2 up, slots dealt to steps by their rows' length, so that steps mix
+    deal = micro.max_len[pooled] if cfg.grad_accum > 1 else None
+    order = slot_order(micro.cost[pooled], dp, cfg.grad_accum, cfg.shuffle_window, deal=deal)
     (idx,), starts = move_micro((idx,), starts, pooled[order])
     return idx, starts
 
