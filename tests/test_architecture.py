@@ -27,10 +27,16 @@ ALLOWED = {
     "sort": GROUND | {"metadata"},
     "plan": {"errors", "fingerprint"},
     "online": {"errors", "plan"},
-    "manifest": GROUND | {"metadata", "sort", "plan"},
-    "torch": GROUND | {"metadata", "manifest", "online"},
-    "cli": GROUND | {"metadata", "sort", "plan", "manifest"},
-    "integrations": GROUND | {"metadata", "manifest", "torch", "online"},
+    # the plan artifact (format, schema, verified read, atomic write, tables, the rows as arrays
+    # and the figures recomputed from them) and the rooms around it: the plan's I/O edge, the
+    # checks, the views. Each reads plans through planfile; none reaches into another's room.
+    "planfile": GROUND | {"plan", "sort"},
+    "make": GROUND | {"metadata", "sort", "plan", "planfile"},
+    "validate": GROUND | {"metadata", "sort", "plan", "planfile", "make"},
+    "inspect": GROUND | {"metadata", "plan", "planfile"},
+    "torch": GROUND | {"metadata", "planfile", "online"},
+    "cli": GROUND | {"metadata", "sort", "plan", "planfile", "make", "validate", "inspect"},
+    "integrations": GROUND | {"metadata", "planfile", "torch", "online"},
 }
 #: third-party packages a varpack package must not import (the plan is pure arrays; a batch
 #: planned in memory too: RL loops call it between generation and training)
@@ -147,6 +153,30 @@ def test_no_import_circle() -> None:
 def _room(module: str) -> str | None:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else None
+
+
+def test_every_room_is_ranked() -> None:
+    """Every package of varpack has its place in :data:`ALLOWED`, so a new room is checked too,
+    and each names only rooms that exist (or the ground floor)."""
+    rooms = {p.parent.name for p in PKG.glob("*/__init__.py")}
+    assert rooms == set(ALLOWED), f"rank these rooms in ALLOWED: {sorted(rooms ^ set(ALLOWED))}"
+    unknown = {r: sorted(a - rooms - GROUND) for r, a in ALLOWED.items() if a - rooms - GROUND}
+    assert not unknown, unknown
+    assert GROUND == {p.stem for p in PKG.glob("*.py")} - {"__init__", "__main__"}
+
+
+def test_rooms_point_only_down() -> None:
+    """The rooms form a ladder: no room may import, even through others, a room that may import
+    it (nothing points back up); the planner imports none of the rooms above it."""
+    reach = {room: set(allowed) for room, allowed in ALLOWED.items()}
+    for _ in ALLOWED:  # transitive closure
+        for room in reach:
+            reach[room] |= set().union(*(reach.get(r, set()) for r in reach[room]))
+    back = sorted(room for room in reach if room in reach[room])
+    assert not back, f"rooms that reach back up to themselves: {back}"
+    above = {"planfile", "make", "validate", "inspect", "online", "torch", "cli", "integrations"}
+    assert not reach["plan"] & above
+    assert not reach["planfile"] & {"make", "validate", "inspect"}  # the artifact knows no room
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))

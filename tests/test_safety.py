@@ -2,7 +2,7 @@
 one line for every failure, nothing left behind by an interruption.
 
 Each test is one case of misuse; the sort's own cases (MPI ranks, signals under mpiexec) live in
-``tests/sort/``, validate's strictness in ``tests/manifest/``.
+``tests/sort/``, validate's strictness in ``tests/validate/``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from testkit import cli, write_metadata, write_shards
 
-import varpack.manifest.make as make
+import varpack.make as make
 from varpack.metadata.contract import read_metadata
 
 BASE = ["--max-tokens", "4096", "--dp", "2"]
@@ -194,7 +194,7 @@ def test_read_only_filesystem(tmp_path: Path, meta: Path, monkeypatch) -> None: 
 
 
 def test_disk_full_while_writing(tmp_path: Path, meta: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import varpack.manifest.format as fmt
+    import varpack.planfile.format as fmt
 
     def full(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -46,7 +46,7 @@ def _data(n: int, path: str) -> None:
 
 
 def _run(path: str, mixed: bool, oversize: str, q: mp.Queue) -> None:  # type: ignore[type-arg]
-    from varpack.manifest.make import plan
+    from varpack.make import plan
     from varpack.plan import PlanConfig
     from varpack.plan.mix import Mix
 

@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 from plan_peers import ds7104_speed, quality
 
-from varpack.manifest.tables import plan_tables
 from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig
+from varpack.planfile.tables import plan_tables
 
 DP = 8
 MODEL = "qwen2.5-0.5b"
@@ -44,8 +44,8 @@ MODEL = "qwen2.5-0.5b"
 
 
 def _throughput_child(n: int, order: str) -> None:
-    from varpack.manifest.format import write_plan
     from varpack.plan import make_plan
+    from varpack.planfile.format import write_plan
 
     lens = np.sort(sample_lengths("long-tail", n, np.random.default_rng(0), max_len=16384))
     ids = np.arange(n, dtype=np.int64)

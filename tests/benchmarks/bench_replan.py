@@ -25,10 +25,10 @@ from pathlib import Path
 def _plan(n: int, out: str, q: mp.Queue) -> None:  # type: ignore[type-arg]
     import numpy as np
 
-    from varpack.manifest.format import write_plan
-    from varpack.manifest.tables import plan_tables
     from varpack.metadata.synth import sample_lengths
     from varpack.plan import PlanConfig, make_plan
+    from varpack.planfile.format import write_plan
+    from varpack.planfile.tables import plan_tables
 
     lens = np.sort(sample_lengths("long-tail", n, np.random.default_rng(0), max_len=16384))
     ids = np.arange(n, dtype=np.int64)
@@ -42,7 +42,7 @@ def _plan(n: int, out: str, q: mp.Queue) -> None:  # type: ignore[type-arg]
 
 
 def _replan(parent: str, out: str, step: int, options: dict, q: mp.Queue) -> None:  # type: ignore[type-arg]
-    from varpack.manifest.replan import replan
+    from varpack.make.replan import replan
 
     t0 = time.perf_counter()
     meta, kept = replan(parent, out, step, options)

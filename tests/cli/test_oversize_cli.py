@@ -11,7 +11,7 @@ import sys
 import pytest
 from testkit import cli, write_metadata
 
-from varpack.manifest.format import load_plan
+from varpack.planfile.format import load_plan
 
 IDS = [1, 2, 3, 4, 5, 6]
 LENS = [10, 500, 20, 30, 900, 60]  # 1,520 tokens; 500 and 900 exceed a budget of 100

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from testkit import cli, mpiexec, write_metadata, write_shards
 
-from varpack.manifest.format import load_plan
-from varpack.manifest.validate import validate_plan
+from varpack.planfile.format import load_plan
+from varpack.validate import validate_plan
 
 BASE = ["--max-tokens", 2048, "--dp", 2, "--grad-accum", 2]
 

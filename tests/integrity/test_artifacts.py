@@ -21,11 +21,10 @@ import pytest
 from testkit import cli, write_metadata
 
 from varpack.errors import InputError
-from varpack.manifest.format import PLAN_VERSION, VERSION, load_plan
-from varpack.manifest.schema import ADDED, CHECKSUM_KEY
-from varpack.manifest.validate import validate_plan
 from varpack.plan.config import PlanConfig
 from varpack.plan.context import OPTIONAL_KEYS
+from varpack.planfile.format import PLAN_VERSION, VERSION, load_plan
+from varpack.planfile.schema import ADDED, CHECKSUM_KEY
 from varpack.sort import read_sorted
 from varpack.sort.output import (
     CHECKSUM,
@@ -36,6 +35,7 @@ from varpack.sort.output import (
     make_index,
     write_part,
 )
+from varpack.validate import validate_plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 OLD_PLAN, OLD_INPUT = DATA / "plan-v1", DATA / "plan-v1-input.parquet"
@@ -197,7 +197,7 @@ def test_a_flipped_record_is_caught_and_validate_says_so(work: Path) -> None:
 
 
 def _reference(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    from varpack.manifest.make import read_input
+    from varpack.make import read_input
 
     return read_input(path)
 
@@ -294,7 +294,7 @@ def test_every_plan_key_is_known_to_a_version(built: Path) -> None:
     added = {k.split(".")[-1] for k in ADDED if k.startswith("config.")}
     options = {f.name for f in dataclasses.fields(PlanConfig)}
     unknown = options - set(old["config"]) - OPTIONAL_KEYS - added
-    assert not unknown, f"record these options in varpack.manifest.schema.ADDED: {unknown}"
+    assert not unknown, f"record these options in varpack.planfile.schema.ADDED: {unknown}"
     assert max(ADDED.values()) <= VERSION
     new = json.loads((built / "plan" / "plan.json").read_text())
     for key in ADDED:

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from testkit import cli, write_metadata
 
-import varpack.manifest.make as make
-from varpack.manifest.format import read_meta
+import varpack.make as make
 from varpack.plan.mix import Mix, blend_rows, mix_units
+from varpack.planfile.format import read_meta
 
 
 @pytest.fixture

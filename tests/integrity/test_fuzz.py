@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from testkit import cli, write_metadata
 
 from varpack.errors import VarpackError
-from varpack.manifest.format import load_plan
-from varpack.manifest.make import read_input
-from varpack.manifest.validate import validate_plan
+from varpack.make import read_input
+from varpack.planfile.format import load_plan
 from varpack.sort import read_sorted
+from varpack.validate import validate_plan
 
 #: one damage: ("flip", where in the file as a fraction, which bit) or ("cut", where, _)
 DAMAGE = st.tuples(

@@ -154,7 +154,7 @@ def test_validate_refuses_a_condition_read_back_that_reaches_outside(
 ) -> None:
     import json
 
-    from varpack.manifest.schema import CHECKSUM_KEY, plan_checksum
+    from varpack.planfile.schema import CHECKSUM_KEY, plan_checksum
 
     path, _ = meta
     plan = tmp_path / "p"

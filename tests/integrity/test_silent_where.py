@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from testkit import cli, mpiexec, write_metadata
 
-from varpack.manifest.schema import CHECKSUM_KEY, plan_checksum
+from varpack.planfile.schema import CHECKSUM_KEY, plan_checksum
 
 PLAN = ("--max-tokens", 2048, "--dp", 2, "-q")
 EMPTY = ["", " ", "   ", "\t\n", " \r\n "]

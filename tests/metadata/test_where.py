@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from testkit import cli
 
-from varpack.manifest.format import PLAN_VERSION
 from varpack.metadata.where import where_ids
+from varpack.planfile.format import PLAN_VERSION
 
 PLAN = ("--max-tokens", 4096, "--dp", 2, "--grad-accum", 2, "--order", "shuffle", "-q")
 

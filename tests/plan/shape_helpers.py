@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from varpack.manifest.format import load_plan, write_plan
-from varpack.manifest.tables import plan_tables
 from varpack.plan import PlanConfig, make_plan
+from varpack.planfile.format import load_plan, write_plan
+from varpack.planfile.tables import plan_tables
 
 
 def planned(tmp: Path, ids, lens, cfg: PlanConfig) -> Path:

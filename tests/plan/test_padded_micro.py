@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_sync import FLOPS, _heavy_tail
 
-from varpack.manifest.format import write_plan
-from varpack.manifest.tables import plan_tables
-from varpack.manifest.validate import validate_plan
 from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig, make_plan
 from varpack.plan.kernels.bandlevel import PASSES
 from varpack.plan.kernels.slots import WIDE_GAIN, pool_pairs, pool_quads
 from varpack.plan.stages.batching import banded
+from varpack.planfile.format import write_plan
+from varpack.planfile.tables import plan_tables
+from varpack.validate import validate_plan
 
 
 @settings(max_examples=60, deadline=None)

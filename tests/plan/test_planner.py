@@ -12,9 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from varpack.errors import ConfigError, InputError
-from varpack.manifest.format import write_plan
-from varpack.manifest.tables import plan_tables
-from varpack.manifest.validate import validate_plan
 from varpack.plan import PlanConfig, make_plan, plan_arrays
 from varpack.plan.cost import sample_flops
 from varpack.plan.figures.stats import mixing
@@ -22,6 +19,9 @@ from varpack.plan.kernels.assign import balance_ranks
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete, pack
 from varpack.plan.models import PRESETS
+from varpack.planfile.format import write_plan
+from varpack.planfile.tables import plan_tables
+from varpack.validate import validate_plan
 
 
 def _plan(ids, lens, **kw):

@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from shape_helpers import compiles_after_prefix, manifests, planned
 
 from varpack.errors import ConfigError
-from varpack.manifest.format import PLAN_JSON
-from varpack.manifest.tables import plan_tables
-from varpack.manifest.validate import validate_plan
 from varpack.metadata.synth import action_genome_lengths
 from varpack.plan import PlanConfig, make_plan, plan_arrays
 from varpack.plan.kernels.shapes import choose_lengths, padding_of
 from varpack.plan.stages.batching.blocks import reset_table
+from varpack.planfile.format import PLAN_JSON
+from varpack.planfile.tables import plan_tables
+from varpack.validate import validate_plan
 
 # ---- hand-checked cases ---------------------------------------------------------------------------
 

@@ -16,8 +16,8 @@ import pytest
 from shape_helpers import compiles_after_prefix, manifests, planned
 from testkit import cli, write_metadata
 
-from varpack.manifest.format import PLAN_JSON, _write_table, rank_file, sha256_file
 from varpack.plan import PlanConfig
+from varpack.planfile.format import PLAN_JSON, _write_table, rank_file, sha256_file
 
 # ---- validate catches broken shape rules ----------------------------------------------------------
 

@@ -15,21 +15,21 @@ from hypothesis import strategies as st
 from testkit import cli, write_metadata
 
 from varpack.errors import ConfigError
-from varpack.manifest.format import PLAN_JSON, read_meta, write_plan
-from varpack.manifest.schema import (
+from varpack.plan import PlanConfig, make_plan, plan_arrays
+from varpack.plan.kernels.assign import balance_slots
+from varpack.plan.kernels.slots import move_micro, slot_order
+from varpack.plan.stages.warmup import check_warmup_prefix, slot_warmup_order
+from varpack.plan.sync import micro_times, step_times
+from varpack.planfile.format import PLAN_JSON, read_meta, write_plan
+from varpack.planfile.schema import (
     CHECKSUM_KEY,
     FINGERPRINT_KEY,
     config_of,
     plan_checksum,
     plan_fingerprint,
 )
-from varpack.manifest.tables import plan_tables
-from varpack.manifest.validate import validate_plan
-from varpack.plan import PlanConfig, make_plan, plan_arrays
-from varpack.plan.kernels.assign import balance_slots
-from varpack.plan.kernels.slots import move_micro, slot_order
-from varpack.plan.stages.warmup import check_warmup_prefix, slot_warmup_order
-from varpack.plan.sync import micro_times, step_times
+from varpack.planfile.tables import plan_tables
+from varpack.validate import validate_plan
 
 FLOPS = dict(cost="flops", model_preset="qwen2.5-0.5b")
 

@@ -1,6 +1,6 @@
 """Test helpers for the torch reader: tokenized Parquet and small hand-made plans.
 
-Plans are written with :func:`varpack.manifest.write_plan` from micro-batches chosen here, so the
+Plans are written with :func:`varpack.planfile.write_plan` from micro-batches chosen here, so the
 reader's tests do not depend on the planner; the example trainer's test uses ``varpack plan``.
 """
 
@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from warm_start import warm_start
 
-from varpack.manifest.format import write_plan
+from varpack.planfile.format import write_plan
 
 
 def write_tokens(

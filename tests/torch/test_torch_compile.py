@@ -14,7 +14,7 @@ import torch._dynamo  # noqa: E402
 from plan_helpers import make_plan  # noqa: E402
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 
-from varpack.manifest.schema import CHECKSUM_KEY, plan_checksum  # noqa: E402
+from varpack.planfile.schema import CHECKSUM_KEY, plan_checksum  # noqa: E402
 from varpack.torch import (
     PlanLoader,
     compile_warmup,

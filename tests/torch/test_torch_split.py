@@ -13,10 +13,10 @@ pytest.importorskip("torch.nn")
 from plan_helpers import write_tokens  # noqa: E402
 
 from varpack.errors import InputError  # noqa: E402
-from varpack.manifest.format import write_plan  # noqa: E402
-from varpack.manifest.tables import plan_tables  # noqa: E402
 from varpack.metadata.lengths import write_arrow_tokens  # noqa: E402
 from varpack.plan import PlanConfig, make_plan  # noqa: E402
+from varpack.planfile.format import write_plan  # noqa: E402
+from varpack.planfile.tables import plan_tables  # noqa: E402
 from varpack.torch import ParquetTokenDataset, PlanLoader  # noqa: E402
 from varpack.torch.batch import IGNORE_INDEX  # noqa: E402
 from varpack.torch.dataset import fetch_flat  # noqa: E402

@@ -13,7 +13,7 @@ pytest.importorskip("torch.nn")
 
 from testkit import cli, write_metadata  # noqa: E402
 
-from varpack.manifest.format import load_plan  # noqa: E402
+from varpack.planfile.format import load_plan  # noqa: E402
 from varpack.torch.job import log, sync_note  # noqa: E402
 
 

@@ -36,16 +36,16 @@ def inspect(plan: str, as_json: bool, plot_file: str | None, overwrite: bool) ->
 
         run_agreed(comm, lambda: _on_ranks(comm, plan, as_json, plot_file, overwrite))
         return
-    from varpack.manifest.inspect import describe, render
+    from varpack.inspect import describe, render
 
     if plot_file:  # an unsafe figure path fails before anything is printed
-        from varpack.manifest.plot import check_plot_output
+        from varpack.inspect.plot import check_plot_output
 
         check_plot_output(plan, plot_file, overwrite)
     info = describe(plan)
     click.echo(json.dumps(info, indent=2) if as_json else render(info))
     if plot_file:
-        from varpack.manifest.plot import plot
+        from varpack.inspect.plot import plot
 
         plot(plan, plot_file, overwrite)
         if not as_json:
@@ -55,13 +55,13 @@ def inspect(plan: str, as_json: bool, plot_file: str | None, overwrite: bool) ->
 def _on_ranks(comm: Any, plan: str, as_json: bool, plot_file: str | None, overwrite: bool) -> int:
     """``inspect`` on every rank of ``comm``: the files verified in shares; rank 0 prints and
     plots. Every rank returns 0 (a failure is agreed and raised)."""
-    from varpack.manifest.inspect import describe, render
-    from varpack.manifest.opened import load_plan_ranks
+    from varpack.inspect import describe, render
+    from varpack.planfile.opened import load_plan_ranks
     from varpack.sort.agree import agree
 
     def first() -> None:
         if plot_file:  # an unsafe figure path fails before anything is printed
-            from varpack.manifest.plot import check_plot_output
+            from varpack.inspect.plot import check_plot_output
 
             check_plot_output(plan, plot_file, overwrite)
 
@@ -71,7 +71,7 @@ def _on_ranks(comm: Any, plan: str, as_json: bool, plot_file: str | None, overwr
         info = describe(plan, opened)
         click.echo(json.dumps(info, indent=2) if as_json else render(info))
         if plot_file:
-            from varpack.manifest.plot import plot
+            from varpack.inspect.plot import plot
 
             plot(plan, plot_file, overwrite)
             if not as_json:

@@ -192,8 +192,8 @@ def plan(
         run_agreed(comm, lambda: _on_ranks(comm, input, out, overwrite, quiet, given))
         return
     from varpack.atomic import check_output
-    from varpack.manifest.make import input_paths
-    from varpack.manifest.make import plan as run_plan
+    from varpack.make import input_paths
+    from varpack.make import plan as run_plan
 
     check_output(out, overwrite, input_paths(input))
     names, source, where, source_column, blend, cfg = _settings(*given)
@@ -242,7 +242,7 @@ def _settings(
     """The flags merged over ``--config``: ``(carry names, carry source, where, source column,
     blend, config)``."""
     from varpack.errors import ConfigError
-    from varpack.manifest.make import CARRY_KEYS, load_toml
+    from varpack.make import CARRY_KEYS, load_toml
 
     values: dict[str, Any] = load_toml(config_file) if config_file else {}
 
@@ -303,11 +303,11 @@ def _not_empty(value: Any, flag: str) -> Any:
 def _on_ranks(
     comm: Any, input: str, out: str, overwrite: bool, quiet: bool, given: tuple[Any, ...]
 ) -> int:
-    """``plan`` on every rank of ``comm`` (:mod:`varpack.manifest.mpi`); rank 0 prints the
+    """``plan`` on every rank of ``comm`` (:mod:`varpack.make.mpi`); rank 0 prints the
     summary. Returns the exit code (0)."""
     from varpack.errors import ConfigError
-    from varpack.manifest.mpi import plan_ranks
-    from varpack.manifest.mpi.support import not_shared
+    from varpack.make.mpi import plan_ranks
+    from varpack.make.mpi.support import not_shared
     from varpack.sort.agree import agree, unlink_shared_memory
 
     comm.Barrier()  # every local rank has attached MPI's shared memory by now: a rank that
@@ -351,7 +351,7 @@ def shapes_note(out: str, cfg: PlanConfig) -> None:
 
 
 def _paths(sources: tuple[str, ...]) -> dict[str, str] | None:
-    from varpack.manifest.path_sources import parse_sources
+    from varpack.make.path_sources import parse_sources
 
     return parse_sources(sources) if sources else None
 

@@ -56,13 +56,13 @@ def replan(
         varpack replan plan/ plan-dp4/ --from-step 1200 --dp 4
     """
     from varpack.atomic import check_output
-    from varpack.manifest.replan import replan as run_replan
+    from varpack.make.replan import replan as run_replan
 
     check_output(out, overwrite, [plan])
     given = {k: v for k, v in options.items() if v is not None}
     meta, kept = run_replan(plan, out, from_step, given, overwrite, rebalance)
     if kept:  # micro-batches composed for the old grad-accum may not level fewer per rank
-        from varpack.manifest.format import read_meta
+        from varpack.planfile.format import read_meta
 
         before = read_meta(plan)["stats"]["time_vs_ideal"]
         if meta["stats"]["time_vs_ideal"] > before + 0.02:

@@ -71,7 +71,7 @@ def validate(
 
         run_agreed(comm, lambda: _on_ranks(comm, plan, metadata, replay, carry_from, parent))
         return
-    from varpack.manifest.validate import validate_plan
+    from varpack.validate import validate_plan
 
     reference = None if metadata is None else _reference(plan, metadata, carry_from)
     report = validate_plan(
@@ -101,9 +101,9 @@ def _on_ranks(
     every rank returns the exit code. ``--replay`` is refused: it plans the whole input again in
     one process, as ``varpack plan`` does, which no share of ranks can split."""
     from varpack.errors import ConfigError
-    from varpack.manifest.validate import Inputs
-    from varpack.manifest.validate.parallel import validate_ranks
     from varpack.sort.agree import agree
+    from varpack.validate import Inputs
+    from varpack.validate.parallel import validate_ranks
 
     def refuse() -> None:
         raise ConfigError(
@@ -126,7 +126,7 @@ def _on_ranks(
 
 def _reference(plan: str, metadata: str, carry_from: str | None) -> tuple[Any, Any]:
     """The input's (ids, lens), narrowed to the samples a ``--where`` plan selected."""
-    from varpack.manifest.make import read_input
+    from varpack.make import read_input
 
     return _selected(plan, read_input(metadata), metadata, carry_from)
 
@@ -180,8 +180,8 @@ def _selected(
     """The metadata's samples a plan made with ``--where`` selected (the same condition, over
     ``--carry-from`` if given, else the metadata), else all of them."""
     from varpack.errors import VarpackError
-    from varpack.manifest.format import read_meta
-    from varpack.manifest.make import select_input, where_source
+    from varpack.make import select_input, where_source
+    from varpack.planfile.format import read_meta
 
     try:
         entry = read_meta(plan).get("selection")

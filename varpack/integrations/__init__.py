@@ -15,7 +15,7 @@ decisions to a framework's training loop without letting it re-batch, re-shard o
 - ``world``: :func:`~varpack.integrations.world.settle_world`, the Trainer's processes made the
   launcher's (one model over every process, or one line).
 
-Like ``varpack.torch``, which it builds on (and the metadata and manifest rooms), this package
+Like ``varpack.torch``, which it builds on (and the metadata and planfile rooms), this package
 imports torch, and ``transformers`` / ``accelerate`` too (the ``hf`` extra); nothing else in
 varpack imports it. See docs/hf.md.
 """

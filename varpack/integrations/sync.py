@@ -6,7 +6,7 @@ micro-batch all-gathers them) it runs at its time under ``micro``, above the fig
 balanced to. :func:`check_sync` says so in one :class:`PlanSyncWarning` on rank 0, once per run
 (:class:`~varpack.integrations.hf.VarpackTrainer` calls it when built; a plain ``accelerate``
 loop after ``accelerator.prepare``); the harmless other way round (a ``micro`` plan under DDP)
-is an informative ``logging`` line. The decision is :func:`~varpack.manifest.trainer_sync.sync_advice`.
+is an informative ``logging`` line. The decision is :func:`~varpack.planfile.trainer_sync.sync_advice`.
 
 :func:`strategy` reads the state defensively (attributes that may be missing or raise; nothing
 imports DeepSpeed): FSDP (``distributed_type`` FSDP or an ``fsdp_plugin``, not ``NO_SHARD``),
@@ -20,7 +20,7 @@ import logging
 import warnings
 from typing import Any, NamedTuple
 
-from varpack.manifest.trainer_sync import SyncAdvice, sync_advice
+from varpack.planfile.trainer_sync import SyncAdvice, sync_advice
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ Rooms: :mod:`.stages` (the stages), :mod:`.kernels` (the pure array functions th
 the arrays passed between stages, the cost models and the rules sit at the top, shared by all.
 May import: NumPy, numba, and ``varpack.errors`` / ``varpack.fingerprint``. Nothing here
 imports pyarrow or another varpack package: turning the arrays into files is
-:mod:`varpack.manifest`'s job.
+:mod:`varpack.planfile`'s job.
 
 Entry points: :class:`PlanConfig` and :func:`make_plan` (or :func:`plan_arrays`).
 """

@@ -3,7 +3,7 @@
 Each stage takes the output of the ones before it and returns its own (see
 :mod:`varpack.plan.planner` for the order): :class:`Selection` (select), :class:`Batches` (order +
 pack), :class:`Shapes` (shapes), :class:`Placement` (assign and warm-up), and finally
-:class:`PlanArrays`, the plan as arrays that :mod:`varpack.manifest` turns into files.
+:class:`PlanArrays`, the plan as arrays that :mod:`varpack.planfile` turns into files.
 """
 
 from __future__ import annotations

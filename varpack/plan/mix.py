@@ -3,7 +3,7 @@
 ``--mix code=0.3,chat=0.5,math=0.2`` (with ``--source-column``) makes the run's samples a blend:
 each source gets its weight's share of the run's total (tokens by default, or samples), and the
 sources are interleaved so that every stretch of the stream holds them at their weights. Pure
-NumPy; the I/O edge reads the source of each sample (:mod:`varpack.manifest.mixing`).
+NumPy; the I/O edge reads the source of each sample (:mod:`varpack.make.mixing`).
 
 **Repeat or subsample** (:func:`draw`): a source of ``n`` samples whose share is ``k`` whole
 passes and a fraction more gets ``k`` copies of every sample, then a prefix of a permutation
@@ -18,7 +18,7 @@ same rate, so any prefix of the merged stream holds each source at its weight, w
 
 **Documents in pieces** (``--oversize split``): the blend draws documents (a subsample draws
 whole documents, a document drawn twice brings all its pieces twice), and interleaves their
-pieces, each piece with its document's source (:mod:`varpack.manifest.mixing`).
+pieces, each piece with its document's source (:mod:`varpack.make.mixing`).
 
 **Tolerance** (:data:`SHARE_TOLERANCE`, ``--mix-tolerance``): how far a step's token share of a
 source may be from its target. It is a promise the figures measure, never widened to what small

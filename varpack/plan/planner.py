@@ -1,7 +1,7 @@
 """The planner: sorted lengths in, a plan as arrays and plan.json's content out.
 
 Pure (arrays and a config in, arrays and dicts out); reading the input and writing the plan are
-the plan artifact's job (:mod:`varpack.manifest.make`). :func:`plan_arrays` runs the stages in
+the plan artifact's job (:mod:`varpack.make`). :func:`plan_arrays` runs the stages in
 order, each a function in its own module, passing small dataclasses (:mod:`.arrays`) between:
 
 1. **select** (:mod:`.stages.select`): input checks, oversize samples dropped, kept alone, split
@@ -45,7 +45,7 @@ def plan_arrays(ids: np.ndarray, lens: np.ndarray, cfg: PlanConfig) -> PlanArray
 
 def plan_selected(chosen: Selection) -> PlanArrays:
     """Stages 2 to 6 over units selected already: a replan gives the pieces of split
-    documents it has left, with their offsets (:mod:`varpack.manifest.remaining`)."""
+    documents it has left, with their offsets (:mod:`varpack.make.remaining`)."""
     cfg = chosen.cfg
     lengths = input_lengths(chosen.lens, cfg)
     batches = build_batches(chosen, lengths)

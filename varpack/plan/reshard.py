@@ -7,7 +7,7 @@ budget and of its shape) and only dealt again to the new ``dp'`` ranks, ``grad_a
 balanced by cost (:func:`varpack.plan.kernels.assign.balance_ranks`, the assign stage's own
 kernel) and rotated by the step offsets drawn from ``(seed, step)`` so no rank is favoured.
 
-Pure NumPy over per-micro-batch arrays: the I/O edge is :mod:`varpack.manifest.replan`.
+Pure NumPy over per-micro-batch arrays: the I/O edge is :mod:`varpack.make.replan`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ through :mod:`.exchange`. Also owns the output format (:mod:`.output`: Parquet p
 May import: the ground floor (errors, atomic publication, fingerprints) and
 :mod:`varpack.metadata` (the input contract); mpi4py only in :mod:`.driver`, :mod:`.job`,
 :mod:`.exchange` and :mod:`.agree` (the agreement of ranks, shared with ``validate`` and
-``inspect`` under MPI), and only when a command runs on several ranks. Nothing of :mod:`varpack.plan`, :mod:`varpack.manifest`,
+``inspect`` under MPI), and only when a command runs on several ranks. Nothing of :mod:`varpack.plan`,
+:mod:`varpack.planfile`, :mod:`varpack.make`, :mod:`varpack.validate`, :mod:`varpack.inspect`,
 :mod:`varpack.cli` or torch.
 
 Public API:

@@ -101,7 +101,7 @@ def check_world(plan_dir: str | os.PathLike[str], dp: int, ckpt: Path | None) ->
     """Refuse a run whose data-parallel world differs from the plan's dp, with the exact
     ``varpack replan`` command that continues the run's checkpoint ``ckpt`` on ``dp`` ranks
     (``None``: a new run, which needs a plan made for ``dp``)."""
-    from varpack.manifest.format import load_plan
+    from varpack.planfile.format import load_plan
 
     plan = load_plan(plan_dir)
     if plan.dp == dp:

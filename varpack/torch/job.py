@@ -19,7 +19,7 @@ errors agreed by every rank, checkpoints, the final line (``jobs/train.py`` uses
 - :func:`sync_note`: the plan's ``--sync`` against DDP's schedule, one line where they differ.
 - ``metrics.jsonl`` and the ``--record`` files: ``varpack.torch.records``.
 
-Imports: torch, ``varpack.errors``, ``varpack.manifest.trainer_sync``,
+Imports: torch, ``varpack.errors``, ``varpack.planfile.trainer_sync``,
 ``varpack.torch.checkpoint``, ``varpack.torch.launch``, ``varpack.torch.records``,
 ``varpack.torch.watch``.
 """
@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from varpack.errors import ConfigError, Interrupted, VarpackError
-from varpack.manifest.trainer_sync import sync_advice
+from varpack.planfile.trainer_sync import sync_advice
 from varpack.torch.checkpoint import check_world, save_checkpoint
 from varpack.torch.launch import (
     LaunchEnv,
@@ -129,7 +129,7 @@ def log(rank: int, msg: str | None) -> None:
 def sync_note(plan: Any, dp: int) -> str | None:
     """What a DDP job (its ranks meet once per step, ``no_sync`` before) makes of ``plan``'s
     ``sync`` over ``dp`` data-parallel ranks: a ``--sync micro`` plan is balanced for it too,
-    but a ``step`` plan may level the step sums further (``varpack.manifest.trainer_sync``)."""
+    but a ``step`` plan may level the step sums further (``varpack.planfile.trainer_sync``)."""
     advice = sync_advice(str(plan.path), plan.meta, "step", "DDP", dp)
     return None if advice is None else f"{'warning' if advice.harmful else 'note'}: {advice.text}"
 

@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from varpack.errors import ConfigError, InputError, VarpackError
-from varpack.manifest.format import CARRY_PREFIX, Plan, load_plan
-from varpack.manifest.schema import FINGERPRINT_KEY
+from varpack.planfile.format import CARRY_PREFIX, Plan, load_plan
+from varpack.planfile.schema import FINGERPRINT_KEY
 from varpack.torch import cp as cp_mod
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
@@ -43,7 +43,7 @@ from varpack.torch.workers import resolve_workers
 
 def plan_fingerprint(plan: Plan) -> str:
     """Identity of a plan: the fingerprint ``varpack plan`` recorded (over config, input and every
-    rank file's checksum; :func:`~varpack.manifest.format.load_plan` checks it against plan.json), else
+    rank file's checksum; :func:`~varpack.planfile.format.load_plan` checks it against plan.json), else
     sha256 over every rank file's checksum, the layout and the step count."""
     recorded = plan.meta.get(FINGERPRINT_KEY)
     if isinstance(recorded, str):

@@ -22,7 +22,7 @@ import numpy as np
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
-from varpack.manifest.format import Plan
+from varpack.planfile.format import Plan
 
 
 class VariableBatchSizeLR:

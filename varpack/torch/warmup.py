@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from varpack.manifest.format import Plan, load_plan
+from varpack.planfile.format import Plan, load_plan
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
 from varpack.torch.collate import RowInfo, collate
 from varpack.torch.loader import ManifestRows, PlanLoader, plan_layout

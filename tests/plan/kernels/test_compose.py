@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from varpack.errors import ConfigError
-from varpack.manifest.format import write_plan
-from varpack.manifest.tables import plan_tables
-from varpack.manifest.validate import validate_plan
 from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig, make_plan, plan_arrays
 from varpack.plan.kernels.compose import compose_run
 from varpack.plan.stages.batching import batcher_name
+from varpack.planfile.format import write_plan
+from varpack.planfile.tables import plan_tables
+from varpack.validate import validate_plan
 
 FLOPS = dict(cost="flops", model_preset="qwen2.5-0.5b")
 

@@ -85,11 +85,11 @@ def test_one_pass_tally_matches_the_piecewise_one() -> None:
 
 def test_plans_drawn_in_buckets_pass_validate(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """The planner and ``validate`` draw the same bucketed permutation (moved figures agree)."""
-    from varpack.manifest.format import write_plan
-    from varpack.manifest.tables import plan_tables
-    from varpack.manifest.validate import validate_plan
     from varpack.metadata.synth import sample_lengths
     from varpack.plan import PlanConfig, make_plan
+    from varpack.planfile.format import write_plan
+    from varpack.planfile.tables import plan_tables
+    from varpack.validate import validate_plan
 
     lens = np.sort(sample_lengths("long-tail", 6000, np.random.default_rng(2), max_len=4096))
     ids = np.arange(len(lens), dtype=np.int64) * 5 + 3

@@ -14,16 +14,16 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from varpack.errors import ConfigError
-from varpack.manifest.format import Plan, load_plan, write_plan
-from varpack.manifest.tables import plan_tables
-from varpack.manifest.validate import validate_plan
-from varpack.manifest.validate.files import RankRows
-from varpack.manifest.validate.pieces import check_apart
-from varpack.manifest.validate.report import Report
 from varpack.plan import PlanConfig, make_plan
 from varpack.plan.kernels.pack import PackRule, pack
 from varpack.plan.kernels.split import fit_len, split_units
 from varpack.plan.oversize import preview
+from varpack.planfile.format import Plan, load_plan, write_plan
+from varpack.planfile.rankrows import RankRows
+from varpack.planfile.report import Report
+from varpack.planfile.tables import plan_tables
+from varpack.validate import validate_plan
+from varpack.validate.pieces import check_apart
 
 
 def _sorted(lens: list[int]) -> tuple[np.ndarray, np.ndarray]:

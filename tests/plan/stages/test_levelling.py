@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from varpack.manifest.format import write_plan
-from varpack.manifest.tables import plan_tables
-from varpack.manifest.validate import validate_plan
 from varpack.plan import PlanConfig, make_plan, plan_arrays
 from varpack.plan.stages import levelling
 from varpack.plan.stages.levelling import by_cost_in_windows
+from varpack.planfile.format import write_plan
+from varpack.planfile.tables import plan_tables
+from varpack.validate import validate_plan
 
 FLOPS = dict(cost="flops", model_preset="qwen2.5-0.5b")
 

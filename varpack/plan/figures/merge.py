@@ -4,7 +4,7 @@ The per-sample figures (mixing, the time bound, the ideal) need every sample's l
 They are computed from parts that combine without rounding: a histogram of lengths, integer
 counts and sums, float sums of integers (exact below 2^53), the few long samples, and chunks of
 lengths of the chunks a float sum runs over, in their global order. :class:`Whole` is one process holding every sample; ``plan``
-under MPI passes a merge over its ranks (``varpack.manifest.mpi.figures.Ranks``), so that rank 0
+under MPI passes a merge over its ranks (``varpack.make.mpi.figures.Ranks``), so that rank 0
 computes the same floats from the same parts.
 """
 

@@ -11,7 +11,7 @@ its first windows are composed again with it until the carry after one is the ca
 is composed again too. So the plan is byte for byte the one-thread plan, whatever the number of
 threads; only the time changes. Carries are a few samples and often none, so the carry is
 usually resolved within a window. The MPI composer resolves carries between ranks the same way
-(:mod:`varpack.manifest.mpi.compose`).
+(:mod:`varpack.make.mpi.compose`).
 """
 
 from __future__ import annotations
