@@ -112,6 +112,25 @@ def test_every_package_says_what_it_owns() -> None:
         assert len(doc.split()) >= 20, f"{init.parent.name}/__init__.py needs its purpose paragraph"
 
 
+@pytest.mark.parametrize(
+    "package", ["plan/kernels", "planfile", "make", "make/mpi", "validate", "inspect"]
+)
+def test_every_module_is_named_by_its_package(package: str) -> None:
+    """The package's docstring names each of its modules (what each holds, in a line or a
+    phrase), so a reader learns the room from its ``__init__``; the kernels are named in
+    docs/architecture.md too."""
+    root = PKG / package
+    doc = ast.get_docstring(ast.parse((root / "__init__.py").read_text())) or ""
+    names = [p.stem for p in root.glob("*.py") if p.name != "__init__.py"]
+    names += [p.parent.name for p in root.glob("*/__init__.py")]
+    unnamed = sorted(n for n in names if not re.search(rf"(?<![\w]){n}(?![\w])", doc))
+    assert not unnamed, f"{package}/__init__.py does not name {unnamed}"
+    if package == "plan/kernels":
+        arch = (ROOT / "docs" / "architecture.md").read_text()
+        missing = sorted(n for n in names if f"`{n}`" not in arch)
+        assert not missing, f"docs/architecture.md does not name the kernels {missing}"
+
+
 def test_no_import_circle() -> None:
     g = graph()
     # Tarjan's strongly connected components; any component of 2+ modules is a circle.

@@ -12,8 +12,9 @@ split``: pieces tile their documents, never two of one document in a micro-batch
 (each carried ``carry.COL`` value is the metadata's, when the metadata is given), :mod:`.figures`
 (step totals and LR factors on every row, per-rank shapes, plan.json's stats), :mod:`.cp`
 (``--cp``: placement once per sample, in range, within each CP rank's capacity) and, when asked,
-:mod:`.replay` (the input planned again with plan.json's config gives the same rows).
-Each violation is one line of the :class:`Report` naming the rank, step, row or sample id.
+:mod:`.replay` (the input planned again with plan.json's config gives the same rows). A
+replanned plan is checked with the plans it continues (:mod:`.lineage`), a blend by its rules
+(:mod:`.mixture`: its sources used alike, their share of every step). Each violation is one line of the :class:`Report` naming the rank, step, row or sample id.
 Under MPI, :mod:`.parallel` runs the same checks with each rank reading its share of the rank
 files (:func:`read_one`), the combined checks through collectives, and the rest on rank 0
 (:func:`check_whole`): the same report, line for line.

@@ -6,7 +6,9 @@ rank:
 
 1. **read** (:mod:`.read`): rank ``k`` reads rows ``N*k/P .. N*(k+1)/P`` of the sort output;
 2. **select** (:mod:`.select`): its rows checked and selected, the decisions that need the whole
-   input taken from gathered summaries;
+   input taken from gathered summaries; ``--oversize split``: each rank's long documents cut and
+   the pieces sent to the rank whose share they sort into (:mod:`.split`); ``--where``: the
+   condition run over every rank's share of the metadata (:mod:`.where`);
 3. **order and pack** (:mod:`.curriculum`): the packing relayed from rank to rank, the count
    completed by the last rank, whole steps moved to the rank holding their first micro-batch
    (:mod:`.moves`); shuffled (:mod:`.shuffle`): each epoch's permuted run drawn by the bucket
