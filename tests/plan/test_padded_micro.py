@@ -15,7 +15,7 @@ from test_sync import FLOPS, _heavy_tail
 
 from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig, make_plan
-from varpack.plan.kernels.bandlevel import PASSES
+from varpack.plan.kernels.bandlevel import BAND_PASSES
 from varpack.plan.kernels.slots import WIDE_GAIN, pool_pairs, pool_quads
 from varpack.plan.stages.batching import banded
 from varpack.planfile.format import write_plan
@@ -152,11 +152,11 @@ def test_wide_pooling_and_row_levelling_each_lower_the_time_at_grad_accum_1(monk
     # bimodal lengths at a 64 K budget, dp 4: bands of one or two long rows cost by their
     # length alone (measured: 1.072 with neither, 1.067 levelled, 1.047 pooled by four, 1.043)
     both = _bimodal_k1()
-    monkeypatch.setattr(banded, "PASSES", 0)
+    monkeypatch.setattr(banded, "BAND_PASSES", 0)
     wide = _bimodal_k1()
     monkeypatch.setattr(banded, "WIDE_GAIN", np.inf)
     neither = _bimodal_k1()
-    monkeypatch.setattr(banded, "PASSES", PASSES)
+    monkeypatch.setattr(banded, "BAND_PASSES", BAND_PASSES)
     level = _bimodal_k1()
     assert both < wide < neither and both < level < neither
 

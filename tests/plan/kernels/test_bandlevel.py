@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from varpack.plan.kernels.bandlevel import PASSES, level_bands, regroup
+from varpack.plan.kernels.bandlevel import BAND_PASSES, group_by_band, level_bands
 
 
 def _bands(e, band, nb, lin, quad):  # type: ignore[no-untyped-def]
@@ -28,7 +28,7 @@ def test_a_top_swaps_its_longest_row_then_gives_a_row_to_a_band_of_its_length():
     # then that run's top gives its 4 to the band of 6 (108 <= 200): (200 | 108), (4 | 1), 204
     e = np.array([4, 10, 2, 9, 6, 6, 1])
     starts = np.array([0, 2, 4, 6, 7])
-    band = level_bands(e, starts, np.arange(4), 4, 2, 40, 0.0, 1.0, PASSES)
+    band = level_bands(e, starts, np.arange(4), 4, 2, 40, 0.0, 1.0, BAND_PASSES)
     assert band.tolist() == [2, 1, 0, 1, 2, 2, 3]
     assert _waits(_bands(e, band, 4, 0.0, 1.0)[2], 2) == 204.0
     assert (
@@ -41,12 +41,12 @@ def test_a_row_moves_to_a_band_of_its_length_but_never_pads_more():
     # and (50 | 1), 293; a 9 joins the band of one 9: (162 | 162), 212, the same padding
     starts = np.array([0, 1, 3, 4, 7])
     e = np.array([1, 5, 5, 9, 9, 9, 9])
-    band = level_bands(e, starts, np.arange(4), 4, 2, 100, 0.0, 1.0, PASSES)
+    band = level_bands(e, starts, np.arange(4), 4, 2, 100, 0.0, 1.0, BAND_PASSES)
     assert _waits(_bands(e, band, 4, 0.0, 1.0)[2], 2) == 212.0
     # with rows of 8 in the top the move would lower the time too (192 -> 128 | 162) but pad
     # the 8 to 9: refused, nothing else gains without padding more
     e = np.array([1, 5, 5, 9, 8, 8, 8])
-    band = level_bands(e, starts, np.arange(4), 4, 2, 100, 0.0, 1.0, PASSES)
+    band = level_bands(e, starts, np.arange(4), 4, 2, 100, 0.0, 1.0, BAND_PASSES)
     assert (band == np.repeat(np.arange(4), np.diff(starts))).all()
 
 
@@ -75,7 +75,7 @@ def test_levelling_keeps_every_row_in_its_block_and_never_waits_or_pads_more(
     nb = len(starts) - 1
     order = rng.permutation(nb)  # the pooled order: blocks of ``size`` bands of it
     old = np.repeat(np.arange(nb), np.diff(starts))
-    band = level_bands(e, starts, order, size, dp, budget, lin, quad, PASSES)
+    band = level_bands(e, starts, order, size, dp, budget, lin, quad, BAND_PASSES)
     rows, pad, cost = _bands(e, band, nb, lin, quad)
     rows0, pad0, cost0 = _bands(e, old, nb, lin, quad)
     assert (rows >= 1).all() and (rows * pad <= budget).all()
@@ -88,7 +88,7 @@ def test_levelling_keeps_every_row_in_its_block_and_never_waits_or_pads_more(
         assert (rows * pad)[mine].sum() <= (rows0 * pad0)[mine].sum()  # padding never rises
     if dp == 1:
         assert (band == old).all()
-    perm, new_starts = regroup(band, nb)
+    perm, new_starts = group_by_band(band, nb)
     assert sorted(perm.tolist()) == list(range(len(e)))
     assert (np.diff(new_starts) == rows).all() and (
         band[perm] == np.repeat(np.arange(nb), rows)

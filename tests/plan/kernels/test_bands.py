@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from varpack.plan.kernels.bands import deal_steps
+from varpack.plan.kernels.bands import deal_band_items
 
 
 def _deal(heavy: list[bool], bounds: list[int], per_step: int, dp: int) -> list[list[int]]:
     n = len(heavy)
     cost = np.where(heavy, 10.0, 1.0)
-    out = deal_steps(
+    out = deal_band_items(
         np.arange(n + 1), np.array(bounds), np.array(heavy), cost, per_step, dp
     ).tolist()
     assert sorted(out) == list(range(n))  # every item once

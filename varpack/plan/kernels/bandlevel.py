@@ -10,7 +10,7 @@ block whose padded length (nearly) covers it, or by swapping its longest row for
 shortest (the top's padding falls, the other band's often stays), where the other band stays at
 most its own run's top, within the budget, and the two bands' padded volume does not grow
 (padding never rises). Each move lowers the block's time, checked exactly; rows never leave their block, so the shuffle window's bound and mixing are those of
-the bands. Work per pass is linear in the block's bands and rows, and at most :data:`PASSES`.
+the bands. Work per pass is linear in the block's bands and rows, and at most :data:`BAND_PASSES`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from varpack.plan.kernels.heavy import cost
 from varpack.plan.kernels.level import _time
 
 #: Passes over a block's runs' tops (each move lowers a top only down to its run's next band)
-PASSES = 64
+BAND_PASSES = 64
 
 
 @njit(cache=True)
@@ -172,11 +172,11 @@ def level_bands(e, starts, order, size, dp, budget, lin, quad, passes):  # type:
 
 
 @njit(cache=True)
-def regroup(band, nb):  # type: ignore[no-untyped-def]
+def group_by_band(band, nb):  # type: ignore[no-untyped-def]
     """``(perm, starts)``: the stream positions grouped by ``band`` (``nb`` bands, each keeping
     its rows in stream order) and the bands' new offsets (a counting sort).
 
-    >>> perm, starts = regroup(np.array([0, 1, 1, 0, 2]), 3)
+    >>> perm, starts = group_by_band(np.array([0, 1, 1, 0, 2]), 3)
     >>> perm.tolist(), starts.tolist()
     ([0, 3, 1, 2, 4], [0, 2, 4, 5])
     """

@@ -9,10 +9,10 @@ or ``--pp``), caps an item's rows so that it costs no more than the window's med
 to the budget (attention makes a band of long rows cost more per token): the ranks of a step
 then cost alike whatever their lengths, at the price of fewer tokens in long bands, bounded by
 ``--balance-fill``. An item whose single row costs more than that is *heavy*.
-:func:`deal_steps` deals a window's items to its steps: heavy items in groups of ``dp`` (one per
-rank of a step, spread evenly), the rest in a snake over the window's length order, so that every
-step holds bands of every length (low mixing) and ``per_step`` items; what does not make a whole
-step moves on to the next window.
+:func:`deal_band_items` deals a window's items to its steps: heavy items in groups of ``dp`` (one
+per rank of a step, spread evenly), the rest in a snake over the window's length order, so that
+every step holds bands of every length (low mixing) and ``per_step`` items; what does not make a
+whole step moves on to the next window.
 """
 
 from __future__ import annotations
@@ -156,13 +156,14 @@ def _waiting_items(items, hv, held, dp, defer):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def deal_steps(starts, bounds, heavy, item_cost, per_step, dp):  # type: ignore[no-untyped-def]
+def deal_band_items(starts, bounds, heavy, item_cost, per_step, dp):  # type: ignore[no-untyped-def]
     """The items in step order: each window's items (plus those carried from the last one)
     dealt to its ``P = len // per_step`` steps, ``per_step`` each (see module doc); the rest move
     on; the epoch's last window gets as many steps as its items need (the last may be short).
     Returns item indices, consecutive ``per_step`` forming a step.
 
-    >>> deal_steps(np.array([0, 1, 2, 3, 4]), np.array([0, 4]), np.zeros(4, np.bool_), np.ones(4), 2, 2).tolist()
+    >>> deal_band_items(np.array([0, 1, 2, 3, 4]), np.array([0, 4]), np.zeros(4, np.bool_),
+    ...                 np.ones(4), 2, 2).tolist()
     [0, 3, 1, 2]
     """
     g = len(starts) - 1

@@ -3,8 +3,8 @@
 Per epoch the order stage gives shuffled windows sorted by (effective) length; each window is
 cut into bands (:func:`varpack.plan.kernels.bands.band_items`: one micro-batch each, or with
 ``--pp`` a rank's ``grad_accum`` micro-batches of one shape) and the bands are dealt to steps by
-cost (:func:`~varpack.plan.kernels.bands.deal_steps`): heavy bands one per rank of a step, the
-rest in a snake over the window's lengths. Where a rank holds one band per step (grad-accum 1, or
+cost (:func:`~varpack.plan.kernels.bands.deal_band_items`): heavy bands one per rank of a step,
+the rest in a snake over the window's lengths. Where a rank holds one band per step (grad-accum 1, or
 ``--pp``), bands are capped by cost so the ranks of a step cost alike; with more, the assign
 stage levels a rank's bands (longest-processing-time first). With ``--sync micro`` each slot
 (one band per rank) is composed as a step of grad-accum 1, and ``grad_accum`` consecutive slots
@@ -25,8 +25,8 @@ import numpy as np
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import cost_coefficients
-from varpack.plan.kernels.bandlevel import PASSES, level_bands, regroup
-from varpack.plan.kernels.bands import band_items, deal_steps
+from varpack.plan.kernels.bandlevel import BAND_PASSES, group_by_band, level_bands
+from varpack.plan.kernels.bands import band_items, deal_band_items
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete
 from varpack.plan.kernels.slots import WIDE_GAIN, move_micro, pool_pairs, pool_quads, slot_order
@@ -87,8 +87,8 @@ def cut_slots(
         pooled = pool_pairs(cost, size, dp)
     lin, quad = cost_coefficients(cfg.cost_model())
     band = level_bands(np.ascontiguousarray(eff[idx], dtype=np.int64), starts, pooled, size, dp,
-                       cfg.max_tokens, lin, quad, PASSES)  # fmt: skip
-    perm, starts = regroup(band, len(starts) - 1)
+                       cfg.max_tokens, lin, quad, BAND_PASSES)  # fmt: skip
+    perm, starts = group_by_band(band, len(starts) - 1)
     idx = idx[perm]
     micro = summarize(starts, lens[idx], cfg.micro_rule())
     # from grad-accum 2 up, slots dealt to steps by their rows' length, so that steps mix
@@ -130,7 +130,9 @@ def build(
         if len(starts) == 1:  # a window too small for bands of m samples: by tokens instead
             return pipeline.build(lens, alone, cfg, lengths) if pp else greedy.build(
                 lens, alone, cfg, lengths)  # fmt: skip
-        order = deal_steps(starts, np.asarray(bounds, np.int64), heavy, item_cost, per_step, dp)
+        order = deal_band_items(
+            starts, np.asarray(bounds, np.int64), heavy, item_cost, per_step, dp
+        )
         pos, starts = gather_positions(starts[:-1][order], np.diff(starts)[order])
         idx = idx[pos]
         if cut:  # whole steps, blocks pooled, rows levelled, slots cut by cost
