@@ -131,6 +131,20 @@ def test_every_module_is_named_by_its_package(package: str) -> None:
         assert not missing, f"docs/architecture.md does not name the kernels {missing}"
 
 
+def test_no_private_name_crosses_a_module() -> None:
+    """A name another module imports is public: ``from varpack.x import _name`` would tie a
+    module to another's internals (make the name public, or move the code to where it is used)."""
+    private = sorted(
+        f"{module_name(path)} imports {node.module}.{alias.name}"
+        for path in modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("varpack")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    )
+    assert not private, private
+
+
 def test_no_import_circle() -> None:
     g = graph()
     # Tarjan's strongly connected components; any component of 2+ modules is a circle.

@@ -46,7 +46,7 @@ def _option_decorators() -> list[Callable[[Any], Any]]:
     return out
 
 
-def _with_plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
+def with_plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for deco in reversed(_option_decorators()):
         func = deco(func)
     return func
@@ -140,7 +140,7 @@ def _with_plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
     default=None,
     help="The run's total with --mix --mix-unit samples [default: the largest that repeats no source].",
 )
-@_with_plan_options
+@with_plan_options
 def plan(
     input: str,
     out: str,

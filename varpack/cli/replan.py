@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from varpack.cli.plan import _with_plan_options
+from varpack.cli.plan import with_plan_options
 
 
 @click.command(context_settings={"show_default": False})
@@ -27,7 +27,7 @@ from varpack.cli.plan import _with_plan_options
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
 @click.option("--quiet", "-q", is_flag=True, help="No summary line.")
-@_with_plan_options
+@with_plan_options
 def replan(
     plan: str,
     out: str,

@@ -265,25 +265,25 @@ def _run_flex(q: Any, k: Any, v: Any, meta: AttentionMeta, scale: float | None) 
         return _kernel("flex_attention")(q, k, v, **kwargs)
 
 
-def _sdpa(q: Any, k: Any, v: Any, scale: float | None, **kwargs: Any) -> Any:
+def sdpa(q: Any, k: Any, v: Any, scale: float | None, **kwargs: Any) -> Any:
     if k.shape[1] != q.shape[1]:
         kwargs["enable_gqa"] = True
     return F.scaled_dot_product_attention(q, k, v, scale=scale, **kwargs)
 
 
 def _run_mask(q: Any, k: Any, v: Any, meta: AttentionMeta, scale: float | None) -> Any:
-    return _sdpa(q, k, v, scale, attn_mask=meta.mask)
+    return sdpa(q, k, v, scale, attn_mask=meta.mask)
 
 
 def _run_segments(q: Any, k: Any, v: Any, meta: AttentionMeta, scale: float | None) -> Any:
     if torch.compiler.is_compiling():  # bounds would be graph constants: the mask, of fixed shape
         mask = masks.causal_mask_from_segments(meta.kernel_kwargs["segments"], meta.causal)
-        return _sdpa(q, k, v, scale, attn_mask=mask)
+        return sdpa(q, k, v, scale, attn_mask=mask)
     return segment_attention(q, k, v, meta.kernel_kwargs["bounds"], meta.causal, scale)
 
 
 def _run_causal(q: Any, k: Any, v: Any, meta: AttentionMeta, scale: float | None) -> Any:
-    return _sdpa(q, k, v, scale, is_causal=True)
+    return sdpa(q, k, v, scale, is_causal=True)
 
 
 for _backend in (

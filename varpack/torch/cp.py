@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from varpack.errors import InputError
-from varpack.torch.attention import AttentionMeta, Backend, _sdpa, register_backend
+from varpack.torch.attention import AttentionMeta, Backend, register_backend, sdpa
 from varpack.torch.batch import IGNORE_INDEX, PackedBatch
 
 
@@ -280,15 +280,13 @@ def cp_attention(q: Any, k: Any, v: Any, meta: AttentionMeta, scale: float | Non
     nl = cp.n_local
     parts = []
     if nl:
-        parts.append(
-            _sdpa(q[:, :, :nl], k[:, :, :nl], v[:, :, :nl], scale, attn_mask=cp.local_mask)
-        )
+        parts.append(sdpa(q[:, :, :nl], k[:, :, :nl], v[:, :, :nl], scale, attn_mask=cp.local_mask))
     if cp.gather is not None:
         kv = torch.cat([k[:, :, nl:], v[:, :, nl:]], dim=-1)
         kv = F.pad(kv, (0, 0, 0, cp.width - kv.shape[2]))
         full = _GatherKV.apply(kv.contiguous(), cp.group)[:, :, cp.gather]
         kd, vd = full.split(k.shape[-1], dim=-1)
-        parts.append(_sdpa(q[:, :, nl:], kd, vd, scale, attn_mask=cp.dist_mask))
+        parts.append(sdpa(q[:, :, nl:], kd, vd, scale, attn_mask=cp.dist_mask))
     if not parts:
         return q * 0.0
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from varpack.plan.kernels.level import LEVEL_SAMPLES, PASSES, _time, level_window
+from varpack.plan.kernels.level import LEVEL_SAMPLES, PASSES, level_window, slot_cut_time
 
 
 def _state(where, lens, nbins, lin, quad):  # type: ignore[no-untyped-def]
@@ -28,7 +28,7 @@ def test_a_run_top_trades_its_longest_sample_for_a_shorter_one():
     where = np.array([0, 0, 1, 2, 3, 3])
     level_window(np.arange(6), 6, where, lens, np.zeros(6, np.bool_), 4, 2, 100, 0.0, 1.0, PASSES)
     assert where[1] == where[2] != where[0] and where[3:].tolist() == [2, 3, 3]
-    assert _time(_state(where, lens, 4, 0.0, 1.0)[0], 2) == 5200.0
+    assert slot_cut_time(_state(where, lens, 4, 0.0, 1.0)[0], 2) == 5200.0
 
 
 @settings(max_examples=80, deadline=None)
@@ -55,11 +55,11 @@ def test_levelling_never_lengthens_a_window_and_keeps_every_rule(lens, dp, seed,
         return  # a window with an empty micro-batch is not composed
     lin, quad = coeffs
     c, _ = _state(where, x, nbins, lin, quad)
-    before, out = _time(c, dp), where.copy()
+    before, out = slot_cut_time(c, dp), where.copy()
     level_window(np.arange(len(x)), len(x), where, x, np.zeros(len(x), np.bool_), nbins, dp,
                  100, lin, quad, PASSES)  # fmt: skip
     c, tk = _state(where, x, nbins, lin, quad)
-    assert _time(c, dp) <= before * (1 + 1e-12)
+    assert slot_cut_time(c, dp) <= before * (1 + 1e-12)
     assert (tk <= 100).all() and (np.bincount(where[where >= 0], minlength=nbins) > 0).all()
     assert ((where < 0) == (out < 0)).all()
     if dp == 1 or quad == 0 or len(x) > LEVEL_SAMPLES * nbins:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from varpack.plan import PlanConfig, make_plan
 from varpack.plan.kernels import compose_threads as threads_mod
-from varpack.plan.kernels.level import _time
+from varpack.plan.kernels.level import slot_cut_time
 from varpack.plan.kernels.lpt import lpt_window, mix_window, window_time
 from varpack.plan.kernels.slots import _sorted_blocks, slot_order
 from varpack.plan.stages.batching import costed
@@ -112,7 +112,7 @@ def test_buckets_keep_unlike_costs_in_cost_order():
     order = slot_order(cost, 4, 1, 8, (0.04, np.uint64(5), np.ones(32, bool)))
     runs = cost[_sorted_blocks(cost, 32)]
     mixed = cost[np.sort(order.reshape(-1, 4), axis=1).ravel()]  # each slot's costs
-    assert _time(mixed, 4) <= _time(runs, 4) * 1.01
+    assert slot_cut_time(mixed, 4) <= slot_cut_time(runs, 4) * 1.01
     assert sorted(np.floor(cost[order] / 100).tolist()) == sorted(np.floor(cost / 100).tolist())
     slots = cost[order].reshape(-1, 4)
     assert np.all(slots.max(axis=1) - slots.min(axis=1) < 1.0)  # a slot holds one bucket

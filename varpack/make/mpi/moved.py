@@ -7,7 +7,7 @@ summed here in the one process's order:
 * composed by cost, the planner tallies while it composes, one running sum over the epoch's
   micro-batches: here the running sum is relayed from rank to rank (:func:`moved_tally`);
 * otherwise plan.json recomputes them from the plan (:func:`varpack.plan.kernels.order.moved`),
-  summing pieces of :data:`~varpack.plan.kernels.order._PIECE` samples of each epoch: here each
+  summing pieces of :data:`~varpack.plan.kernels.order.MOVED_PIECE` samples of each epoch: here each
   piece is summed where it lies whole, or where its first sample lies (:func:`moved_recomputed`).
 
 The maximum and the whole-step counts add up in any order.
@@ -24,7 +24,7 @@ from varpack.make.mpi.figures import Ranks
 from varpack.make.mpi.local import RankPlan, epoch_slices
 from varpack.make.mpi.moves import Rows, relayed
 from varpack.plan.figures.plan_json import sample_steps
-from varpack.plan.kernels.order import _PIECE, MovedTally
+from varpack.plan.kernels.order import MOVED_PIECE, MovedTally
 
 Tally = tuple[float, float, np.ndarray]  # (total, top, whole-step counts) of one epoch
 
@@ -104,7 +104,7 @@ def moved_recomputed(
             - (e["first_step"] + pos2[at : at + size] * (e["num_steps"] / span))
         )
         at += size
-        sums = ranks.chunked(d, _PIECE, lambda x: float(x.sum()))
+        sums = ranks.chunked(d, MOVED_PIECE, lambda x: float(x.sum()))
         if len(d):
             top = max(top, float(d.max()))
             whole = np.bincount(d.astype(np.int64))

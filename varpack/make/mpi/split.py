@@ -18,7 +18,7 @@ import numpy as np
 
 from varpack.make.mpi.moves import Rows, count, move_micro
 from varpack.plan.kernels.inputs import frozen
-from varpack.plan.kernels.split import _merge, pieces
+from varpack.plan.kernels.split import merge_pieces, pieces
 
 
 def split_share(comm: Any, rows: Rows, split_len: int) -> Rows:
@@ -40,7 +40,7 @@ def split_share(comm: Any, rows: Rows, split_len: int) -> Rows:
     got = {k: v[np.lexsort((got["offsets"], got["ids"], got["lens"]))] for k, v in got.items()}
     n = len(whole_ids) + count(got)
     out = {k: np.empty(n, np.int64) for k in ("ids", "lens", "offsets", "group")}
-    _merge(frozen(whole_ids, np.int64), frozen(whole_lens, np.int64), np.zeros(len(whole_ids), np.bool_), got["ids"], got["lens"],
+    merge_pieces(frozen(whole_ids, np.int64), frozen(whole_lens, np.int64), np.zeros(len(whole_ids), np.bool_), got["ids"], got["lens"],
            got["offsets"], got["group"], out["ids"], out["lens"], out["offsets"], out["group"])  # fmt: skip
     out["alone"] = np.zeros(n, dtype=bool)
     return _even(comm, out, size)

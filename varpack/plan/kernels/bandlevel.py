@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.heavy import cost
-from varpack.plan.kernels.level import _time
+from varpack.plan.kernels.level import slot_cut_time
 
 #: Passes over a block's runs' tops (each move lowers a top only down to its run's next band)
 BAND_PASSES = 64
@@ -118,10 +118,10 @@ def _level_block(buf, where, e, nb, dp, budget, lin, quad, passes):  # type: ign
                         best, bb, bk, bna, bnb = gain, b, kind, na, nbc
             if bb < 0:
                 continue
-            before = _time(c, dp)
+            before = slot_cut_time(c, dp)
             ca, cb = c[a], c[bb]
             c[a], c[bb] = bna, bnb
-            if _time(c, dp) >= before * (1.0 - 1e-12):
+            if slot_cut_time(c, dp) >= before * (1.0 - 1e-12):
                 c[a], c[bb] = ca, cb  # the top fell past other runs: no better after all
                 continue
             s = _row_of(a, bk, st, buf, where, e, m)

@@ -37,7 +37,7 @@ from numba import njit
 from varpack.plan.kernels.heavy import cost, grouping, heavy_prefix
 from varpack.plan.kernels.level import PASSES
 from varpack.plan.kernels.lpt import mix_window
-from varpack.plan.kernels.order import _sort_by_length
+from varpack.plan.kernels.order import sort_by_length
 from varpack.plan.kernels.window import compose_window
 from varpack.plan.rules import capacity
 
@@ -50,7 +50,7 @@ def _by_cost(buf, m, lens):  # type: ignore[no-untyped-def]
     for i in range(m):
         keys[i] = lens[buf[i]]
         pos[i] = i
-    _sort_by_length(keys, pos, np.empty(m, np.int64), np.empty(m, np.int64), m)
+    sort_by_length(keys, pos, np.empty(m, np.int64), np.empty(m, np.int64), m)
     return pos[::-1].copy()
 
 

@@ -40,7 +40,7 @@ WIDE_PASSES = 16
 
 
 @njit(cache=True)
-def _time(c, dp):  # type: ignore[no-untyped-def]
+def slot_cut_time(c, dp):  # type: ignore[no-untyped-def]
     """Sum of every ``dp``-th cost, costliest first: the runs' waits."""
     s = np.sort(c)[::-1]
     out = 0.0
@@ -134,7 +134,7 @@ def level_window(buf, m, where, lens, alone, nbins, dp, cap, lin, quad, passes):
             if stale:
                 order, lim = _tops(c, dp)
                 top[:] = False
-                before = 0.0  # the window's time: as _time, from the same sorted costs
+                before = 0.0  # the window's time: as slot_cut_time, from the same sorted costs
                 for q in range(0, nbins, dp):
                     top[order[q]] = True
                     before += c[order[q]]
@@ -152,7 +152,7 @@ def level_window(buf, m, where, lens, alone, nbins, dp, cap, lin, quad, passes):
             _shift(s, a, b, xs, cw[s], where, c, tk, cnt)
             if t >= 0:
                 _shift(t, b, a, xt, cw[t], where, c, tk, cnt)
-            if _time(c, dp) < before * (1.0 - 1e-12):
+            if slot_cut_time(c, dp) < before * (1.0 - 1e-12):
                 moved = stale = True
                 continue
             where[s] = a  # no better after all (the top fell past other runs): undo

@@ -17,8 +17,8 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.heavy import cost
-from varpack.plan.kernels.level import LEVEL_BINS, LEVEL_SAMPLES, _time, level_window
-from varpack.plan.kernels.window import CLOSED, _fill_empty, _room
+from varpack.plan.kernels.level import LEVEL_BINS, LEVEL_SAMPLES, level_window, slot_cut_time
+from varpack.plan.kernels.window import CLOSED, fill_empty, has_room
 
 
 @njit(cache=True)
@@ -41,7 +41,7 @@ def lpt_window(buf, order, wait, lens, alone, lin, quad, nbins, cap, where, last
         best = -1
         low = np.inf
         for j in range(nbins):  # the least loaded micro-batch with room (the first of a tie)
-            if load[j] < low and _room(x, lone, tok, j, cap):
+            if load[j] < low and has_room(x, lone, tok, j, cap):
                 best, low = j, load[j]
         if best < 0:
             if last:
@@ -51,7 +51,7 @@ def lpt_window(buf, order, wait, lens, alone, lin, quad, nbins, cap, where, last
         load[best] += cost(x, lin, quad)
         tok[best] = CLOSED if lone else tok[best] + x
         cnt[best] += 1
-    return _fill_empty(order, where[:m], cnt, 1)
+    return fill_empty(order, where[:m], cnt, 1)
 
 
 @njit(cache=True)
@@ -66,7 +66,7 @@ def window_time(buf, m, where, lens, nbins, dp, lin, quad):  # type: ignore[no-u
             v = cost(lens[buf[i]], lin, quad)
             c[where[i]] += v
             placed += v
-    return _time(c, dp) / placed if placed > 0 else np.inf
+    return slot_cut_time(c, dp) / placed if placed > 0 else np.inf
 
 
 @njit(cache=True)

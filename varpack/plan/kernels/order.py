@@ -165,7 +165,7 @@ ORDERS: dict[str, Callable[[np.ndarray, int, OrderRule, str], tuple[np.ndarray, 
 
 
 @njit(cache=True)
-def _sort_by_length(keys, pos, tmp_k, tmp_p, m):  # type: ignore[no-untyped-def]
+def sort_by_length(keys, pos, tmp_k, tmp_p, m):  # type: ignore[no-untyped-def]
     """Stable LSD radix sort (8-bit digits) of ``keys[:m]`` > 0, carrying ``pos`` along."""
     top = np.int64(0)
     for i in range(m):
@@ -228,7 +228,7 @@ def _regroup(perm, lens, step, window_size, fixed, cum0):  # type: ignore[no-unt
         for i in range(m):
             keys[i] = lens[perm[a + i]]
             pos[i] = i
-        _sort_by_length(keys, pos, tmp_k, tmp_p, m)
+        sort_by_length(keys, pos, tmp_k, tmp_p, m)
         p = max(np.int64(1), (total + step // 2) // step)
         # Slot s gets one sample per lap of the snake (in length order): its size is the number
         # of full laps plus one if the last, partial lap reaches it.
@@ -253,7 +253,7 @@ def _regroup(perm, lens, step, window_size, fixed, cum0):  # type: ignore[no-unt
     return idx, new_seg
 
 
-_PIECE = 1 << 22  # samples per piece of the moved figures (small temporaries)
+MOVED_PIECE = 1 << 22  # samples per piece of the moved figures (small temporaries)
 
 
 def input_rows(
@@ -383,7 +383,7 @@ def moved(
         pos2[perm] = stream_positions(plens)
         del plens
         del perm
-        for a in range(0, len(mask), _PIECE):
-            at = mask[a : a + _PIECE]
+        for a in range(0, len(mask), MOVED_PIECE):
+            at = mask[a : a + MOVED_PIECE]
             tally.add(sample_step[at], pos2[rows[at]], e["first_step"], e["num_steps"] / span)
     return tally.figures(window)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from varpack.plan.kernels.level import _time
+from varpack.plan.kernels.level import slot_cut_time
 from varpack.plan.kernels.order import snake
 
 #: A group of four blocks is pooled as one where that lowers its slot time by more than this
@@ -272,8 +272,8 @@ def _choose(cost, pairs, wide, size, dp, gain):  # type: ignore[no-untyped-def]
         tp = tw = 0.0
         for a in range(g, min(g + 4 * size, m), size):
             b = min(a + size, m)
-            tp += _time(cost[pairs[a:b]], dp)  # the slot cut's time of each block
-            tw += _time(cost[wide[a:b]], dp)
+            tp += slot_cut_time(cost[pairs[a:b]], dp)  # the slot cut's time of each block
+            tw += slot_cut_time(cost[wide[a:b]], dp)
         if tw < (1.0 - gain) * tp:
             out[g : g + 4 * size] = wide[g : g + 4 * size]
     return out

@@ -85,7 +85,7 @@ def split_units(ids: np.ndarray, lens: np.ndarray, split_len: int) -> Units | No
     out = Units(
         np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     )
-    _merge(
+    merge_pieces(
         frozen(ids, np.int64),
         frozen(lens, np.int64),
         long,
@@ -102,7 +102,7 @@ def split_units(ids: np.ndarray, lens: np.ndarray, split_len: int) -> Units | No
 
 
 @njit(cache=True)
-def _merge(ids, lens, long, pid, plen, poff, pgroup, o_ids, o_lens, o_offs, o_group):  # type: ignore[no-untyped-def]
+def merge_pieces(ids, lens, long, pid, plen, poff, pgroup, o_ids, o_lens, o_offs, o_group):  # type: ignore[no-untyped-def]
     """Merge the whole documents (``ids``/``lens`` where not ``long``) with the pieces, both
     sorted by (length, id[, offset]), into the ``o_*`` arrays; a document and a piece never
     share an id."""

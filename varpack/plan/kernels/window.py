@@ -64,7 +64,7 @@ def _least(bin_tok, base, k):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
-def _room(x, lone, bin_tok, j, cap):  # type: ignore[no-untyped-def]
+def has_room(x, lone, bin_tok, j, cap):  # type: ignore[no-untyped-def]
     """Does sample ``x`` (``lone``: it needs an empty micro-batch) join micro-batch ``j``?"""
     if lone:
         return bin_tok[j] == 0
@@ -78,7 +78,7 @@ def _lightest(s, x, lone, dp, load, bin_tok, least, cap):  # type: ignore[no-unt
     low = np.inf
     for r in range(s * dp, s * dp + dp):
         v = load[r]
-        ok = (v < low) & _room(x, lone, bin_tok, least[r], cap)
+        ok = (v < low) & has_room(x, lone, bin_tok, least[r], cap)
         best = r if ok else best
         low = v if ok else low
     return best
@@ -139,7 +139,7 @@ def _choose(x, c, lone, p, dp, cap, bin_tok, load, reach, least, spare, ceil, pe
         v = due[s]
         t = s if v < low else t
         low = v if v < low else low
-    if lone or _room(x, lone, spare, t, cap):  # the common case: the step due first takes it
+    if lone or has_room(x, lone, spare, t, cap):  # the common case: the step due first takes it
         r = _lightest(t, x, lone, dp, load, bin_tok, least, cap)
         if r >= 0 and _takes(t, r, c, dp, load, reach, ceil, peak, density):
             return t, r
@@ -147,7 +147,7 @@ def _choose(x, c, lone, p, dp, cap, bin_tok, load, reach, least, spare, ceil, pe
     for s in range(p):
         if s != t and (u < 0 or due[s] < due[u]):
             u = s
-    if u >= 0 and (lone or _room(x, lone, spare, u, cap)):
+    if u >= 0 and (lone or has_room(x, lone, spare, u, cap)):
         r = _lightest(u, x, lone, dp, load, bin_tok, least, cap)
         if r >= 0 and _takes(u, r, c, dp, load, reach, ceil, peak, density):
             return u, r
@@ -155,7 +155,7 @@ def _choose(x, c, lone, p, dp, cap, bin_tok, load, reach, least, spare, ceil, pe
     for s in range(p):
         if s == t or s == u or (best_s >= 0 and due[s] >= due[best_s]):
             continue
-        if not lone and not _room(x, lone, spare, s, cap):
+        if not lone and not has_room(x, lone, spare, s, cap):
             continue
         r = _lightest(s, x, lone, dp, load, bin_tok, least, cap)
         if r >= 0 and _takes(s, r, c, dp, load, reach, ceil, peak, density):
@@ -168,7 +168,7 @@ def _hungry_slot(x, c, lone, p, dp, cap, bin_tok, load, least, spare, ceil, peak
     """``(step, slot)``: the first hungry step's lightest slot below its costliest that takes
     the sample within the ceiling (``slot`` -1: none)."""
     for s in range(p):
-        if not hungry[s] or (not lone and not _room(x, lone, spare, s, cap)):
+        if not hungry[s] or (not lone and not has_room(x, lone, spare, s, cap)):
             continue
         r = _lightest(s, x, lone, dp, load, bin_tok, least, cap)
         if r >= 0 and load[r] < peak[s] and load[r] + c <= ceil[s]:
@@ -266,7 +266,7 @@ def _donor(order, where, bin_cnt, lo, hi):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _fill_empty(order, where, bin_cnt, k):  # type: ignore[no-untyped-def]
+def fill_empty(order, where, bin_cnt, k):  # type: ignore[no-untyped-def]
     """Give every empty micro-batch one sample from a micro-batch with two or more.
 
     Preferably from the same slot (its rank's cost does not change), else from any slot of the
@@ -368,7 +368,7 @@ def compose_window(
         r = s * dp + members[group[q]]
         members[group[q]] += 1
         x = lens[buf[i]]
-        if not _room(x, alone[buf[i]], bin_tok, least[r], cap):
+        if not has_room(x, alone[buf[i]], bin_tok, least[r], cap):
             continue  # more groups than steps: this one is dealt with the rest
         _place(i, x, alone[buf[i]], cost(x, lin, quad), s, r, dp, k, where, bin_tok, bin_cnt,
                load, stok, least, spare, peak)  # fmt: skip
@@ -439,7 +439,7 @@ def compose_window(
                 _place(i, x, lone, c, s, r, dp, k, where, bin_tok, bin_cnt, load, stok, least, spare,
                        peak)  # fmt: skip
                 reach[r] = _reach(r, k, cap, load, stok, level)
-    ok = _fill_empty(order, where[:m], bin_cnt, k)
+    ok = fill_empty(order, where[:m], bin_cnt, k)
     if ok and k == 1 and not blend:  # slots cut by cost later: lower the runs' tops
         level_window(buf, m, where, lens, alone, slots, dp, cap, lin, quad, passes)
     if ok and blend:
