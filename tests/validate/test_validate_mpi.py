@@ -122,6 +122,8 @@ def runs(root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
     cases["unreadable"] = (3, ["validate", root / "curriculum", "--metadata", root / "nope"])
     cases["replay"] = (2, ["validate", root / "curriculum", "--metadata", root / "meta",
                            "--replay"])  # fmt: skip
+    cases["quiet-ok"] = (2, ["validate", root / "shuffle2", "--metadata", root / "meta", "-q"])
+    cases["quiet-dup"] = (3, ["validate", root / "dup", "--quiet"])
     got = mpiexec_many(list(cases.values()), tmp_path_factory.mktemp("jobs"))
     return {name: (case, ran) for (name, case), ran in zip(cases.items(), got, strict=True)}
 
@@ -188,6 +190,13 @@ def test_errors_are_one_line_and_one_code_on_every_rank(runs):
         "varpack: error: --replay plans the whole input again in one process, as varpack plan "
         "does: run varpack validate --replay without mpiexec (every other check runs under it)"
     ]
+
+
+def test_quiet_under_mpi_says_only_the_violations(runs):
+    assert _same(runs, "quiet-ok") == (0, "", "")
+    rc, out, err = _same(runs, "quiet-dup")
+    assert rc == 1 and out.startswith("violation: ")
+    assert "7 sample ids planned more than once" in out
 
 
 def test_a_second_epoch_holding_extra_samples_is_reported_not_a_crash(root, tmp_path):

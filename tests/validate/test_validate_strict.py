@@ -286,3 +286,28 @@ def test_plot_is_written_atomically(tmp_path: Path, plan: Path, monkeypatch) -> 
     res = cli("inspect", plan, "--plot", tmp_path / "plot.png", expect=1)
     assert "disk is full" in _one_line(res)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.parquet", "plan"]
+
+
+# --- -q / --quiet ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["-q", "--quiet"])
+def test_quiet_says_nothing_on_success(plan: Path, meta: Path, flag: str) -> None:
+    for extra in ([], ["--metadata", meta]):
+        res = cli("validate", plan, *extra, flag)
+        assert (res.stdout, res.stderr) == ("", "")
+
+
+@pytest.mark.parametrize("flag", ["-q", "--quiet"])
+def test_quiet_still_reports_every_violation(plan: Path, flag: str) -> None:
+    path = plan / rank_file(1)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    shutil.copy(plan / rank_file(0), plan / rank_file(2))
+    loud, quiet = cli("validate", plan, expect=1), cli("validate", plan, flag, expect=1)
+    assert quiet.stdout == loud.stdout and quiet.stdout.count("violation: ") == 2
+    assert quiet.stderr == loud.stderr == f"{plan}: 2 violations\n"
+
+
+def test_quiet_still_says_why_it_cannot_validate(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    assert "plan.json" in _one_line(cli("validate", tmp_path / "empty", "-q", expect=2))

@@ -42,8 +42,19 @@ import click
     help="A replanned plan's parent (varpack replan), when it is no longer where plan.json "
     "records it: the parent's steps before the replan and this plan's are checked together.",
 )
+@click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="Nothing on success (exit 0); the violations only, on failure (exit 1).",
+)
 def validate(
-    plan: str, metadata: str | None, replay: bool, carry_from: str | None, parent: str | None
+    plan: str,
+    metadata: str | None,
+    replay: bool,
+    carry_from: str | None,
+    parent: str | None,
+    quiet: bool,
 ) -> None:
     """Recompute and check everything PLAN promises; exit 1 with one line per violation.
 
@@ -69,7 +80,7 @@ def validate(
     if comm is not None:  # under mpiexec: each rank reads its share of the plan
         from varpack.cli.agreed import run_agreed
 
-        run_agreed(comm, lambda: _on_ranks(comm, plan, metadata, replay, carry_from, parent))
+        run_agreed(comm, lambda: _on_ranks(comm, plan, metadata, replay, carry_from, parent, quiet))
         return
     from varpack.validate import validate_plan
 
@@ -82,7 +93,7 @@ def validate(
         carry_required=carry_from is not None,
         parent=parent,
     )
-    code = _verdict(plan, report, replay)
+    code = _verdict(plan, report, replay, quiet)
     if code:
         from varpack.sort.agree import agreed_exit
 
@@ -96,6 +107,7 @@ def _on_ranks(
     replay: bool,
     carry_from: str | None,
     parent: str | None,
+    quiet: bool = False,
 ) -> int:
     """``validate`` on every rank of ``comm``: rank 0 reads ``--metadata`` and prints the report;
     every rank returns the exit code. ``--replay`` is refused: it plans the whole input again in
@@ -120,7 +132,7 @@ def _on_ranks(
         return Inputs(reference, source, carry_from is not None, parent)
 
     report = validate_ranks(comm, plan, inputs)
-    code = 0 if report is None else _verdict(plan, report, replay)
+    code = 0 if report is None else _verdict(plan, report, replay, quiet)
     return int(comm.bcast(code, root=0))
 
 
@@ -141,8 +153,8 @@ def _carry_source(metadata: str | None, carry_from: str | None) -> str | None:
     return None if is_sorted_output(metadata) else metadata
 
 
-def _verdict(plan: str, report: Any, replay: bool) -> int:
-    """Print the violations (exit code 1) or the OK line (0)."""
+def _verdict(plan: str, report: Any, replay: bool, quiet: bool = False) -> int:
+    """Print the violations (exit code 1) or the OK line (0; ``quiet``: nothing)."""
     from varpack.plan.figures.words import counted, layout_text, token_line
 
     if report.problems:
@@ -150,6 +162,8 @@ def _verdict(plan: str, report: Any, replay: bool) -> int:
             click.echo(f"violation: {' '.join(line.split())}")
         click.echo(f"{plan}: {counted(len(report.problems), 'violation')}", err=True)
         return 1
+    if quiet:
+        return 0
     from varpack.cli.plan import bound_text, sync_text
 
     f = report.facts
