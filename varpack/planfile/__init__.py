@@ -1,8 +1,9 @@
 """The plan artifact: what every reader of a plan needs, and nothing of how it is made.
 
 Owns: the format (:mod:`.format`: ``plan.json`` + one Parquet manifest per rank, atomic write,
-verified read; :mod:`.schema`: plan.json's keys and types, the plan fingerprint and checksum;
-:mod:`.rankfiles`: rank files as plain declared files inside the plan), the planner's arrays
+verified read; :mod:`.schema`: plan.json's keys and types, the plan fingerprint and checksum,
+built from the type checks of :mod:`.spec`; :mod:`.rankfiles`: rank files as plain declared
+files inside the plan), the planner's arrays
 turned into manifest tables (:mod:`.tables`, with the carried columns' values), a manifest read as
 arrays (:mod:`.rankrows`), a plan's figures recomputed from its rows (:mod:`.recompute`: what
 ``validate`` checks and ``replan`` writes, so both agree), the one-line problems those readers
