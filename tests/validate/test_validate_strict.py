@@ -22,7 +22,7 @@ from click.testing import Result
 from testkit import cli, write_metadata
 
 from varpack.errors import InputError
-from varpack.planfile.format import PLAN_JSON, _write_table, rank_file, sha256_file
+from varpack.planfile.format import PLAN_JSON, _write_table, load_plan, rank_file, sha256_file
 from varpack.planfile.schema import (
     CHECKSUM_KEY,
     FINGERPRINT_KEY,
@@ -164,6 +164,58 @@ def test_truncated_rank_file(plan: Path) -> None:
         _loader(plan)
     with pytest.raises(InputError, match="rank 1 manifest is unreadable"):
         _loader(plan, verify=False)
+
+
+def _reseal(doc: dict[str, Any]) -> None:
+    """A consistent forgery: the plan fingerprint and plan.json's checksum made to fit."""
+    doc[FINGERPRINT_KEY] = plan_fingerprint(doc)
+    doc[CHECKSUM_KEY] = plan_checksum(doc)
+
+
+@pytest.mark.parametrize("value", [None, "both", 1, ["micro"]])
+def test_a_sync_that_is_no_model_is_refused_by_every_reader(plan: Path, value: Any) -> None:
+    """plan.json's sync (checksums made to fit) is what the trainer's advice and inspect read:
+    a value that names no model is refused on read, not shown as "None sync"."""
+    _edit(plan, lambda d: (d["config"].update(sync=value), _reseal(d)))
+    want = "plan.json config.sync: expected one of step, micro, found "
+    assert want in _violations(plan)
+    line = _one_line(cli("inspect", plan, expect=2))
+    assert want in line and "None sync" not in line
+    for full in (False, True):  # the torch reader's read, and inspect's
+        with pytest.raises(InputError, match=want):
+            load_plan(plan, verify=True, full=full)
+
+
+@pytest.mark.parametrize("key", ["layout", "batching", "oversize"])
+def test_a_null_option_the_torch_reader_reads_is_refused(plan: Path, key: str) -> None:
+    _edit(plan, lambda d: (d["config"].update({key: None}), _reseal(d)))
+    with pytest.raises(InputError, match=f"plan.json config.{key}: expected a string, found null"):
+        load_plan(plan)
+    assert f"config.{key}: expected a string, found null" in _violations(plan)
+
+
+@pytest.mark.parametrize(
+    "options, key, value",
+    [
+        (["--oversize", "split", "--split-len", 300], "split_len", 512),  # made with 300
+        (["--cost", "flops", "--model-preset", "qwen2.5-0.5b"], "hidden", 896),
+        (["--cost", "flops", "--model-preset", "qwen2.5-0.5b"], "layers", 24),
+        (["--pack-to", 512], "max_tokens", 512),
+    ],
+)
+def test_a_null_the_config_resolves_is_refused(
+    tmp_path: Path, meta: Path, options: list[Any], key: str, value: int
+) -> None:
+    """plan.json holds the config resolved: a null that reading it fills in again (the split
+    length, a preset's model dimensions, the budget --pack-to sets) claims another plan."""
+    out = tmp_path / "nulled"
+    base = OPTIONS[2:] if key == "max_tokens" else OPTIONS  # --pack-to sets the budget
+    assert OPTIONS[:2] == ["--max-tokens", 512]
+    cli("plan", meta, out, *base, *options, "-q")
+    _edit(out, lambda d: (d["config"].update({key: None}), _reseal(d)))
+    want = f"plan.json config.{key}: null, but the config resolves it to {value}"
+    assert want in _violations(out)
+    assert want in _one_line(cli("inspect", out, expect=2))
 
 
 # --- the config reproduces the plan ---------------------------------------------------------------

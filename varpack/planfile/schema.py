@@ -36,6 +36,7 @@ from typing import Any
 from varpack.errors import VarpackError
 from varpack.plan.config import PlanConfig
 from varpack.plan.context import OPTIONAL_KEYS
+from varpack.plan.sync import SYNC_MODELS
 from varpack.planfile.spec import (
     NUMBER,
     SHA256,
@@ -76,10 +77,17 @@ def absent(meta: dict[str, Any], section: str = "") -> set[str]:
     return {name for where, _, name in names if where == section}
 
 
+#: the model a plan was balanced for: resolved when planned (``--sync`` unset means micro, or
+#: step with ``--pp``), so plan.json never holds null; a plan from before ``--sync`` has none
+SYNC = Spec(f"one of {', '.join(SYNC_MODELS)}", lambda v: isinstance(v, str) and v in SYNC_MODELS)
+#: the options a reader of the rows reads without resolving the config (the torch reader's
+#: layout and pieces, the trainer's sync advice): checked by every reader, not only ``full``
+READ_OPTIONS = ("sync", "layout", "batching", "oversize", "split_positions", "split_len")
+
+
 @cache
-def _config_spec(version: int = 1 << 30) -> Spec:
-    """Every PlanConfig option with its type (plan.json holds the fully resolved config); the
-    options a version after ``version`` added are optional."""
+def _option_specs() -> dict[str, Spec]:
+    """Every PlanConfig option with its JSON type (nullable where the option may be None)."""
     hints = typing.get_type_hints(PlanConfig)
     simple = {int: integer(), float: NUMBER, str: STRING}
     keys: dict[str, Spec] = {}
@@ -90,6 +98,14 @@ def _config_spec(version: int = 1 << 30) -> Spec:
             keys[f.name] = nullable(simple[base])
         else:
             keys[f.name] = simple[hint]
+    return {**keys, "sync": SYNC}
+
+
+@cache
+def _config_spec(version: int = 1 << 30) -> Spec:
+    """Every PlanConfig option with its type (plan.json holds the fully resolved config); the
+    options a version after ``version`` added are optional."""
+    keys = _option_specs()
     # long-context options appear only where used (plan.json keeps the bytes of other plans)
     later = absent({"version": version}, "config")
     optional = {k: v for k, v in keys.items() if k in OPTIONAL_KEYS or k in later}
@@ -254,7 +270,10 @@ def meta_problems(meta: Any, full: bool = False) -> list[str]:
     """Every problem of plan.json's content against :data:`CORE` (``full``: :data:`FULL`), one
     line each; then the cross-key rules (dp rank entries numbered 0..dp-1, a valid config)."""
     out: list[str] = []
-    check(obj("an object", _full(meta) if full else CORE, OPTIONAL), meta, "", out)
+    read = obj("an object of plan options", {}, {k: _option_specs()[k] for k in READ_OPTIONS})
+    check(
+        obj("an object", _full(meta) if full else CORE, OPTIONAL | {"config": read}), meta, "", out
+    )
     if out:
         return out
     if len(meta["ranks"]) != meta["layout"]["dp"]:
@@ -269,10 +288,30 @@ def meta_problems(meta: Any, full: bool = False) -> list[str]:
         )
     if full:
         try:
-            config_of(meta)
+            cfg = config_of(meta)
         except VarpackError as exc:
             out.append(f"plan.json config is invalid: {exc}")
+        else:
+            out.extend(unresolved(meta["config"], cfg))
     return out
+
+
+def unresolved(config: dict[str, Any], cfg: PlanConfig) -> list[str]:
+    """plan.json's options left null that its config resolves to a value (the default split
+    length, a preset's model dimensions, the budget ``--pack-to`` sets), one line each: plan.json
+    records each option as the plan was made with it, and a null there claims another plan.
+
+    >>> cfg = PlanConfig(max_tokens=64, oversize="split").resolved()
+    >>> unresolved({"split_len": None, "pack_to": None}, cfg)  # doctest: +ELLIPSIS
+    ['plan.json config.split_len: null, but the config resolves it to 64 (...)']
+    """
+    values = cfg.to_dict()
+    return [
+        f"plan.json config.{key}: null, but the config resolves it to {values[key]!r} (plan.json "
+        "records each option as the plan was made with it)"
+        for key, value in config.items()
+        if value is None and values.get(key) is not None
+    ]
 
 
 def config_of(meta: dict[str, Any], where: str = "plan.json config") -> PlanConfig:
