@@ -219,10 +219,10 @@ def _report(out: str, cfg: PlanConfig, arrays: Any, meta: dict[str, Any], quiet:
 
         click.echo(Where.from_entry(meta["selection"]).line())
     if not quiet:
-        from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
+        from varpack.plan.figures.stats import time_vs_ideal_legend
 
         click.echo(summary_line(out, meta, cfg, arrays))
-        click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
+        click.echo(f"  ({time_vs_ideal_legend(cfg.sync or 'step')})")
 
 
 def _settings(

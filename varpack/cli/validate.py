@@ -182,9 +182,9 @@ def _verdict(plan: str, report: Any, replay: bool, quiet: bool = False) -> int:
         f"time {f['time_vs_ideal']:.3f}x ideal{bound_text(f)}{sync_text(f, f.get('sync'), True)}; "
         f"{token_line(f['tokens'])}{replayed}"
     )
-    from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
+    from varpack.plan.figures.stats import time_vs_ideal_legend
 
-    click.echo(f"  ({TIME_VS_IDEAL_LEGEND})")
+    click.echo(f"  ({time_vs_ideal_legend(f.get('sync') or 'step')})")
     return 0
 
 

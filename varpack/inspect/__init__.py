@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from varpack.errors import VarpackError
-from varpack.plan.figures.stats import TIME_VS_IDEAL_LEGEND
+from varpack.plan.figures.stats import time_vs_ideal_legend
 from varpack.plan.figures.words import (
     counted,
     lr_note,
@@ -410,7 +410,7 @@ def render(info: dict[str, Any]) -> str:
         _fill_row(s),
         ("padded tokens", f"{s['padded_tokens']:,} (padding {100 * s['padding_ratio']:.3f}%)"),
         ("time vs ideal", f"{s['time_vs_ideal']:.4f} (cost {s['cost']}, {_sync(cfg)} sync)"),
-        ("", f"({TIME_VS_IDEAL_LEGEND})"),
+        ("", f"({time_vs_ideal_legend(_sync(cfg))})"),
         *_sync_rows(s),
         *_balance_rows(s),
         (

@@ -26,11 +26,28 @@ from varpack.plan.kernels.inputs import frozen
 from varpack.plan.rules import LAYOUT_CODE, volume
 from varpack.plan.sync import SYNC_MODELS
 
-#: the one-line meaning of "time vs ideal", printed wherever the figure is
-TIME_VS_IDEAL_LEGEND = (
-    "time vs ideal = estimated time (the slowest rank of each step, summed) / the ideal "
-    "(no padding, perfect balance over the ranks); 1.000 is ideal"
-)
+#: what the estimated time sums, by the synchronisation model the plan was balanced for
+WAITS = {
+    "step": "ranks wait once a step: the slowest rank's sum over each step, summed over the steps",
+    "micro": "ranks wait at every micro-batch: the slowest rank of each slot (micro-batch j of a "
+    "step on every rank), summed over the slots",
+}
+
+
+def time_vs_ideal_legend(sync: str) -> str:
+    """The one-line meaning of "time vs ideal" for a plan balanced under ``sync`` (``step`` or
+    ``micro``), printed wherever the figure is.
+
+    >>> time_vs_ideal_legend("step")  # doctest: +ELLIPSIS
+    "time vs ideal = estimated time (ranks wait once a step: the slowest rank's sum over ...
+    >>> sorted(WAITS) == sorted(SYNC_MODELS)  # every model has its words
+    True
+    """
+    return (
+        f"time vs ideal = estimated time ({WAITS[sync]}) / the ideal (no padding, perfect "
+        "balance over the ranks); 1.000 is ideal"
+    )
+
 
 _BINS = 128
 _CELLS = 1 << 24  # histogram cells per pass of the mixing computation
