@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from varpack.errors import ConfigError, InputError, VarpackError
@@ -38,33 +38,51 @@ def volume(lens: np.ndarray, layout: str, multiple: int) -> int:
 
 def check_contract(plan: BatchPlan, lens: np.ndarray, *, dp: int, steps: int, max_tokens: int,
                    layout: str = "packed", pad_multiple: int = 1, pp: int = 1) -> None:  # fmt: skip
-    """What every plan promises (the module doc of varpack.online.batch)."""
+    """What every plan promises (the module doc of varpack.online.batch). A split sample's
+    pieces (``oversize="split"``) together hold each of its tokens once."""
     assert len(plan.steps) == steps == plan.num_steps
     k = plan.micro_per_step
     assert k >= 1 and k % pp == 0
-    seen = []
+    split = plan.piece_lengths is not None
+    seen, starts, sizes = [], [], []
     for s, ranks in enumerate(plan.steps):
         assert len(ranks) == dp
         tokens = samples = 0
-        for mbs in ranks:
+        for r, mbs in enumerate(ranks):
             assert len(mbs) == k  # every rank the same number in a step
-            for mb in mbs:
+            for j, mb in enumerate(mbs):
                 assert mb.dtype == np.int64 and len(mb) >= 1
+                held = plan.piece_lengths[s][r][j] if split else lens[mb]
                 # only a sample that does not fit alone may exceed the budget, alone
-                assert len(mb) == 1 or volume(lens[mb], layout, pad_multiple) <= max_tokens
-                tokens += int(lens[mb].sum())
+                assert len(mb) == 1 or volume(held, layout, pad_multiple) <= max_tokens
+                if split:
+                    assert volume(held, layout, pad_multiple) <= max_tokens
+                    starts.append(plan.piece_starts[s][r][j])
+                    assert len(set(mb.tolist())) == len(mb)  # a sample's pieces apart
+                sizes.append(held)
+                tokens += int(held.sum())
                 samples += len(mb)
                 seen.append(mb)
         assert plan.step_tokens[s] == tokens and plan.step_samples[s] == samples
     order = np.concatenate(seen)
-    assert np.array_equal(np.sort(order), np.arange(len(lens)))  # every sample exactly once
+    if split:  # every sample's pieces, by start, tile its tokens exactly
+        by = np.lexsort((np.concatenate(starts), order))
+        sample, start = order[by], np.concatenate(starts)[by]
+        end = start + np.concatenate(sizes)[by]
+        first = np.r_[True, sample[1:] != sample[:-1]]
+        last = np.r_[sample[1:] != sample[:-1], True]
+        assert np.array_equal(sample[first], np.arange(len(lens)))  # every sample
+        assert (start[first] == 0).all() and (start[1:][~first[1:]] == end[:-1][~first[1:]]).all()
+        assert np.array_equal(end[last], lens)  # ... to its last token, each once
+    else:
+        assert np.array_equal(np.sort(order), np.arange(len(lens)))  # every sample exactly once
     for s, ranks in enumerate(plan.steps):
         for mbs in ranks:
             for mb in mbs:
                 assert (plan.sample_step[mb] == s).all()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n=st.integers(8, 400),
     dp=st.integers(1, 4),
@@ -72,27 +90,36 @@ def check_contract(plan: BatchPlan, lens: np.ndarray, *, dp: int, steps: int, ma
     budget=st.integers(64, 600),
     layout=st.sampled_from(["packed", "padded"]),
     pad_multiple=st.sampled_from([1, 8]),
-    pp=st.sampled_from([1, 2]),
-    sync=st.sampled_from(["micro", "step"]),
+    pp=st.sampled_from([1, 2, 4]),
+    sync=st.sampled_from([None, "micro", "step"]),
     group=st.sampled_from([1, 4]),
     cost=st.sampled_from(["tokens", "flops"]),
     seed=st.integers(0, 3),
     shapes=st.sampled_from([None, 2]),
+    oversize=st.sampled_from([None, "alone", "split", "error"]),
 )
 def test_every_plan_keeps_the_contract(n, dp, steps, budget, layout, pad_multiple, pp, sync,
-                                       group, cost, seed, shapes) -> None:  # fmt: skip
-    assume(not (pp > 1 and (layout == "padded" or sync == "micro")))
-    assume(not (shapes and layout == "padded"))
-    lens = np.random.default_rng(seed).integers(1, 2 * budget, n)
+                                       group, cost, seed, shapes, oversize) -> None:  # fmt: skip
+    # Every draw plans: only the combinations the contract refuses are mapped to allowed ones
+    # (pp > 1 and max_shapes need the packed layout and leave no sample alone; pp > 1 syncs
+    # once a step), and there are samples enough for every rank's pp multiple in every step.
+    fixed = pp > 1 or shapes is not None
+    layout = "packed" if fixed else layout
+    sync = "step" if pp > 1 and sync == "micro" else sync
+    oversize = "split" if fixed and oversize == "alone" else oversize
+    fits_only = oversize == "error" or (oversize is None and fixed)
+    n = max(n, 4 * dp * pp * steps * group)
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, budget // 2 + 1, n)
+    if not fits_only:  # a tenth longer than the budget: alone, or split into pieces
+        lens[rng.random(n) < 0.1] = rng.integers(budget + 1, 2 * budget)
     dims = FLOPS if cost == "flops" else {"cost": cost}
-    try:
-        plan = plan_batch(lens, dp=dp, max_tokens=budget, mini_batches=steps, sync=sync,
-                          layout=layout, pad_multiple=pad_multiple, pp=pp, seed=seed,
-                          groups=group if group > 1 else None, max_shapes=shapes,
-                          oversize="error" if pp > 1 or shapes else "alone", **dims)  # fmt: skip
-    except ConfigError as err:  # too few samples for the ranks, or oversize with pp: one line
-        assert "\n" not in str(err)
-        assume(False)
+    plan = plan_batch(lens, dp=dp, max_tokens=budget, mini_batches=steps, sync=sync,
+                      layout=layout, pad_multiple=pad_multiple, pp=pp, seed=seed,
+                      groups=group if group > 1 else None, max_shapes=shapes, oversize=oversize,
+                      **dims)  # fmt: skip
+    assert plan.sync == (sync or ("step" if pp > 1 else "micro"))
+    assert plan.micro_per_step % pp == 0
     check_contract(plan, lens, dp=dp, steps=steps, max_tokens=budget, layout=layout,
                    pad_multiple=pad_multiple, pp=pp)  # fmt: skip
     if shapes:
@@ -102,6 +129,23 @@ def test_every_plan_keeps_the_contract(n, dp, steps, budget, layout, pad_multipl
     if group > 1:  # a group's samples share a step
         for g in range(-(-n // group)):
             assert len(set(plan.sample_step[g * group : (g + 1) * group].tolist())) == 1
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_pipeline_plans_sync_once_a_step_in_multiples_of_pp(pp) -> None:
+    lens = rollout(1024, seed=13)
+    plan = plan_batch(lens, dp=4, max_tokens=16384, mini_batches=2, pp=pp)
+    assert plan.sync == "step"  # as varpack plan --pp chooses it
+    assert plan.micro_per_step % pp == 0 and plan.micro_per_step >= pp
+    check_contract(plan, lens, dp=4, steps=2, max_tokens=16384, pp=pp)
+    same = plan_batch(lens, dp=4, max_tokens=16384, mini_batches=2, pp=pp, sync="step",
+                      oversize="error")  # fmt: skip
+    assert same.digest() == plan.digest()  # the defaults with pp > 1, given
+    split = plan_batch(np.append(lens, 40000), dp=4, max_tokens=16384, mini_batches=2, pp=pp,
+                       oversize="split")  # fmt: skip
+    assert split.micro_per_step % pp == 0 and split.piece_lengths is not None
+    tiny = plan_batch(np.full(4 * pp, 10), dp=4, max_tokens=16384, pp=pp)  # one sample each
+    assert tiny.micro_per_step == pp
 
 
 def test_steps_are_equal_random_draws_of_the_batch() -> None:
@@ -262,9 +306,24 @@ def test_every_process_computes_the_same_plan(tmp_path) -> None:
             "packed",
         ),
         (
-            lambda: plan_batch([3, 4], dp=1, max_tokens=10, pp=2),
+            lambda: plan_batch([3, 4], dp=1, max_tokens=10, pp=2, sync="micro"),
             ConfigError,
-            "sync=micro conflicts",
+            "sync='micro' conflicts with pp=2",
+        ),
+        (
+            lambda: plan_batch([3, 4, 20], dp=1, max_tokens=10, pp=2, oversize="alone"),
+            ConfigError,
+            "oversize='alone' conflicts with pp > 1",
+        ),
+        (
+            lambda: plan_batch([3, 4, 20], dp=1, max_tokens=10, pp=2),
+            ConfigError,
+            "do not fit max_tokens=10",
+        ),
+        (
+            lambda: plan_batch([3, 4, 5], dp=2, max_tokens=10, pp=2),
+            ConfigError,
+            "3 samples cannot give each of 2 ranks pp = 2 micro-batches; lower dp or pp",
         ),
         (lambda: plan_batch([3, 4], dp=1, max_tokens=10, groups=[0]), InputError, "groups"),
         (

@@ -168,14 +168,14 @@ def plan_batch(
     hidden: int | None = None,
     kv_hidden: int | None = None,
     layers: int | None = None,
-    sync: str = "micro",
+    sync: str | None = None,
     layout: str = "packed",
     pad_multiple: int = 1,
     pp: int = 1,
     seed: int = 0,
     forward_only: bool = False,
     groups: Any = None,
-    oversize: str = "alone",
+    oversize: str | None = None,
     loss_tokens: Any = None,
     max_shapes: int | None = None,
 ) -> BatchPlan:
@@ -189,16 +189,19 @@ def plan_batch(
         cost: ``tokens``, ``padded`` or ``flops`` (with ``hidden``, ``kv_hidden``, ``layers``):
             what ranks are balanced by.
         sync: ``micro`` (ranks meet at every micro-batch: FSDP, ZeRO-3) or ``step`` (once per
-            step: DDP with ``no_sync``; the one with ``pp > 1``).
+            step: DDP with ``no_sync``, pipelines). Default ``micro``, ``step`` with ``pp > 1``
+            (where ``micro`` is refused).
         layout: ``packed`` (one row per micro-batch, ``cu_seqlens``) or ``padded`` (B x T).
         pad_multiple: the packed total (packed) or the row length (padded) rounded up to it.
-        pp: pipeline stages; the micro-batches per step are a multiple of it.
+        pp: pipeline stages; the micro-batches per rank and step are a multiple of it.
         seed: the draw of the steps and of each step's order.
         forward_only: plan an inference pass (one pass, no optimizer steps).
         groups: samples kept in one step: a group number per sample, or an int ``g`` for runs
             of ``g`` consecutive samples (GRPO: the responses of one prompt).
         oversize: a sample longer than ``max_tokens``: ``alone`` (a micro-batch of its own, up
-            to 4 budgets), ``split`` (pieces of the budget) or ``error``.
+            to 4 budgets), ``split`` (pieces of the budget) or ``error``. Default ``alone``;
+            ``error`` with ``pp > 1`` or ``max_shapes`` (where a lone sample would need a shape
+            of its own, and ``alone`` is refused).
         loss_tokens: tokens of each sample the loss counts (say, its response); their sum per
             step is ``plan.step_loss_tokens``.
         max_shapes: at most this many padded lengths over the whole plan (packed layout: each
@@ -216,20 +219,37 @@ def plan_batch(
         raise ConfigError(f"mini_batches={mini_batches!r}: must be an integer >= 1")
     if forward_only and mini_batches != 1:
         raise ConfigError("forward_only plans one pass: leave mini_batches at 1")
-    if sync not in ("micro", "step"):
+    if sync not in (None, "micro", "step"):
         raise ConfigError(f"sync={sync!r}: choose micro or step")
+    if sync is None:
+        sync = "step" if pp > 1 else "micro"  # as varpack plan --pp chooses it
+    elif sync == "micro" and pp > 1:
+        raise ConfigError(
+            f"sync='micro' conflicts with pp={pp}: pipeline stages meet their data-parallel "
+            "peers once per optimizer step (after the pipeline flush); pass sync='step' or "
+            "leave sync out (step is the default with pp > 1)"
+        )
     if layout == "padded" and (pp > 1 or max_shapes is not None):
         what = "pp > 1" if pp > 1 else "max_shapes"
         raise ConfigError(f"{what} needs layout='packed' here (the padded layout is cut sorted)")
     if forward_only and pp == 1:
         sync = "micro"  # an inference pass: every slot balanced, whatever the trainer waits on
+    if oversize not in (None, "alone", "split", "error"):
+        raise ConfigError(f"oversize={oversize!r}: choose alone, split or error")
+    shaped = "pp > 1" if pp > 1 else "max_shapes" if max_shapes is not None else None
+    if oversize is None:  # a lone sample in a plan of fixed shapes would need a shape of its own
+        oversize = "alone" if shaped is None else "error"
+    elif oversize == "alone" and shaped is not None:
+        raise ConfigError(
+            f"oversize='alone' conflicts with {shaped}: a lone oversize sample would need a "
+            "shape of its own; pass oversize='split' or 'error', or leave oversize out (error "
+            "is the default there)"
+        )
     options = dict(
         dp=dp, max_tokens=max_tokens, cost=cost, hidden=hidden, kv_hidden=kv_hidden,
         layers=layers, sync=sync, layout=layout, pad_multiple=pad_multiple, pp=pp, seed=seed,
         oversize=oversize, max_shapes=max_shapes,
     )  # fmt: skip
-    if oversize not in ("alone", "split", "error"):
-        raise ConfigError(f"oversize={oversize!r}: choose alone, split or error")
     try:
         cfg = batch_config(**options)
         arrays = plan_batch_arrays(lens, cfg, int(mini_batches), _groups(groups, len(lens)))

@@ -70,8 +70,9 @@ _STREAM = 0x6F6E6C696E65  # the batch planner's random stream, apart from the of
 @lru_cache(maxsize=256)
 def batch_config(**options: Any) -> PlanConfig:
     """The resolved config of a batch (cached: an RL loop plans with the same options each
-    iteration, and resolving checks every option)."""
-    return PlanConfig(order="shuffle", **options).resolved()
+    iteration, and resolving checks every option). The micro-batches per rank and step are
+    chosen per batch, a multiple of ``pp``: ``pp`` stands for them while resolving."""
+    return PlanConfig(order="shuffle", grad_accum=options.get("pp", 1), **options).resolved()
 
 
 def deal_steps(unit_cost: np.ndarray, steps: int, rng: np.random.Generator) -> np.ndarray:
@@ -101,14 +102,21 @@ def plan_batch_arrays(
     ``ids`` holding each planned unit's index into ``lens``. ``cfg``: resolved, shuffled order;
     its ``grad_accum`` is replaced by the micro-batches per rank the batch needs. ``groups``:
     a group number per sample; a group's samples go to one step."""
+    need = cfg.dp * cfg.pp  # micro-batches of a step at least: pp on each rank
+    each = "a micro-batch" if cfg.pp == 1 else f"pp = {cfg.pp} micro-batches"
+    lower = "dp" if cfg.pp == 1 else "dp or pp"
+    if len(lens) < need:
+        raise ConfigError(
+            f"{len(lens)} samples cannot give each of {cfg.dp} ranks {each}; lower {lower}"
+        )
     chosen = select(np.arange(len(lens), dtype=np.int64), lens, cfg)
     rng = np.random.default_rng([cfg.seed, _STREAM])
     unit_step = _unit_steps(chosen, steps, groups, rng)
     per_step = np.bincount(unit_step, minlength=steps)
-    if per_step.min() < cfg.dp:
+    if per_step.min() < need:
         raise ConfigError(
-            f"{len(lens)} samples cannot give each of {cfg.dp} ranks a micro-batch in each of "
-            f"{steps} steps (a step holds {int(per_step.min())}); lower dp or mini_batches"
+            f"{len(lens)} samples cannot give each of {cfg.dp} ranks {each} in each of "
+            f"{steps} steps (a step holds {int(per_step.min())}); lower {lower} or mini_batches"
         )
     perm = rng.permutation(len(unit_step))  # each step's samples in a random order
     rows = perm[np.argsort(unit_step[perm], kind="stable")]
