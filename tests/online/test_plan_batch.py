@@ -252,6 +252,47 @@ def test_levelled_ranks_differ_by_at_most_one_slot_spread(dp, k, steps, seed) ->
         assert sums.max() - sums.min() <= spread + 1e-9
 
 
+def test_the_digest_covers_lengths_options_and_shapes() -> None:
+    lens = rollout(512, seed=21)
+    base = dict(dp=4, max_tokens=8192, mini_batches=2)
+    plan = plan_batch(lens, **base)
+    assert plan_batch(lens.astype(np.int32).tolist(), **base).digest() == plan.digest()
+    who = [mb.tolist() for ranks in plan.steps for mbs in ranks for mb in mbs]
+    for i in np.argsort(lens, kind="stable")[:100]:  # a sample a token longer, the same runs
+        longer = lens.copy()
+        longer[i] += 1
+        same_runs = plan_batch(longer, **base)
+        if [mb.tolist() for ranks in same_runs.steps for mbs in ranks for mb in mbs] == who:
+            break
+    else:
+        raise AssertionError("every sample a token longer moved a sample")
+    assert same_runs.digest() != plan.digest()
+    variants = {
+        "a token longer": same_runs,
+        "pad_multiple": plan_batch(lens, **base, pad_multiple=64),
+        "max_shapes": plan_batch(lens, **base, max_shapes=4, oversize="error"),
+        "max_shapes 3": plan_batch(lens, **base, max_shapes=3, oversize="error"),
+        "sync": plan_batch(lens, **base, sync="step"),
+        "seed": plan_batch(lens, **base, seed=1),
+        "cost": plan_batch(lens, **base, cost="padded"),
+        "flops": plan_batch(lens, **base, **FLOPS),
+        "flops dims": plan_batch(lens, **base, **{**FLOPS, "layers": 12}),
+        "layout": plan_batch(lens, **base, layout="padded"),
+        "loss_tokens": plan_batch(lens, **base, loss_tokens=lens // 2),
+        "mini_batches": plan_batch(lens, dp=4, max_tokens=8192, mini_batches=4),
+        "max_tokens": plan_batch(lens, dp=4, max_tokens=8193, mini_batches=2),
+        "forward_only": plan_batch(lens, dp=4, max_tokens=8192, forward_only=True),
+        "one step": plan_batch(lens, dp=4, max_tokens=8192),
+    }
+    assert not np.array_equal(variants["a token longer"].step_tokens, plan.step_tokens)
+    digests = {name: p.digest() for name, p in variants.items()}
+    assert plan.digest() not in digests.values()
+    assert len(set(digests.values())) == len(digests)  # and all differ from each other
+    split = plan_batch(np.append(lens, 20000), **base, oversize="split")
+    split_shorter = plan_batch(np.append(lens, 19999), **base, oversize="split")
+    assert split.digest() != split_shorter.digest()  # the last piece a token shorter
+
+
 _IN_A_PROCESS = """
 import hashlib, sys
 import numpy as np
@@ -263,7 +304,9 @@ for ranks in plan.steps:
     for mbs in ranks:
         for mb in mbs:
             h.update(mb.tobytes() + b"|")
-print(h.hexdigest(), plan.digest())
+other = plan_batch(np.append(lens, 30000), dp=4, max_tokens=8192, mini_batches=3, groups=8,
+                   pad_multiple=64, max_shapes=4, oversize="split", loss_tokens=np.append(lens, 30000) // 3)
+print(h.hexdigest(), plan.digest(), other.digest())
 """
 
 
@@ -271,6 +314,9 @@ def test_every_process_computes_the_same_plan(tmp_path) -> None:
     lens = rollout(1024, seed=11, group=8)
     np.save(tmp_path / "lens.npy", lens)
     plan = plan_batch(lens, dp=4, max_tokens=8192, mini_batches=3, groups=8, **FLOPS)
+    more = np.append(lens, 30000)
+    other = plan_batch(more, dp=4, max_tokens=8192, mini_batches=3, groups=8, pad_multiple=64,
+                       max_shapes=4, oversize="split", loss_tokens=more // 3)  # fmt: skip
     h = hashlib.sha256()
     for ranks in plan.steps:
         for mbs in ranks:
@@ -281,8 +327,9 @@ def test_every_process_computes_the_same_plan(tmp_path) -> None:
         out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "lens.npy")], check=True,
                              capture_output=True, text=True, cwd=ROOT,
                              env={"PYTHONHASHSEED": hashseed, "PATH": ""})  # fmt: skip
-        got, digest = out.stdout.split()
+        got, digest, other_digest = out.stdout.split()
         assert got == h.hexdigest() and digest == plan.digest()
+        assert other_digest == other.digest() != digest
 
 
 @pytest.mark.parametrize(

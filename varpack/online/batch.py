@@ -24,6 +24,7 @@ The contract (what every plan holds, and the property tests in ``tests/online/``
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -118,12 +119,26 @@ class BatchPlan:
         return [ranks[rank] for ranks in self.steps]
 
     def digest(self) -> str:
-        """A sha256 of who runs what (hex): ranks that planned alike hold the same one, so one
-        small all-gather checks that no rank planned from other lengths or options."""
-        h = hashlib.sha256()
+        """A sha256 of the whole plan (hex): every resolved option, each unit's sample, length
+        and (split) first token, who runs what, each micro-batch's padded length and counts,
+        each step's totals and the ``loss_tokens``. Ranks that planned alike hold the same one;
+        any difference in lengths or options that reaches the plan changes it, so one small
+        all-gather checks that no rank planned from other lengths or options."""
         p = self.arrays
-        for part in (p.ids[p.stream], p.offsets, p.step, p.rank, p.micro_index):
-            h.update(np.ascontiguousarray(part, dtype=np.int64).tobytes() + b"|")
+        head = {"config": p.cfg.to_dict(), "forward_only": self.forward_only,
+                "steps": p.num_steps}  # fmt: skip
+        h = hashlib.sha256(json.dumps(head, sort_keys=True, default=_plain).encode())
+        parts = {
+            "ids": p.ids, "lens": p.lens, "stream": p.stream, "offsets": p.offsets,
+            "step": p.step, "rank": p.rank, "micro_index": p.micro_index,
+            "pad_to": p.micro.pad_to, "rows": p.micro.rows, "samples": p.micro.samples,
+            "tokens": p.micro.tokens, "step_tokens": p.step_tokens,
+            "step_samples": p.step_samples, "sample_offsets": p.sample_offsets,
+            "lengths": p.lengths, "pad_rows": p.pad_rows, "loss_tokens": self.loss_tokens,
+        }  # fmt: skip
+        for name, part in parts.items():
+            data = b"" if part is None else np.ascontiguousarray(part, np.int64).tobytes()
+            h.update(f"|{name}:{'-' if part is None else len(data)}|".encode() + data)
         return h.hexdigest()
 
     @cached_property
@@ -258,6 +273,11 @@ def plan_batch(
     except TypeError:  # an unhashable option value
         raise ConfigError("plan_batch: options must be plain numbers and strings") from None
     return BatchPlan(arrays, forward_only, _per_sample(loss_tokens, len(lens), "loss_tokens"))
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy scalar of a config as JSON takes it (for :meth:`BatchPlan.digest`)."""
+    return value.item() if isinstance(value, np.generic) else str(value)
 
 
 def _lengths(lengths: Any) -> np.ndarray:
