@@ -332,6 +332,68 @@ def test_every_process_computes_the_same_plan(tmp_path) -> None:
         assert other_digest == other.digest() != digest
 
 
+#: (option, a value refused, the same value accepted): refused or accepted alike in any order
+_SAME_VALUE = [
+    ("dp", 2.0, 2),
+    ("dp", True, 1),
+    ("max_tokens", 777.0, 777),
+    ("pp", 1.0, 1),
+    ("seed", 0.0, 0),
+    ("pad_multiple", np.float64(1), 1),
+    ("mini_batches", 2.0, 2),
+    ("layers", 24.0, 24),
+    ("max_shapes", True, 1),
+]
+_ACCEPTED_ALIKE = [("dp", np.int64(2)), ("max_tokens", np.int32(777)), ("seed", np.uint8(3)),
+                   ("mini_batches", np.int16(2)), ("sync", np.str_("step"))]  # fmt: skip
+
+
+def _call(name: str, value) -> BatchPlan:
+    options = {"dp": 2, "max_tokens": 777, "mini_batches": 1, name: value}
+    if name == "layers":
+        options.update(cost="flops", hidden=896, kv_hidden=128)
+    if name == "max_shapes":
+        options.update(oversize="error")
+    return plan_batch(np.arange(1, 65), **options)
+
+
+def test_whether_a_value_is_accepted_does_not_depend_on_earlier_calls() -> None:
+    from varpack.plan.batch import batch_config
+
+    for name, bad, good in _SAME_VALUE:
+        batch_config.cache_clear()
+        for _ in range(2):  # before the accepted value was planned, then after
+            with pytest.raises(ConfigError, match=f"^{name}="):
+                _call(name, bad)
+            _call(name, good)
+    for name, value in _ACCEPTED_ALIKE:  # NumPy scalars: accepted first, as after plain ones
+        batch_config.cache_clear()
+        first = _call(name, value).digest()
+        assert _call(name, value.item()).digest() == first == _call(name, value).digest()
+
+
+_FRESH = """
+import numpy as np
+from varpack.errors import ConfigError
+from varpack.online import plan_batch
+lens = np.arange(1, 65)
+for dp in (2.0, True, 2, 2.0, True):
+    try:
+        plan_batch(lens, dp=dp, max_tokens=777)
+        print("accepted")
+    except ConfigError:
+        print("refused")
+print(plan_batch(lens, dp=np.int64(2), max_tokens=np.int32(777)).digest())
+"""
+
+
+def test_a_fresh_process_accepts_and_refuses_alike() -> None:
+    out = subprocess.run([sys.executable, "-c", _FRESH], check=True, capture_output=True,
+                         text=True, cwd=ROOT, env={"PATH": ""}).stdout.split()  # fmt: skip
+    assert out[:5] == ["refused", "refused", "accepted", "refused", "refused"]
+    assert out[5] == plan_batch(np.arange(1, 65), dp=2, max_tokens=777).digest()
+
+
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from varpack.errors import ConfigError, InputError
+from varpack.online.checks import batch_options
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.batch import batch_config, batch_figures, plan_batch_arrays
 
@@ -225,54 +226,18 @@ def plan_batch(
     Raises:
         ConfigError, InputError: one line saying what is wrong and what to do.
     """
-    lens = _lengths(lengths)
-    if (
-        isinstance(mini_batches, bool)
-        or not isinstance(mini_batches, int | np.integer)
-        or mini_batches < 1
-    ):
-        raise ConfigError(f"mini_batches={mini_batches!r}: must be an integer >= 1")
-    if forward_only and mini_batches != 1:
-        raise ConfigError("forward_only plans one pass: leave mini_batches at 1")
-    if sync not in (None, "micro", "step"):
-        raise ConfigError(f"sync={sync!r}: choose micro or step")
-    if sync is None:
-        sync = "step" if pp > 1 else "micro"  # as varpack plan --pp chooses it
-    elif sync == "micro" and pp > 1:
-        raise ConfigError(
-            f"sync='micro' conflicts with pp={pp}: pipeline stages meet their data-parallel "
-            "peers once per optimizer step (after the pipeline flush); pass sync='step' or "
-            "leave sync out (step is the default with pp > 1)"
-        )
-    if layout == "padded" and (pp > 1 or max_shapes is not None):
-        what = "pp > 1" if pp > 1 else "max_shapes"
-        raise ConfigError(f"{what} needs layout='packed' here (the padded layout is cut sorted)")
-    if forward_only and pp == 1:
-        sync = "micro"  # an inference pass: every slot balanced, whatever the trainer waits on
-    if oversize not in (None, "alone", "split", "error"):
-        raise ConfigError(f"oversize={oversize!r}: choose alone, split or error")
-    shaped = "pp > 1" if pp > 1 else "max_shapes" if max_shapes is not None else None
-    if oversize is None:  # a lone sample in a plan of fixed shapes would need a shape of its own
-        oversize = "alone" if shaped is None else "error"
-    elif oversize == "alone" and shaped is not None:
-        raise ConfigError(
-            f"oversize='alone' conflicts with {shaped}: a lone oversize sample would need a "
-            "shape of its own; pass oversize='split' or 'error', or leave oversize out (error "
-            "is the default there)"
-        )
-    options = dict(
-        dp=dp, max_tokens=max_tokens, cost=cost, hidden=hidden, kv_hidden=kv_hidden,
-        layers=layers, sync=sync, layout=layout, pad_multiple=pad_multiple, pp=pp, seed=seed,
-        oversize=oversize, max_shapes=max_shapes,
+    o = batch_options(
+        dp=dp, max_tokens=max_tokens, mini_batches=mini_batches, cost=cost, hidden=hidden,
+        kv_hidden=kv_hidden, layers=layers, sync=sync, layout=layout, pad_multiple=pad_multiple,
+        pp=pp, seed=seed, forward_only=forward_only, oversize=oversize, max_shapes=max_shapes,
     )  # fmt: skip
+    lens = _lengths(lengths)
     try:
-        cfg = batch_config(**options)
-        arrays = plan_batch_arrays(lens, cfg, int(mini_batches), _groups(groups, len(lens)))
+        cfg = batch_config(**o.config)
+        arrays = plan_batch_arrays(lens, cfg, o.mini_batches, _groups(groups, len(lens)))
     except (ConfigError, InputError) as err:
         raise type(err)(_api_words(str(err))) from None
-    except TypeError:  # an unhashable option value
-        raise ConfigError("plan_batch: options must be plain numbers and strings") from None
-    return BatchPlan(arrays, forward_only, _per_sample(loss_tokens, len(lens), "loss_tokens"))
+    return BatchPlan(arrays, o.forward_only, _per_sample(loss_tokens, len(lens), "loss_tokens"))
 
 
 def _plain(value: Any) -> Any:
