@@ -332,6 +332,85 @@ def test_every_process_computes_the_same_plan(tmp_path) -> None:
         assert other_digest == other.digest() != digest
 
 
+_BIG = np.array([2**63, 5], dtype=np.uint64)
+#: (lengths, words the one line holds): nothing NumPy would raise leaks out
+_ODD_LENGTHS = [
+    ([[1, 2], [3]], "ragged or unevenly nested"),
+    ([[1, [2]], [3, [4]]], "ragged or unevenly nested"),
+    ([[1, 2], [3, 4]], "not shape (2, 2)"),
+    (np.ones((3, 1), dtype=np.int64), "not shape (3, 1)"),
+    (None, "not None"),
+    ({1: 2}, "not a dict"),
+    ({1, 2}, "not a set"),
+    (5, "not an int"),
+    ("abc", "not a str"),
+    (["1", "2"], "not strings"),
+    ([b"1"], "not bytes"),
+    ([1.5, 2.0], "not floats"),
+    ([3.0, 4.0], "cast whole numbers"),
+    ([np.nan, 3], "not floats"),
+    ([True, True], "not bools"),
+    ([1 + 2j], "not complex"),
+    ([None, 3], "lengths[0] = None"),
+    ([3, {}], "lengths[1] = {}"),
+    ([], "no samples"),
+    (np.array([], dtype=np.int64), "no samples"),
+    ([4, -2, 3], "lengths[1] = -2"),
+    ([4, 0], "lengths[1] = 0"),
+    (_BIG, "lengths[0] = 9223372036854775808 is too large: at most 2,147,483,647"),
+    ([2**31, 5], "lengths[0] = 2147483648 is too large: at most 2,147,483,647"),
+    ([5, 2**64], "lengths[1] = 18446744073709551616 is too large"),
+    (np.array([3, 2**31 - 1 + 1], dtype=np.int64), "is too large"),
+]
+
+
+@pytest.mark.parametrize(("lengths", "words"), _ODD_LENGTHS)
+def test_odd_lengths_are_one_line(lengths, words) -> None:
+    with pytest.raises(InputError) as got:
+        plan_batch(lengths, dp=1, max_tokens=10)
+    assert words in str(got.value) and "\n" not in str(got.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "words"),
+    [
+        ("groups", [[0, 1], [2]], "groups: a 1-D sequence"),
+        ("groups", [0.0, 1.0, 1.0], "groups: integers, not floats"),
+        ("groups", [0, 1], "one integer per sample (3), not 2"),
+        ("groups", 2.0, "groups: a 1-D sequence of integers"),
+        ("groups", True, "groups: a 1-D sequence of integers"),
+        ("groups", 0, "groups=0"),
+        ("groups", "ab", "groups: a 1-D sequence"),
+        ("groups", [True, False, True], "not bools"),
+        ("loss_tokens", {"a": 1}, "loss_tokens: a 1-D sequence"),
+        ("loss_tokens", [1, None, 2], "loss_tokens[1] = None"),
+        ("loss_tokens", [1.0, 2.5, 3.0], "loss_tokens: integers, not floats"),
+        ("loss_tokens", np.array([1, 2, 2**63], dtype=np.uint64), "loss_tokens[2]"),
+        ("loss_tokens", [1, -1, 0], "loss_tokens[1] = -1 is negative"),
+        ("loss_tokens", [[1, 2, 3]], "not shape (1, 3)"),
+    ],
+)
+def test_odd_per_sample_arguments_are_one_line(name, value, words) -> None:
+    with pytest.raises(VarpackError) as got:
+        plan_batch([3, 4, 5], dp=1, max_tokens=10, **{name: value})
+    assert words in str(got.value) and "\n" not in str(got.value)
+
+
+def test_group_numbers_of_any_integer_type_plan_alike() -> None:
+    lens = rollout(256, seed=4)
+    numbers = np.arange(256) // 8
+    plan = plan_batch(lens, dp=2, max_tokens=8192, mini_batches=2, groups=numbers)
+    assert (
+        plan.digest() == plan_batch(lens, dp=2, max_tokens=8192, mini_batches=2, groups=8).digest()
+    )
+    big = numbers.astype(np.uint64) + np.uint64(2**63)  # beyond int64, still one group each
+    same = plan_batch(lens, dp=2, max_tokens=8192, mini_batches=2, groups=big)
+    assert np.array_equal(same.sample_step, plan.sample_step)
+    for size in (1000, 2**70):  # one group of all
+        one = plan_batch(lens, dp=2, max_tokens=8192, mini_batches=1, groups=size)
+        assert one.digest() == plan_batch(lens, dp=2, max_tokens=8192, groups=256).digest()
+
+
 #: (option, a value refused, the same value accepted): refused or accepted alike in any order
 _SAME_VALUE = [
     ("dp", 2.0, 2),
@@ -397,7 +476,7 @@ def test_a_fresh_process_accepts_and_refuses_alike() -> None:
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [
-        (lambda: plan_batch([], dp=2, max_tokens=10), InputError, "non-empty"),
+        (lambda: plan_batch([], dp=2, max_tokens=10), InputError, "no samples"),
         (lambda: plan_batch([3, 0, 2], dp=1, max_tokens=10), InputError, "lengths[1] = 0"),
         (lambda: plan_batch([1.5, 2.0], dp=1, max_tokens=10), InputError, "integers"),
         (lambda: plan_batch([3, 4], dp=0, max_tokens=10), ConfigError, "dp=0"),

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from varpack.errors import ConfigError, InputError
-from varpack.online.checks import batch_options
+from varpack.online.checks import batch_options, group_numbers, lengths_array, per_sample
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.batch import batch_config, batch_figures, plan_batch_arrays
 
@@ -231,54 +231,20 @@ def plan_batch(
         kv_hidden=kv_hidden, layers=layers, sync=sync, layout=layout, pad_multiple=pad_multiple,
         pp=pp, seed=seed, forward_only=forward_only, oversize=oversize, max_shapes=max_shapes,
     )  # fmt: skip
-    lens = _lengths(lengths)
+    lens = lengths_array(lengths)
+    group = group_numbers(groups, len(lens))
+    loss = per_sample(loss_tokens, len(lens), "loss_tokens")
     try:
         cfg = batch_config(**o.config)
-        arrays = plan_batch_arrays(lens, cfg, o.mini_batches, _groups(groups, len(lens)))
+        arrays = plan_batch_arrays(lens, cfg, o.mini_batches, group)
     except (ConfigError, InputError) as err:
         raise type(err)(_api_words(str(err))) from None
-    return BatchPlan(arrays, o.forward_only, _per_sample(loss_tokens, len(lens), "loss_tokens"))
+    return BatchPlan(arrays, o.forward_only, loss)
 
 
 def _plain(value: Any) -> Any:
     """A NumPy scalar of a config as JSON takes it (for :meth:`BatchPlan.digest`)."""
     return value.item() if isinstance(value, np.generic) else str(value)
-
-
-def _lengths(lengths: Any) -> np.ndarray:
-    lens = np.asarray(lengths)
-    if lens.ndim != 1 or len(lens) == 0:
-        raise InputError(f"lengths: a non-empty 1-D sequence of integers, not shape {lens.shape}")
-    if not np.issubdtype(lens.dtype, np.integer):
-        raise InputError(f"lengths: integers of tokens per sample, not {lens.dtype}")
-    bad = np.flatnonzero(lens <= 0)
-    if len(bad):
-        raise InputError(f"lengths[{int(bad[0])}] = {int(lens[bad[0]])}: every length must be > 0")
-    return lens.astype(np.int64, copy=False)
-
-
-def _groups(groups: Any, n: int) -> np.ndarray | None:
-    """A group number per sample (``None``: every sample on its own)."""
-    if groups is None:
-        return None
-    if isinstance(groups, int | np.integer) and not isinstance(groups, bool):
-        if groups < 1:
-            raise ConfigError(f"groups={groups}: a group size must be >= 1")
-        return np.arange(n, dtype=np.int64) // int(groups)
-    return _per_sample(groups, n, "groups")
-
-
-def _per_sample(values: Any, n: int, name: str) -> np.ndarray | None:
-    if values is None:
-        return None
-    arr = np.asarray(values)
-    if arr.shape != (n,) or not np.issubdtype(arr.dtype, np.integer):
-        raise InputError(
-            f"{name}: one integer per sample ({n}), not {arr.dtype} of shape {arr.shape}"
-        )
-    if name == "loss_tokens" and (arr < 0).any():
-        raise InputError(f"loss_tokens[{int(np.argmax(arr < 0))}] is negative; counts are >= 0")
-    return arr.astype(np.int64, copy=False)
 
 
 def _api_words(message: str) -> str:

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from varpack.errors import ConfigError
-from varpack.plan.config import COUNT_MAX, PlanConfig
+from varpack.errors import ConfigError, InputError
+from varpack.plan.config import COUNT_MAX, INT32_MAX, PlanConfig
 
 #: option -> (least, most) an integer option may take: the planner's bounds of the same option
 BOUNDS: dict[str, tuple[int, int]] = {
@@ -33,6 +33,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "oversize": ("alone", "split", "error"),
 }
 OPTIONAL_CHOICES = ("sync", "oversize")
+#: The longest sample: the planner holds lengths, budgets and micro-batch totals as int32
+MAX_LENGTH = INT32_MAX
+_KINDS = {"f": "floats", "c": "complex numbers", "b": "bools", "U": "strings", "S": "bytes",
+          "O": "Python objects", "M": "dates", "m": "time spans", "V": "records"}  # fmt: skip
 
 
 def shown(value: Any) -> str:
@@ -126,3 +130,96 @@ def batch_options(**given: Any) -> Options:
     config = {k: v for k, v in o.items() if k not in ("mini_batches", "forward_only")}
     config.update(sync=sync, oversize=oversize)
     return Options(config, o["mini_batches"], o["forward_only"])
+
+
+def lengths_array(lengths: Any) -> np.ndarray:
+    """``lengths`` as ``int64``: a non-empty 1-D sequence of integers in ``[1, MAX_LENGTH]``
+    (NumPy, vectorised: a look at the dtype, a min and a max)."""
+    lens = _array("lengths", lengths, "one per sample")
+    if len(lens) == 0:
+        raise InputError("lengths: the batch holds no samples; give one length per sample")
+    lens = _integers("lengths", lens)
+    _at_most("lengths", lens, MAX_LENGTH, "tokens (the planner's lengths are int32)")
+    low = int(np.argmin(lens))
+    if lens[low] <= 0:
+        raise InputError(f"lengths[{low}] = {int(lens[low])}: every length must be > 0")
+    return lens.astype(np.int64, copy=False)
+
+
+def group_numbers(groups: Any, n: int) -> np.ndarray | None:
+    """A group number per sample (``None``: every sample on its own), from a group size or one
+    integer per sample."""
+    if groups is None:
+        return None
+    if isinstance(groups, int | np.integer) and not isinstance(groups, bool | np.bool_):
+        if groups < 1:
+            raise ConfigError(f"groups={groups}: a group size must be >= 1")
+        return np.arange(n, dtype=np.int64) // min(int(groups), n)
+    return per_sample(groups, n, "groups")
+
+
+def per_sample(values: Any, n: int, name: str) -> np.ndarray | None:
+    """One integer per sample as ``int64`` (``loss_tokens``: counts >= 0)."""
+    if values is None:
+        return None
+    what = f"one per sample ({n})"
+    if name == "groups":
+        what = f"a group number per sample ({n}), or a group size"
+    arr = _array(name, values, what)
+    if arr.shape != (n,):
+        raise InputError(f"{name}: one integer per sample ({n}), not {len(arr)} of them")
+    arr = _integers(name, arr)
+    if name == "loss_tokens":
+        _at_most(name, arr, MAX_LENGTH, "tokens (a sample holds at most as many)")
+        if (arr < 0).any():
+            i = int(np.argmax(arr < 0))
+            raise InputError(f"loss_tokens[{i}] = {int(arr[i])} is negative; counts are >= 0")
+    return arr.astype(np.int64, copy=False)  # group numbers beyond int64 map one to one
+
+
+def _array(name: str, values: Any, what: str) -> np.ndarray:
+    """``values`` as a 1-D NumPy array, or one line saying why it is none."""
+    kind = type(values).__name__
+    kind = "None" if values is None else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+    try:
+        arr = np.asarray(values)
+    except (ValueError, TypeError) as err:  # ragged, nested unevenly, a device tensor ...
+        why = "ragged or unevenly nested" if isinstance(err, ValueError) else str(err)
+        raise InputError(
+            f"{name}: a 1-D sequence of integers ({what}), not {kind} NumPy cannot read as "
+            f"one ({why.splitlines()[0].split('. ')[0][:80]})"
+        ) from None
+    if arr.ndim == 0:
+        raise InputError(f"{name}: a 1-D sequence of integers ({what}), not {kind}")
+    if arr.ndim != 1:
+        raise InputError(f"{name}: a 1-D sequence of integers ({what}), not shape {arr.shape}")
+    return arr
+
+
+def _integers(name: str, arr: np.ndarray) -> np.ndarray:
+    """An integer array as it is; Python objects that are all integers as ``int64`` where
+    they fit (one pass over the objects, only for an object array); anything else refused."""
+    if arr.dtype.kind == "O":
+        bad = [i for i, v in enumerate(arr.tolist())
+               if not isinstance(v, int) or isinstance(v, bool)]  # fmt: skip
+        if not bad:
+            values = arr.tolist()
+            top = max(range(len(values)), key=lambda i: abs(values[i]))
+            if abs(values[top]) > np.iinfo(np.int64).max:
+                raise InputError(f"{name}[{top}] = {values[top]} is too large")
+            return arr.astype(np.int64)
+        raise InputError(
+            f"{name}[{bad[0]}] = {shown(arr[bad[0]])}: {name} are integers, not "
+            f"{type(arr[bad[0]]).__name__}"
+        )
+    if arr.dtype.kind not in "iu":
+        kind = _KINDS.get(arr.dtype.kind, str(arr.dtype))
+        hint = "; cast whole numbers with .astype(int)" if arr.dtype.kind == "f" else ""
+        raise InputError(f"{name}: integers, not {kind} ({arr.dtype}){hint}")
+    return arr
+
+
+def _at_most(name: str, arr: np.ndarray, most: int, unit: str) -> None:
+    top = int(np.argmax(arr))
+    if arr[top] > most:
+        raise InputError(f"{name}[{top}] = {int(arr[top])} is too large: at most {most:,} {unit}")
