@@ -388,12 +388,22 @@ def test_odd_lengths_are_one_line(lengths, words) -> None:
         ("loss_tokens", np.array([1, 2, 2**63], dtype=np.uint64), "loss_tokens[2]"),
         ("loss_tokens", [1, -1, 0], "loss_tokens[1] = -1 is negative"),
         ("loss_tokens", [[1, 2, 3]], "not shape (1, 3)"),
+        ("loss_tokens", [3, 5, 5], "loss_tokens[1] = 5 exceeds lengths[1] = 4"),
+        ("loss_tokens", [0, 0, 6], "loss_tokens[2] = 6 exceeds lengths[2] = 5"),
     ],
 )
 def test_odd_per_sample_arguments_are_one_line(name, value, words) -> None:
     with pytest.raises(VarpackError) as got:
         plan_batch([3, 4, 5], dp=1, max_tokens=10, **{name: value})
     assert words in str(got.value) and "\n" not in str(got.value)
+
+
+def test_loss_tokens_up_to_the_whole_sample() -> None:
+    lens = rollout(256, seed=6)
+    plan = plan_batch(lens, dp=2, max_tokens=8192, mini_batches=2, loss_tokens=lens)
+    assert np.array_equal(plan.step_loss_tokens, plan.step_tokens)
+    none = plan_batch(lens, dp=2, max_tokens=8192, mini_batches=2, loss_tokens=np.zeros(256, int))
+    assert (none.step_loss_tokens == 0).all()
 
 
 def test_group_numbers_of_any_integer_type_plan_alike() -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from varpack.errors import ConfigError, InputError
-from varpack.online.checks import batch_options, group_numbers, lengths_array, per_sample
+from varpack.online.checks import batch_options, group_numbers, lengths_array, loss_counts
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.batch import batch_config, batch_figures, plan_batch_arrays
 
@@ -233,7 +233,7 @@ def plan_batch(
     )  # fmt: skip
     lens = lengths_array(lengths)
     group = group_numbers(groups, len(lens))
-    loss = per_sample(loss_tokens, len(lens), "loss_tokens")
+    loss = loss_counts(loss_tokens, lens)
     try:
         cfg = batch_config(**o.config)
         arrays = plan_batch_arrays(lens, cfg, o.mini_batches, group)

@@ -177,6 +177,18 @@ def per_sample(values: Any, n: int, name: str) -> np.ndarray | None:
     return arr.astype(np.int64, copy=False)  # group numbers beyond int64 map one to one
 
 
+def loss_counts(values: Any, lens: np.ndarray) -> np.ndarray | None:
+    """``loss_tokens``: one count per sample in ``[0, its length]``."""
+    arr = per_sample(values, len(lens), "loss_tokens")
+    if arr is not None and (arr > lens).any():
+        i = int(np.argmax(arr > lens))
+        raise InputError(
+            f"loss_tokens[{i}] = {int(arr[i])} exceeds lengths[{i}] = {int(lens[i])}: a sample's "
+            "loss counts at most its own tokens"
+        )
+    return arr
+
+
 def _array(name: str, values: Any, what: str) -> np.ndarray:
     """``values`` as a 1-D NumPy array, or one line saying why it is none."""
     kind = type(values).__name__
