@@ -421,6 +421,51 @@ def test_group_numbers_of_any_integer_type_plan_alike() -> None:
         assert one.digest() == plan_batch(lens, dp=2, max_tokens=8192, groups=256).digest()
 
 
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"mini_batches": 8589934592}, "mini_batches=8589934592: must be an integer in [1, "),
+        ({"mini_batches": 10**8}, "mini_batches=100000000: must be an integer in [1, "),
+        ({"mini_batches": 1e8}, "mini_batches=100000000.0: must be an integer"),
+        (
+            {"mini_batches": 2**20},
+            "64 samples cannot give each of 1 rank a micro-batch in each "
+            "of 1048576 steps; lower dp or mini_batches",
+        ),
+        ({"mini_batches": 65}, "in each of 65 steps"),
+        ({"mini_batches": 33, "dp": 2}, "each of 2 ranks a micro-batch in each of 33 steps"),
+        ({"mini_batches": 9, "dp": 2, "pp": 4}, "pp = 4 micro-batches in each of 9 steps"),
+        ({"dp": 2**20}, "64 samples cannot give each of 1048576 ranks a micro-batch; lower dp"),
+        ({"dp": 2**21}, "dp=2097152: must be an integer in [1, 1048576]"),
+        ({"dp": 10**30}, "dp=1000000000000000000000000000000: must be an integer"),
+        ({"pp": 2**20}, "pp = 1048576 micro-batches; lower dp or pp"),
+        (
+            {"dp": 2**20, "pp": 2**20, "max_tokens": 2**31 - 1},
+            "beyond what a step's token count can hold",
+        ),
+        ({"max_tokens": 2**40}, "max_tokens=1099511627776: must be an integer in [1, 2147483647]"),
+        ({"max_shapes": 2**40}, "max_shapes=1099511627776: must be an integer"),
+        ({"seed": 2**64}, "seed=18446744073709551616: must be an integer in [0, "),
+        ({"seed": -1}, "seed=-1"),
+        ({"layers": 2**40, "cost": "flops", "hidden": 8, "kv_hidden": 8}, "layers=1099511627776"),
+        ({"groups": 2, "mini_batches": 33}, "(a step holds 0)"),
+    ],
+)
+def test_absurd_counts_are_refused_before_anything_is_allocated(options, words) -> None:
+    import tracemalloc
+
+    call = {"dp": 1, "max_tokens": 1000, **options}
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError) as got:
+            plan_batch(np.arange(1, 65), **call)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert words in str(got.value) and "\n" not in str(got.value)
+    assert peak < 1 << 20  # bytes: nothing sized by the count
+
+
 #: (option, a value refused, the same value accepted): refused or accepted alike in any order
 _SAME_VALUE = [
     ("dp", 2.0, 2),

@@ -33,6 +33,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "oversize": ("alone", "split", "error"),
 }
 OPTIONAL_CHOICES = ("sync", "oversize")
+#: Most tokens a step may be planned to hold (dp x pp x max_tokens): its sums stay far inside
+#: int64, as the planner requires of dp x grad-accum x max_tokens
+STEP_TOKENS_MAX = 2**52
 #: The longest sample: the planner holds lengths, budgets and micro-batch totals as int32
 MAX_LENGTH = INT32_MAX
 _KINDS = {"f": "floats", "c": "complex numbers", "b": "bools", "U": "strings", "S": "bytes",
@@ -126,6 +129,11 @@ def batch_options(**given: Any) -> Options:
             f"oversize='alone' conflicts with {shaped}: a lone oversize sample would need a "
             "shape of its own; pass oversize='split' or 'error', or leave oversize out (error "
             "is the default there)"
+        )
+    if o["dp"] * pp * o["max_tokens"] > STEP_TOKENS_MAX:  # a step's sums stay inside int64
+        raise ConfigError(
+            f"dp={o['dp']} x pp={pp} x max_tokens={o['max_tokens']} is beyond what a step's "
+            "token count can hold (2**52); lower one of them"
         )
     config = {k: v for k, v in o.items() if k not in ("mini_batches", "forward_only")}
     config.update(sync=sync, oversize=oversize)

@@ -46,7 +46,7 @@ from varpack.plan.kernels.lanes import level_lanes
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete, oversize_mask, pack
 from varpack.plan.kernels.slots import move_micro, slot_order
-from varpack.plan.kernels.split import fit_len
+from varpack.plan.kernels.split import fit_len, unit_count
 from varpack.plan.lr import step_totals
 from varpack.plan.rules import capacity
 from varpack.plan.stages.batching.costed import step_fill
@@ -102,22 +102,16 @@ def plan_batch_arrays(
     ``ids`` holding each planned unit's index into ``lens``. ``cfg``: resolved, shuffled order;
     its ``grad_accum`` is replaced by the micro-batches per rank the batch needs. ``groups``:
     a group number per sample; a group's samples go to one step."""
-    need = cfg.dp * cfg.pp  # micro-batches of a step at least: pp on each rank
-    each = "a micro-batch" if cfg.pp == 1 else f"pp = {cfg.pp} micro-batches"
-    lower = "dp" if cfg.pp == 1 else "dp or pp"
-    if len(lens) < need:
-        raise ConfigError(
-            f"{len(lens)} samples cannot give each of {cfg.dp} ranks {each}; lower {lower}"
-        )
+    # Every step needs dp x pp units at least: refused before anything is allocated per step.
+    units = unit_count(lens, cfg.split_len if cfg.oversize == "split" else None)
+    if units < cfg.dp * cfg.pp * steps:
+        raise _too_few(len(lens), cfg, steps, f"{units} units" if units > len(lens) else None)
     chosen = select(np.arange(len(lens), dtype=np.int64), lens, cfg)
     rng = np.random.default_rng([cfg.seed, _STREAM])
     unit_step = _unit_steps(chosen, steps, groups, rng)
     per_step = np.bincount(unit_step, minlength=steps)
-    if per_step.min() < need:
-        raise ConfigError(
-            f"{len(lens)} samples cannot give each of {cfg.dp} ranks {each} in each of "
-            f"{steps} steps (a step holds {int(per_step.min())}); lower {lower} or mini_batches"
-        )
+    if per_step.min() < cfg.dp * cfg.pp:
+        raise _too_few(len(lens), cfg, steps, f"a step holds {int(per_step.min())}")
     perm = rng.permutation(len(unit_step))  # each step's samples in a random order
     rows = perm[np.argsort(unit_step[perm], kind="stable")]
     bounds = np.concatenate(([0], np.cumsum(per_step)))
@@ -153,6 +147,17 @@ def plan_batch_arrays(
         sample_offsets=chosen.offsets,
         group=chosen.group,
         notes=chosen.notes,
+    )
+
+
+def _too_few(n: int, cfg: PlanConfig, steps: int, held: str | None) -> ConfigError:
+    """``n`` samples cannot give every rank ``pp`` micro-batches in each of ``steps`` steps."""
+    each = "a micro-batch" if cfg.pp == 1 else f"pp = {cfg.pp} micro-batches"
+    where = "" if steps == 1 else f" in each of {steps} steps"
+    lower = ("dp" if cfg.pp == 1 else "dp or pp") + ("" if steps == 1 else " or mini_batches")
+    return ConfigError(
+        f"{n} samples cannot give each of {cfg.dp} rank{'s' * (cfg.dp > 1)} {each}{where}"
+        f"{'' if held is None else f' ({held})'}; lower {lower}"
     )
 
 
