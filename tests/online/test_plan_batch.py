@@ -466,6 +466,47 @@ def test_absurd_counts_are_refused_before_anything_is_allocated(options, words) 
     assert peak < 1 << 20  # bytes: nothing sized by the count
 
 
+@pytest.mark.parametrize(
+    ("lengths", "options", "words"),
+    [
+        (
+            [2**31 - 1] * 4,
+            {"max_tokens": 8},
+            "cut 4 samples into 1,073,741,824 pieces of at most 8",
+        ),
+        ([2**31 - 1, 5], {"max_tokens": 2}, "cut 2 samples into 1,073,741,827 pieces"),
+        (
+            [2**25 + 4] * 2,
+            {"max_tokens": 5, "pad_multiple": 4},
+            "into 16,777,218 pieces of at most 4",
+        ),
+        (
+            [2**24 + 1, 3],
+            {"max_tokens": 1, "dp": 2, "pp": 2},
+            "into 16,777,220 pieces of at most 1 ",
+        ),
+    ],
+)
+def test_a_split_into_too_many_pieces_is_refused_from_its_count(lengths, options, words) -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError) as got:
+            plan_batch(lengths, **{"dp": 1, **options}, oversize="split")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert words in str(got.value) and "\n" not in str(got.value)
+    assert "more than the 16,777,216 a batch is planned with" in str(got.value)
+    assert peak < 1 << 20  # bytes: no piece made
+
+
+def test_a_split_at_the_bound_plans() -> None:
+    plan = plan_batch([2**20] * 4, dp=2, max_tokens=1024, oversize="split")
+    assert plan.piece_lengths is not None and len(plan.arrays.ids) == 4096
+
+
 #: (option, a value refused, the same value accepted): refused or accepted alike in any order
 _SAME_VALUE = [
     ("dp", 2.0, 2),
