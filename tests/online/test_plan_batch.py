@@ -3,7 +3,10 @@ determinism across processes, and one-line refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +18,7 @@ from hypothesis import strategies as st
 
 from varpack.errors import ConfigError, InputError, VarpackError
 from varpack.online import BatchPlan, plan_batch
+from varpack.plan.config import PlanConfig
 from varpack.plan.kernels.lanes import level_lanes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -377,10 +381,11 @@ def test_odd_lengths_are_one_line(lengths, words) -> None:
         ("groups", [[0, 1], [2]], "groups: a 1-D sequence"),
         ("groups", [0.0, 1.0, 1.0], "groups: integers, not floats"),
         ("groups", [0, 1], "one integer per sample (3), not 2"),
-        ("groups", 2.0, "groups: a 1-D sequence of integers"),
-        ("groups", True, "groups: a 1-D sequence of integers"),
+        ("groups", 2.0, "groups=2.0: give a group size (an integer >= 1) or a group number"),
+        ("groups", True, "groups=True: give a group size"),
+        ("groups", {0: 1}, "groups={0: 1}: give a group size"),
         ("groups", 0, "groups=0"),
-        ("groups", "ab", "groups: a 1-D sequence"),
+        ("groups", "ab", "groups='ab': give a group size"),
         ("groups", [True, False, True], "not bools"),
         ("loss_tokens", {"a": 1}, "loss_tokens: a 1-D sequence"),
         ("loss_tokens", [1, None, 2], "loss_tokens[1] = None"),
@@ -448,7 +453,7 @@ def test_group_numbers_of_any_integer_type_plan_alike() -> None:
         ({"seed": 2**64}, "seed=18446744073709551616: must be an integer in [0, "),
         ({"seed": -1}, "seed=-1"),
         ({"layers": 2**40, "cost": "flops", "hidden": 8, "kv_hidden": 8}, "layers=1099511627776"),
-        ({"groups": 2, "mini_batches": 33}, "(a step holds 0)"),
+        ({"groups": 2, "mini_batches": 33}, "(a step holds 0: each group goes whole to one step)"),
     ],
 )
 def test_absurd_counts_are_refused_before_anything_is_allocated(options, words) -> None:
@@ -505,6 +510,52 @@ def test_a_split_into_too_many_pieces_is_refused_from_its_count(lengths, options
 def test_a_split_at_the_bound_plans() -> None:
     plan = plan_batch([2**20] * 4, dp=2, max_tokens=1024, oversize="split")
     assert plan.piece_lengths is not None and len(plan.arrays.ids) == 4096
+
+
+_L = np.arange(10, 74)  # 64 samples of 10 to 73 tokens
+#: (lengths, options) plan_batch refuses: every kind of refusal it can reach
+_REFUSED = [
+    (_L, {"dp": 0}), (_L, {"dp": 2.5}), (_L, {"dp": "2"}), (_L, {"dp": None}),
+    (_L, {"max_tokens": 0}), (_L, {"max_tokens": 2**31}), (_L, {"mini_batches": 0}),
+    (_L, {"pad_multiple": 0}), (_L, {"pad_multiple": 200}), (_L, {"pp": 0}), (_L, {"seed": -1}),
+    (_L, {"max_shapes": 0}), (_L, {"hidden": 0, "cost": "flops"}), (_L, {"forward_only": "no"}),
+    (_L, {"cost": "time"}), (_L, {"cost": "flops"}), (_L, {"cost": "flops", "hidden": 8}),
+    (_L, {"hidden": 8}), (_L, {"kv_hidden": 8}), (_L, {"layers": 8}),
+    (_L, {"hidden": 8, "kv_hidden": 8, "layers": 8}), (_L, {"sync": "fsdp"}),
+    (_L, {"sync": ["micro"]}), (_L, {"layout": "ragged"}), (_L, {"oversize": "drop"}),
+    (_L, {"oversize": 3}), (_L, {"pp": 2, "sync": "micro"}), (_L, {"pp": 2, "layout": "padded"}),
+    (_L, {"max_shapes": 2, "layout": "padded"}), (_L, {"pp": 2, "oversize": "alone"}),
+    (_L, {"max_shapes": 2, "oversize": "alone"}), (_L, {"forward_only": True, "mini_batches": 2}),
+    (_L, {"dp": 2**20, "pp": 2**20, "max_tokens": 2**31 - 1}), (_L, {"dp": 65}),
+    (_L, {"dp": 17, "pp": 4}), (_L, {"dp": 2, "mini_batches": 33}), (_L, {"groups": 0}),
+    (_L, {"groups": 32, "mini_batches": 3}), (_L, {"groups": [1, 2]}), (_L, {"groups": 2.0}),
+    (_L, {"loss_tokens": [1] * 63}), (_L, {"loss_tokens": _L + 1}), (_L, {"max_tokens": 15}),
+    (_L, {"max_tokens": 40, "oversize": "error"}), (_L, {"max_tokens": 40, "pp": 2}),
+    (_L, {"max_tokens": 40, "max_shapes": 2}), (_L, {"max_tokens": 40, "layout": "padded", "oversize": "error"}),
+    (_L, {"max_tokens": 16, "oversize": "alone"}), (_L, {"max_tokens": 16, "pad_multiple": 8}),
+    ([2**31 - 1] * 2, {"max_tokens": 2, "oversize": "split"}), (np.full(64, 100), {"dp": 3}),
+    (np.full(64, 100), {"dp": 5, "pp": 2, "mini_batches": 2}), ([], {}), ([[1], [2, 3]], {}),
+    ([1.5], {}), ([0, 3], {}), ([2**40], {}), (None, {}),
+]  # fmt: skip
+#: every option of the planner that plan_batch does not take, as a message could name it
+_NOT_OURS = sorted(
+    {f.name for f in dataclasses.fields(PlanConfig)} - set(inspect.signature(plan_batch).parameters)
+)
+
+
+@pytest.mark.parametrize(("lengths", "options"), _REFUSED)
+def test_every_refusal_speaks_plan_batchs_words(lengths, options) -> None:
+    params = set(inspect.signature(plan_batch).parameters)
+    with pytest.raises(VarpackError) as got:
+        plan_batch(lengths, **{"dp": 1, "max_tokens": 100, **options})
+    msg = str(got.value)
+    assert "\n" not in msg and "--" not in msg, msg
+    assert set(re.findall(r"\b([a-z][a-z_]*)=", msg)) <= params, msg  # only its own names
+    for name in _NOT_OURS:  # grad_accum, model_preset, max_alone_tokens ... in either spelling
+        assert not re.search(rf"\b({name}|{name.replace('_', '-')})\b", msg), (name, msg)
+    assert not re.search(r"\w=(?=[\s,;)]|$)", msg), msg  # no name= without its value
+    for value in ("drop", "'time'", "fixed", "blocks", "curriculum", "sample_id"):  # refused
+        assert value not in msg or value in repr(options), (value, msg)
 
 
 #: (option, a value refused, the same value accepted): refused or accepted alike in any order

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -33,7 +32,13 @@ from typing import Any
 import numpy as np
 
 from varpack.errors import ConfigError, InputError
-from varpack.online.checks import batch_options, group_numbers, lengths_array, loss_counts
+from varpack.online.checks import (
+    api_words,
+    batch_options,
+    group_numbers,
+    lengths_array,
+    loss_counts,
+)
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.batch import batch_config, batch_figures, plan_batch_arrays
 
@@ -238,18 +243,10 @@ def plan_batch(
         cfg = batch_config(**o.config)
         arrays = plan_batch_arrays(lens, cfg, o.mini_batches, group)
     except (ConfigError, InputError) as err:
-        raise type(err)(_api_words(str(err))) from None
+        raise type(err)(api_words(str(err))) from None
     return BatchPlan(arrays, o.forward_only, loss)
 
 
 def _plain(value: Any) -> Any:
     """A NumPy scalar of a config as JSON takes it (for :meth:`BatchPlan.digest`)."""
     return value.item() if isinstance(value, np.generic) else str(value)
-
-
-def _api_words(message: str) -> str:
-    """A planner message in the API's words: ``--max-tokens 0`` is ``max_tokens=0`` here, and
-    a sample is named by its index."""
-    message = re.sub(r"--([a-z][a-z-]*) ", lambda m: m.group(1).replace("-", "_") + "=", message)
-    message = re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), message)
-    return message.replace("sample_id", "sample")

@@ -10,12 +10,14 @@ value accepted once is accepted in any order. The bounds are the planner's own
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
 from varpack.errors import ConfigError, InputError
+from varpack.plan.config import CHOICES as PLAN_CHOICES
 from varpack.plan.config import COUNT_MAX, INT32_MAX, PlanConfig
 
 #: option -> (least, most) an integer option may take: the planner's bounds of the same option
@@ -106,6 +108,12 @@ def batch_options(**given: Any) -> Options:
     (``sync``: ``step`` with ``pp > 1``; ``oversize``: ``error`` where shapes are fixed)."""
     o = checked_options(**given)
     pp, max_shapes, sync, oversize = o["pp"], o["max_shapes"], o["sync"], o["oversize"]
+    _check_model(o["cost"], {k: o[k] for k in ("hidden", "kv_hidden", "layers")})
+    if o["pad_multiple"] > o["max_tokens"]:
+        raise ConfigError(
+            f"pad_multiple={o['pad_multiple']} exceeds max_tokens={o['max_tokens']}: nothing "
+            "fits; lower pad_multiple or raise max_tokens"
+        )
     if o["forward_only"] and o["mini_batches"] != 1:
         raise ConfigError("forward_only plans one pass: leave mini_batches at 1")
     if sync is None:
@@ -140,6 +148,21 @@ def batch_options(**given: Any) -> Options:
     return Options(config, o["mini_batches"], o["forward_only"])
 
 
+def _check_model(cost: str, dims: dict[str, int | None]) -> None:
+    """The model's dimensions with ``cost="flops"``, and only there."""
+    given = [k for k, v in dims.items() if v is not None]
+    if cost != "flops" and given:
+        raise ConfigError(
+            f"{given[0]} is only used by cost='flops'; pass cost='flops' or leave {given[0]} out"
+        )
+    missing = [k for k, v in dims.items() if v is None]
+    if cost == "flops" and missing:
+        raise ConfigError(
+            "cost='flops' needs the model's hidden, kv_hidden (key/value heads x head dim) and "
+            f"layers (missing {', '.join(missing)})"
+        )
+
+
 def lengths_array(lengths: Any) -> np.ndarray:
     """``lengths`` as ``int64``: a non-empty 1-D sequence of integers in ``[1, MAX_LENGTH]``
     (NumPy, vectorised: a look at the dtype, a min and a max)."""
@@ -163,6 +186,11 @@ def group_numbers(groups: Any, n: int) -> np.ndarray | None:
         if groups < 1:
             raise ConfigError(f"groups={groups}: a group size must be >= 1")
         return np.arange(n, dtype=np.int64) // min(int(groups), n)
+    if not isinstance(groups, list | tuple) and np.ndim(groups) == 0:
+        raise ConfigError(
+            f"groups={shown(groups)}: give a group size (an integer >= 1) or a group number "
+            f"per sample ({n})"
+        )
     return per_sample(groups, n, "groups")
 
 
@@ -170,10 +198,7 @@ def per_sample(values: Any, n: int, name: str) -> np.ndarray | None:
     """One integer per sample as ``int64`` (``loss_tokens``: counts >= 0)."""
     if values is None:
         return None
-    what = f"one per sample ({n})"
-    if name == "groups":
-        what = f"a group number per sample ({n}), or a group size"
-    arr = _array(name, values, what)
+    arr = _array(name, values, f"one per sample ({n})")
     if arr.shape != (n,):
         raise InputError(f"{name}: one integer per sample ({n}), not {len(arr)} of them")
     arr = _integers(name, arr)
@@ -243,3 +268,23 @@ def _at_most(name: str, arr: np.ndarray, most: int, unit: str) -> None:
     top = int(np.argmax(arr))
     if arr[top] > most:
         raise InputError(f"{name}[{top}] = {int(arr[top])} is too large: at most {most:,} {unit}")
+
+
+#: ``--flag VALUE`` of a planner message: a flag, then a number, a quoted value or a choice
+_FLAG = re.compile(
+    r"--([a-z][a-z-]*)(?: (-?[0-9][0-9,.]*\b|'[^']*'|"
+    + "|".join(sorted({rf"{c}\b" for cs in PLAN_CHOICES.values() for c in cs}, key=len)[::-1])
+    + "))?"
+)
+
+
+def api_words(message: str) -> str:
+    """A planner message in the API's words, for what plan_batch cannot check before planning
+    (it checks all it can in its own words first): ``--max-tokens 0`` is ``max_tokens=0``,
+    ``--dp`` is ``dp``, a sample is named by its index."""
+
+    def flag(m: re.Match[str]) -> str:
+        name = m.group(1).replace("-", "_")
+        return name if m.group(2) is None else f"{name}={m.group(2)}"
+
+    return _FLAG.sub(flag, message).replace("sample_id", "sample")

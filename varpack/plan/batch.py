@@ -46,12 +46,13 @@ from varpack.plan.kernels.lanes import level_lanes
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete, oversize_mask, pack
 from varpack.plan.kernels.slots import move_micro, slot_order
-from varpack.plan.kernels.split import fit_len, unit_count
+from varpack.plan.kernels.split import alone_volume, fit_len, unit_count
 from varpack.plan.lr import step_totals
+from varpack.plan.oversize import ALONE_BOUND, alone_bound
 from varpack.plan.rules import capacity
 from varpack.plan.stages.batching.costed import step_fill
 from varpack.plan.stages.placement import assign
-from varpack.plan.stages.select import select
+from varpack.plan.stages.select import SHOW_IDS, select
 from varpack.plan.stages.shaping import shape
 from varpack.plan.sync import SYNC_MODELS, slotted
 
@@ -112,6 +113,8 @@ def plan_batch_arrays(
     units = unit_count(lens, cfg.split_len if cfg.oversize == "split" else None)
     if cfg.oversize == "split":
         _check_pieces(lens, cfg)
+    else:
+        _check_fit(lens, cfg)
     if units < cfg.dp * cfg.pp * steps:
         raise _too_few(len(lens), cfg, steps, f"{units} units" if units > len(lens) else None)
     chosen = select(np.arange(len(lens), dtype=np.int64), lens, cfg)
@@ -119,7 +122,10 @@ def plan_batch_arrays(
     unit_step = _unit_steps(chosen, steps, groups, rng)
     per_step = np.bincount(unit_step, minlength=steps)
     if per_step.min() < cfg.dp * cfg.pp:
-        raise _too_few(len(lens), cfg, steps, f"a step holds {int(per_step.min())}")
+        held = f"a step holds {int(per_step.min())}"
+        if groups is not None:
+            held += ": each group goes whole to one step"
+        raise _too_few(len(lens), cfg, steps, held)
     perm = rng.permutation(len(unit_step))  # each step's samples in a random order
     rows = perm[np.argsort(unit_step[perm], kind="stable")]
     bounds = np.concatenate(([0], np.cumsum(per_step)))
@@ -155,6 +161,33 @@ def plan_batch_arrays(
         sample_offsets=chosen.offsets,
         group=chosen.group,
         notes=chosen.notes,
+    )
+
+
+def _check_fit(lens: np.ndarray, cfg: PlanConfig) -> None:
+    """``oversize="error"``: every sample fits the budget alone; ``"alone"``: every lone one
+    within :func:`~varpack.plan.oversize.alone_bound` (said here in the API's words, before
+    :func:`~varpack.plan.stages.select.select` would say it in the command line's)."""
+    assert cfg.max_tokens is not None
+    over = np.flatnonzero(oversize_mask(lens, cfg.pack_rule()))
+    if cfg.oversize == "alone":
+        bound = alone_bound(cfg)
+        over = over[alone_volume(lens[over], cfg.pad_multiple) > bound]
+    if not len(over):
+        return
+    shown = ", ".join(f"{int(i)} ({int(lens[i]):,} tokens)" for i in over[:SHOW_IDS])
+    more = f" and {len(over) - SHOW_IDS} more" if len(over) > SHOW_IDS else ""
+    if cfg.oversize == "alone":
+        raise ConfigError(
+            f"oversize='alone': {len(over)} samples would make micro-batches above "
+            f"{ALONE_BOUND} x max_tokens={cfg.max_tokens} ({bound:,} tokens): sample {shown}"
+            f"{more}; pass oversize='split' (pieces of the budget) or raise max_tokens"
+        )
+    alone = cfg.pp == 1 and cfg.max_shapes is None  # else a lone sample needs its own shape
+    raise ConfigError(
+        f"{len(over)} samples do not fit max_tokens={cfg.max_tokens} even alone: sample "
+        f"{shown}{more}; raise max_tokens, or pass oversize='split' (pieces of the budget)"
+        + (" or oversize='alone' (a micro-batch of its own)" if alone else "")
     )
 
 
@@ -246,8 +279,9 @@ def _whole_steps(
                               lambda o, v: summarize(o, v, rule).cost, f"step {s}")  # fmt: skip
         except ConfigError:
             raise ConfigError(
-                f"step {s} holds {len(rows)} samples, too few for {cfg.dp} ranks x {cfg.grad_accum} "
-                "micro-batches (what the other steps need); lower dp or mini_batches, or raise "
+                f"step {s} holds {len(rows)} samples, too few for {cfg.dp} ranks x "
+                f"{cfg.grad_accum} micro-batches (the most a step's samples need, rounded up to "
+                "a multiple of pp; none may be empty); lower dp or mini_batches, or raise "
                 "max_tokens"
             ) from None
         streams.append(rows)
