@@ -558,6 +558,27 @@ def test_every_refusal_speaks_plan_batchs_words(lengths, options) -> None:
         assert value not in msg or value in repr(options), (value, msg)
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5", "two"])
+def test_a_bad_varpack_threads_is_refused_as_the_command_line_refuses_it(value, monkeypatch,
+                                                                         tmp_path) -> None:  # fmt: skip
+    from varpack.plan.kernels.compose_threads import default_threads
+
+    monkeypatch.setenv("VARPACK_THREADS", value)
+    with pytest.raises(ConfigError) as same:
+        default_threads()  # what every command reads first
+    with pytest.raises(ConfigError) as got:
+        plan_batch([3, 4], dp=1, max_tokens=10)
+    assert str(got.value) == str(same.value)
+    assert f"environment variable VARPACK_THREADS='{value}'" in str(got.value)
+    if value == "abc":  # the command line's line holds the same words
+        cli = subprocess.run([sys.executable, "-m", "varpack", "calibrate", str(tmp_path / "s.csv"),
+                              str(tmp_path / "c.json")], capture_output=True, text=True, cwd=ROOT,
+                             env={"PATH": "", "VARPACK_THREADS": value})  # fmt: skip
+        assert cli.returncode == 2 and str(got.value) in cli.stderr
+    monkeypatch.setenv("VARPACK_THREADS", "1")
+    assert plan_batch([3, 4], dp=1, max_tokens=10).num_steps == 1
+
+
 #: (option, a value refused, the same value accepted): refused or accepted alike in any order
 _SAME_VALUE = [
     ("dp", 2.0, 2),

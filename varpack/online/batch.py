@@ -41,6 +41,7 @@ from varpack.online.checks import (
 )
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.batch import batch_config, batch_figures, plan_batch_arrays
+from varpack.plan.kernels.compose_threads import default_threads
 
 Steps = list[list[list[np.ndarray]]]
 
@@ -231,6 +232,7 @@ def plan_batch(
     Raises:
         ConfigError, InputError: one line saying what is wrong and what to do.
     """
+    default_threads()  # a bad $VARPACK_THREADS is refused here as by every command
     o = batch_options(
         dp=dp, max_tokens=max_tokens, mini_batches=mini_batches, cost=cost, hidden=hidden,
         kv_hidden=kv_hidden, layers=layers, sync=sync, layout=layout, pad_multiple=pad_multiple,
