@@ -579,6 +579,28 @@ def test_a_bad_varpack_threads_is_refused_as_the_command_line_refuses_it(value, 
     assert plan_batch([3, 4], dp=1, max_tokens=10).num_steps == 1
 
 
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda p: p.pad_to(-1, 0), "step -1 is not one of the plan's 2 steps (0 to 1)"),
+        (lambda p: p.pad_to(2, 0), "step 2 is not one of the plan's 2 steps"),
+        (lambda p: p.pad_to(0, 2), "rank 2 is not one of the plan's dp = 2 ranks"),
+        (lambda p: p.pad_to(0, -1), "rank -1 is not"),
+        (lambda p: p.pad_to(0.5, 0), "step 0.5 is not"),
+        (lambda p: p.pad_to(0, True), "rank True is not"),
+        (lambda p: p.rank_steps(1.5), "rank 1.5 is not"),
+        (lambda p: p.rank_steps(-1), "rank -1 is not"),
+        (lambda p: p.rank_steps(np.int64(5)), "rank 5 is not"),
+    ],
+)
+def test_a_step_or_rank_outside_the_plan_is_one_line(call, words) -> None:
+    plan = plan_batch(np.arange(10, 74), dp=2, max_tokens=100, mini_batches=2)
+    with pytest.raises(ConfigError) as got:
+        call(plan)
+    assert words in str(got.value) and "\n" not in str(got.value)
+    assert plan.pad_to(np.int64(1), np.int32(1)).tolist() == plan.pad_to(1, 1).tolist()
+
+
 #: (option, a value refused, the same value accepted): refused or accepted alike in any order
 _SAME_VALUE = [
     ("dp", 2.0, 2),

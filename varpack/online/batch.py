@@ -38,6 +38,7 @@ from varpack.online.checks import (
     group_numbers,
     lengths_array,
     loss_counts,
+    shown,
 )
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.batch import batch_config, batch_figures, plan_batch_arrays
@@ -121,8 +122,7 @@ class BatchPlan:
 
     def rank_steps(self, rank: int) -> list[list[np.ndarray]]:
         """``[steps[k][rank] for k]``: what one rank runs, step by step."""
-        if not 0 <= rank < self.dp:
-            raise ConfigError(f"rank {rank} is not one of the plan's dp = {self.dp} ranks")
+        rank = self._index("rank", rank, self.dp)
         return [ranks[rank] for ranks in self.steps]
 
     def digest(self) -> str:
@@ -158,7 +158,21 @@ class BatchPlan:
     def pad_to(self, step: int, rank: int) -> np.ndarray:
         """The padded length of each of rank ``rank``'s micro-batches in step ``step`` (the
         packed total rounded up to ``pad_multiple``; in the padded layout, the row length)."""
-        return self.arrays.micro.pad_to[self._rows[step, rank]]  # type: ignore[no-any-return]
+        at = self._index("step", step, self.num_steps), self._index("rank", rank, self.dp)
+        return self.arrays.micro.pad_to[self._rows[at]]  # type: ignore[no-any-return]
+
+    def _index(self, name: str, value: Any, count: int) -> int:
+        """A step or rank of the plan (an integer in ``[0, count)``; no bool, no -1)."""
+        if (
+            isinstance(value, bool | np.bool_)
+            or not isinstance(value, int | np.integer)
+            or not 0 <= value < count
+        ):
+            what = f"dp = {count} ranks" if name == "rank" else f"{count} steps"
+            raise ConfigError(
+                f"{name} {shown(value)} is not one of the plan's {what} (0 to {count - 1})"
+            )
+        return int(value)
 
     @cached_property
     def _rows(self) -> np.ndarray:

@@ -46,7 +46,7 @@ _KINDS = {"f": "floats", "c": "complex numbers", "b": "bools", "U": "strings", "
 
 def shown(value: Any) -> str:
     """A value as a one-line message shows it: its ``repr``, or its type where that is long."""
-    text = repr(value)
+    text = repr(value.item() if isinstance(value, np.generic) else value)
     if "\n" in text or len(text) > 40:
         shape = getattr(value, "shape", None)
         return f"<{type(value).__name__}{'' if shape is None else f' of shape {shape}'}>"
