@@ -24,7 +24,7 @@ The contract (what every plan holds, and the property tests in ``tests/online/``
 from __future__ import annotations
 
 import hashlib
-import re
+import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -32,8 +32,17 @@ from typing import Any
 import numpy as np
 
 from varpack.errors import ConfigError, InputError
+from varpack.online.checks import (
+    api_words,
+    batch_options,
+    group_numbers,
+    lengths_array,
+    loss_counts,
+    shown,
+)
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.batch import batch_config, batch_figures, plan_batch_arrays
+from varpack.plan.kernels.compose_threads import default_threads
 
 Steps = list[list[list[np.ndarray]]]
 
@@ -113,17 +122,30 @@ class BatchPlan:
 
     def rank_steps(self, rank: int) -> list[list[np.ndarray]]:
         """``[steps[k][rank] for k]``: what one rank runs, step by step."""
-        if not 0 <= rank < self.dp:
-            raise ConfigError(f"rank {rank} is not one of the plan's dp = {self.dp} ranks")
+        rank = self._index("rank", rank, self.dp)
         return [ranks[rank] for ranks in self.steps]
 
     def digest(self) -> str:
-        """A sha256 of who runs what (hex): ranks that planned alike hold the same one, so one
-        small all-gather checks that no rank planned from other lengths or options."""
-        h = hashlib.sha256()
+        """A sha256 of the whole plan (hex): every resolved option, each unit's sample, length
+        and (split) first token, who runs what, each micro-batch's padded length and counts,
+        each step's totals and the ``loss_tokens``. Ranks that planned alike hold the same one;
+        any difference in lengths or options that reaches the plan changes it, so one small
+        all-gather checks that no rank planned from other lengths or options."""
         p = self.arrays
-        for part in (p.ids[p.stream], p.offsets, p.step, p.rank, p.micro_index):
-            h.update(np.ascontiguousarray(part, dtype=np.int64).tobytes() + b"|")
+        head = {"config": p.cfg.to_dict(), "forward_only": self.forward_only,
+                "steps": p.num_steps}  # fmt: skip
+        h = hashlib.sha256(json.dumps(head, sort_keys=True, default=_plain).encode())
+        parts = {
+            "ids": p.ids, "lens": p.lens, "stream": p.stream, "offsets": p.offsets,
+            "step": p.step, "rank": p.rank, "micro_index": p.micro_index,
+            "pad_to": p.micro.pad_to, "rows": p.micro.rows, "samples": p.micro.samples,
+            "tokens": p.micro.tokens, "step_tokens": p.step_tokens,
+            "step_samples": p.step_samples, "sample_offsets": p.sample_offsets,
+            "lengths": p.lengths, "pad_rows": p.pad_rows, "loss_tokens": self.loss_tokens,
+        }  # fmt: skip
+        for name, part in parts.items():
+            data = b"" if part is None else np.ascontiguousarray(part, np.int64).tobytes()
+            h.update(f"|{name}:{'-' if part is None else len(data)}|".encode() + data)
         return h.hexdigest()
 
     @cached_property
@@ -136,7 +158,21 @@ class BatchPlan:
     def pad_to(self, step: int, rank: int) -> np.ndarray:
         """The padded length of each of rank ``rank``'s micro-batches in step ``step`` (the
         packed total rounded up to ``pad_multiple``; in the padded layout, the row length)."""
-        return self.arrays.micro.pad_to[self._rows[step, rank]]  # type: ignore[no-any-return]
+        at = self._index("step", step, self.num_steps), self._index("rank", rank, self.dp)
+        return self.arrays.micro.pad_to[self._rows[at]]  # type: ignore[no-any-return]
+
+    def _index(self, name: str, value: Any, count: int) -> int:
+        """A step or rank of the plan (an integer in ``[0, count)``; no bool, no -1)."""
+        if (
+            isinstance(value, bool | np.bool_)
+            or not isinstance(value, int | np.integer)
+            or not 0 <= value < count
+        ):
+            what = f"dp = {count} ranks" if name == "rank" else f"{count} steps"
+            raise ConfigError(
+                f"{name} {shown(value)} is not one of the plan's {what} (0 to {count - 1})"
+            )
+        return int(value)
 
     @cached_property
     def _rows(self) -> np.ndarray:
@@ -168,14 +204,14 @@ def plan_batch(
     hidden: int | None = None,
     kv_hidden: int | None = None,
     layers: int | None = None,
-    sync: str = "micro",
+    sync: str | None = None,
     layout: str = "packed",
     pad_multiple: int = 1,
     pp: int = 1,
     seed: int = 0,
     forward_only: bool = False,
     groups: Any = None,
-    oversize: str = "alone",
+    oversize: str | None = None,
     loss_tokens: Any = None,
     max_shapes: int | None = None,
 ) -> BatchPlan:
@@ -189,16 +225,19 @@ def plan_batch(
         cost: ``tokens``, ``padded`` or ``flops`` (with ``hidden``, ``kv_hidden``, ``layers``):
             what ranks are balanced by.
         sync: ``micro`` (ranks meet at every micro-batch: FSDP, ZeRO-3) or ``step`` (once per
-            step: DDP with ``no_sync``; the one with ``pp > 1``).
+            step: DDP with ``no_sync``, pipelines). Default ``micro``, ``step`` with ``pp > 1``
+            (where ``micro`` is refused).
         layout: ``packed`` (one row per micro-batch, ``cu_seqlens``) or ``padded`` (B x T).
         pad_multiple: the packed total (packed) or the row length (padded) rounded up to it.
-        pp: pipeline stages; the micro-batches per step are a multiple of it.
+        pp: pipeline stages; the micro-batches per rank and step are a multiple of it.
         seed: the draw of the steps and of each step's order.
         forward_only: plan an inference pass (one pass, no optimizer steps).
         groups: samples kept in one step: a group number per sample, or an int ``g`` for runs
             of ``g`` consecutive samples (GRPO: the responses of one prompt).
         oversize: a sample longer than ``max_tokens``: ``alone`` (a micro-batch of its own, up
-            to 4 budgets), ``split`` (pieces of the budget) or ``error``.
+            to 4 budgets), ``split`` (pieces of the budget) or ``error``. Default ``alone``;
+            ``error`` with ``pp > 1`` or ``max_shapes`` (where a lone sample would need a shape
+            of its own, and ``alone`` is refused).
         loss_tokens: tokens of each sample the loss counts (say, its response); their sum per
             step is ``plan.step_loss_tokens``.
         max_shapes: at most this many padded lengths over the whole plan (packed layout: each
@@ -207,78 +246,23 @@ def plan_batch(
     Raises:
         ConfigError, InputError: one line saying what is wrong and what to do.
     """
-    lens = _lengths(lengths)
-    if (
-        isinstance(mini_batches, bool)
-        or not isinstance(mini_batches, int | np.integer)
-        or mini_batches < 1
-    ):
-        raise ConfigError(f"mini_batches={mini_batches!r}: must be an integer >= 1")
-    if forward_only and mini_batches != 1:
-        raise ConfigError("forward_only plans one pass: leave mini_batches at 1")
-    if sync not in ("micro", "step"):
-        raise ConfigError(f"sync={sync!r}: choose micro or step")
-    if layout == "padded" and (pp > 1 or max_shapes is not None):
-        what = "pp > 1" if pp > 1 else "max_shapes"
-        raise ConfigError(f"{what} needs layout='packed' here (the padded layout is cut sorted)")
-    if forward_only and pp == 1:
-        sync = "micro"  # an inference pass: every slot balanced, whatever the trainer waits on
-    options = dict(
-        dp=dp, max_tokens=max_tokens, cost=cost, hidden=hidden, kv_hidden=kv_hidden,
-        layers=layers, sync=sync, layout=layout, pad_multiple=pad_multiple, pp=pp, seed=seed,
-        oversize=oversize, max_shapes=max_shapes,
+    default_threads()  # a bad $VARPACK_THREADS is refused here as by every command
+    o = batch_options(
+        dp=dp, max_tokens=max_tokens, mini_batches=mini_batches, cost=cost, hidden=hidden,
+        kv_hidden=kv_hidden, layers=layers, sync=sync, layout=layout, pad_multiple=pad_multiple,
+        pp=pp, seed=seed, forward_only=forward_only, oversize=oversize, max_shapes=max_shapes,
     )  # fmt: skip
-    if oversize not in ("alone", "split", "error"):
-        raise ConfigError(f"oversize={oversize!r}: choose alone, split or error")
+    lens = lengths_array(lengths)
+    group = group_numbers(groups, len(lens))
+    loss = loss_counts(loss_tokens, lens)
     try:
-        cfg = batch_config(**options)
-        arrays = plan_batch_arrays(lens, cfg, int(mini_batches), _groups(groups, len(lens)))
+        cfg = batch_config(**o.config)
+        arrays = plan_batch_arrays(lens, cfg, o.mini_batches, group)
     except (ConfigError, InputError) as err:
-        raise type(err)(_api_words(str(err))) from None
-    except TypeError:  # an unhashable option value
-        raise ConfigError("plan_batch: options must be plain numbers and strings") from None
-    return BatchPlan(arrays, forward_only, _per_sample(loss_tokens, len(lens), "loss_tokens"))
+        raise type(err)(api_words(str(err))) from None
+    return BatchPlan(arrays, o.forward_only, loss)
 
 
-def _lengths(lengths: Any) -> np.ndarray:
-    lens = np.asarray(lengths)
-    if lens.ndim != 1 or len(lens) == 0:
-        raise InputError(f"lengths: a non-empty 1-D sequence of integers, not shape {lens.shape}")
-    if not np.issubdtype(lens.dtype, np.integer):
-        raise InputError(f"lengths: integers of tokens per sample, not {lens.dtype}")
-    bad = np.flatnonzero(lens <= 0)
-    if len(bad):
-        raise InputError(f"lengths[{int(bad[0])}] = {int(lens[bad[0]])}: every length must be > 0")
-    return lens.astype(np.int64, copy=False)
-
-
-def _groups(groups: Any, n: int) -> np.ndarray | None:
-    """A group number per sample (``None``: every sample on its own)."""
-    if groups is None:
-        return None
-    if isinstance(groups, int | np.integer) and not isinstance(groups, bool):
-        if groups < 1:
-            raise ConfigError(f"groups={groups}: a group size must be >= 1")
-        return np.arange(n, dtype=np.int64) // int(groups)
-    return _per_sample(groups, n, "groups")
-
-
-def _per_sample(values: Any, n: int, name: str) -> np.ndarray | None:
-    if values is None:
-        return None
-    arr = np.asarray(values)
-    if arr.shape != (n,) or not np.issubdtype(arr.dtype, np.integer):
-        raise InputError(
-            f"{name}: one integer per sample ({n}), not {arr.dtype} of shape {arr.shape}"
-        )
-    if name == "loss_tokens" and (arr < 0).any():
-        raise InputError(f"loss_tokens[{int(np.argmax(arr < 0))}] is negative; counts are >= 0")
-    return arr.astype(np.int64, copy=False)
-
-
-def _api_words(message: str) -> str:
-    """A planner message in the API's words: ``--max-tokens 0`` is ``max_tokens=0`` here, and
-    a sample is named by its index."""
-    message = re.sub(r"--([a-z][a-z-]*) ", lambda m: m.group(1).replace("-", "_") + "=", message)
-    message = re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), message)
-    return message.replace("sample_id", "sample")
+def _plain(value: Any) -> Any:
+    """A NumPy scalar of a config as JSON takes it (for :meth:`BatchPlan.digest`)."""
+    return value.item() if isinstance(value, np.generic) else str(value)

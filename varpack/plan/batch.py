@@ -46,12 +46,13 @@ from varpack.plan.kernels.lanes import level_lanes
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete, oversize_mask, pack
 from varpack.plan.kernels.slots import move_micro, slot_order
-from varpack.plan.kernels.split import fit_len
+from varpack.plan.kernels.split import alone_volume, fit_len, unit_count
 from varpack.plan.lr import step_totals
+from varpack.plan.oversize import ALONE_BOUND, alone_bound
 from varpack.plan.rules import capacity
 from varpack.plan.stages.batching.costed import step_fill
 from varpack.plan.stages.placement import assign
-from varpack.plan.stages.select import select
+from varpack.plan.stages.select import SHOW_IDS, select
 from varpack.plan.stages.shaping import shape
 from varpack.plan.sync import SYNC_MODELS, slotted
 
@@ -64,14 +65,21 @@ WINDOW_SLOTS = 128
 #: Steps are composed from this share of the tokens sorted packing puts in a slot (as offline:
 #: the composer then needs a few more slots rarely, fewer never)
 STEP_SHARE = 0.98
+#: Most pieces ``oversize="split"`` may cut a batch's samples into. A batch is planned in memory
+#: at about 230 bytes and 0.6 us of CPU a unit (1 M pieces: 226 MB traced, 0.6 s), so 16.8 M
+#: pieces take about 4 GB and 10 s: beyond any rollout batch, and a budget far below the
+#: samples' lengths (1e9 pieces raised MemoryError before this bound). Whole samples are not
+#: bounded here: the caller holds them already.
+MAX_PIECES = 1 << 24
 _STREAM = 0x6F6E6C696E65  # the batch planner's random stream, apart from the offline orders'
 
 
 @lru_cache(maxsize=256)
 def batch_config(**options: Any) -> PlanConfig:
     """The resolved config of a batch (cached: an RL loop plans with the same options each
-    iteration, and resolving checks every option)."""
-    return PlanConfig(order="shuffle", **options).resolved()
+    iteration, and resolving checks every option). The micro-batches per rank and step are
+    chosen per batch, a multiple of ``pp``: ``pp`` stands for them while resolving."""
+    return PlanConfig(order="shuffle", grad_accum=options.get("pp", 1), **options).resolved()
 
 
 def deal_steps(unit_cost: np.ndarray, steps: int, rng: np.random.Generator) -> np.ndarray:
@@ -101,15 +109,23 @@ def plan_batch_arrays(
     ``ids`` holding each planned unit's index into ``lens``. ``cfg``: resolved, shuffled order;
     its ``grad_accum`` is replaced by the micro-batches per rank the batch needs. ``groups``:
     a group number per sample; a group's samples go to one step."""
+    # Every step needs dp x pp units at least: refused before anything is allocated per step.
+    units = unit_count(lens, cfg.split_len if cfg.oversize == "split" else None)
+    if cfg.oversize == "split":
+        _check_pieces(lens, cfg)
+    else:
+        _check_fit(lens, cfg)
+    if units < cfg.dp * cfg.pp * steps:
+        raise _too_few(len(lens), cfg, steps, f"{units} units" if units > len(lens) else None)
     chosen = select(np.arange(len(lens), dtype=np.int64), lens, cfg)
     rng = np.random.default_rng([cfg.seed, _STREAM])
     unit_step = _unit_steps(chosen, steps, groups, rng)
     per_step = np.bincount(unit_step, minlength=steps)
-    if per_step.min() < cfg.dp:
-        raise ConfigError(
-            f"{len(lens)} samples cannot give each of {cfg.dp} ranks a micro-batch in each of "
-            f"{steps} steps (a step holds {int(per_step.min())}); lower dp or mini_batches"
-        )
+    if per_step.min() < cfg.dp * cfg.pp:
+        held = f"a step holds {int(per_step.min())}"
+        if groups is not None:
+            held += ": each group goes whole to one step"
+        raise _too_few(len(lens), cfg, steps, held)
     perm = rng.permutation(len(unit_step))  # each step's samples in a random order
     rows = perm[np.argsort(unit_step[perm], kind="stable")]
     bounds = np.concatenate(([0], np.cumsum(per_step)))
@@ -145,6 +161,59 @@ def plan_batch_arrays(
         sample_offsets=chosen.offsets,
         group=chosen.group,
         notes=chosen.notes,
+    )
+
+
+def _check_fit(lens: np.ndarray, cfg: PlanConfig) -> None:
+    """``oversize="error"``: every sample fits the budget alone; ``"alone"``: every lone one
+    within :func:`~varpack.plan.oversize.alone_bound` (said here in the API's words, before
+    :func:`~varpack.plan.stages.select.select` would say it in the command line's)."""
+    assert cfg.max_tokens is not None
+    over = np.flatnonzero(oversize_mask(lens, cfg.pack_rule()))
+    if cfg.oversize == "alone":
+        bound = alone_bound(cfg)
+        over = over[alone_volume(lens[over], cfg.pad_multiple) > bound]
+    if not len(over):
+        return
+    shown = ", ".join(f"{int(i)} ({int(lens[i]):,} tokens)" for i in over[:SHOW_IDS])
+    more = f" and {len(over) - SHOW_IDS} more" if len(over) > SHOW_IDS else ""
+    if cfg.oversize == "alone":
+        raise ConfigError(
+            f"oversize='alone': {len(over)} samples would make micro-batches above "
+            f"{ALONE_BOUND} x max_tokens={cfg.max_tokens} ({bound:,} tokens): sample {shown}"
+            f"{more}; pass oversize='split' (pieces of the budget) or raise max_tokens"
+        )
+    alone = cfg.pp == 1 and cfg.max_shapes is None  # else a lone sample needs its own shape
+    raise ConfigError(
+        f"{len(over)} samples do not fit max_tokens={cfg.max_tokens} even alone: sample "
+        f"{shown}{more}; raise max_tokens, or pass oversize='split' (pieces of the budget)"
+        + (" or oversize='alone' (a micro-batch of its own)" if alone else "")
+    )
+
+
+def _check_pieces(lens: np.ndarray, cfg: PlanConfig) -> None:
+    """Refuse a split into more than :data:`MAX_PIECES` pieces, from its exact count (a sum
+    of ``ceil(length / split length)`` over the long samples), before any piece exists."""
+    assert cfg.split_len is not None
+    long = lens[lens > cfg.split_len]
+    pieces = int((-(-long // cfg.split_len)).sum())
+    if pieces > MAX_PIECES:
+        raise ConfigError(
+            f"oversize='split' would cut {len(long):,} samples into {pieces:,} pieces of at most "
+            f"{cfg.split_len:,} token{'s' * (cfg.split_len > 1)} (max_tokens={cfg.max_tokens}), more than the "
+            f"{MAX_PIECES:,} a batch is planned with (about 4 GB); raise max_tokens, or shorten "
+            "or leave out the longest samples"
+        )
+
+
+def _too_few(n: int, cfg: PlanConfig, steps: int, held: str | None) -> ConfigError:
+    """``n`` samples cannot give every rank ``pp`` micro-batches in each of ``steps`` steps."""
+    each = "a micro-batch" if cfg.pp == 1 else f"pp = {cfg.pp} micro-batches"
+    where = "" if steps == 1 else f" in each of {steps} steps"
+    lower = ("dp" if cfg.pp == 1 else "dp or pp") + ("" if steps == 1 else " or mini_batches")
+    return ConfigError(
+        f"{n} samples cannot give each of {cfg.dp} rank{'s' * (cfg.dp > 1)} {each}{where}"
+        f"{'' if held is None else f' ({held})'}; lower {lower}"
     )
 
 
@@ -210,8 +279,9 @@ def _whole_steps(
                               lambda o, v: summarize(o, v, rule).cost, f"step {s}")  # fmt: skip
         except ConfigError:
             raise ConfigError(
-                f"step {s} holds {len(rows)} samples, too few for {cfg.dp} ranks x {cfg.grad_accum} "
-                "micro-batches (what the other steps need); lower dp or mini_batches, or raise "
+                f"step {s} holds {len(rows)} samples, too few for {cfg.dp} ranks x "
+                f"{cfg.grad_accum} micro-batches (the most a step's samples need, rounded up to "
+                "a multiple of pp; none may be empty); lower dp or mini_batches, or raise "
                 "max_tokens"
             ) from None
         streams.append(rows)
