@@ -35,6 +35,7 @@ from varpack.errors import InputError
 from varpack.online import BatchPlan
 from varpack.torch.batch import IGNORE_INDEX, PackedBatch, PaddedBatch
 from varpack.torch.collate import pack_packed, pack_padded
+from varpack.torch.rollout_input import batch_tensor, entry_kind
 
 
 @dataclass
@@ -103,8 +104,8 @@ class Rollout:
     def _from_padded(self, data: Mapping[str, Any], mask: str) -> None:
         if "input_ids" not in data or mask not in data:
             raise InputError(f"a rollout dict needs input_ids and {mask} ([batch, length] tensors)")
-        ids, valid = data["input_ids"], data[mask]
-        if ids.dim() != 2 or valid.shape != ids.shape:
+        ids, valid = batch_tensor("input_ids", data["input_ids"]), batch_tensor(mask, data[mask])
+        if valid.shape != ids.shape:
             raise InputError(f"input_ids {tuple(ids.shape)} and {mask} {tuple(valid.shape)}: "
                              "two [batch, length] tensors of one shape")  # fmt: skip
         b, t = ids.shape
@@ -118,15 +119,13 @@ class Rollout:
         for name, value in data.items():
             if name == mask:
                 continue
-            if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == b:
+            if entry_kind(name, value, b) == "token":
                 w = value.shape[1]
                 if w > t:
                     raise InputError(f"{name} {tuple(value.shape)} is wider than input_ids ({t})")
                 self._per_token[name] = self._flatten(value, w)
-            elif len(value) == b:
-                self._per_sample[name] = value
             else:
-                raise InputError(f"{name}: {len(value)} entries for a batch of {b} samples")
+                self._per_sample[name] = value
 
     def _flatten(self, value: torch.Tensor, width: int) -> torch.Tensor:
         """A per-token field's value at every real token (0 left of its last ``width`` columns)."""

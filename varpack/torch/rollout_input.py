@@ -1,0 +1,64 @@
+"""A rollout batch's entries read and checked for :class:`~varpack.torch.rollout.Rollout`.
+
+Each entry of the dict is a tensor or a sequence, and which one decides what it holds:
+
+* a tensor ``[B, T, ...]`` (``T``: the width of ``input_ids``) or ``[B, W, ...]`` with ``W < T``:
+  one value per token (``"token"``);
+* a tensor ``[B]``, or a list, tuple or NumPy array of ``B`` entries: one value per sample
+  (``"sample"``).
+
+Anything else (a number, ``None``, a 0-d tensor, a string, a tensor of another batch size) is one
+:class:`~varpack.errors.InputError` naming the entry.
+
+Imports: torch, NumPy, :mod:`varpack.errors`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from varpack.errors import InputError
+
+
+def _what(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, np.ndarray):
+        return f"a NumPy array of shape {value.shape}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def _sequence(value: Any) -> bool:
+    """A list, a tuple, a 1-D tensor, or a NumPy array of at least one dimension."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 1
+    return isinstance(value, list | tuple) or (isinstance(value, np.ndarray) and value.ndim >= 1)
+
+
+def entry_kind(name: str, value: Any, b: int) -> str:
+    """``"token"`` or ``"sample"`` (see the module doc) for the entry ``name`` of a batch of
+    ``b`` samples; one line for anything else."""
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == b:
+        return "token"
+    if _sequence(value):
+        if len(value) == b:
+            return "sample"
+        raise InputError(f"{name}: {len(value)} entries for a batch of {b} samples")
+    raise InputError(
+        f"{name}: {_what(value)} for a batch of {b} samples; give a tensor [{b}, T] or "
+        f"[{b}, W] (one value per token), or a tensor [{b}], a list or a NumPy array of {b} "
+        "entries (one per sample)"
+    )
+
+
+def batch_tensor(name: str, value: Any) -> torch.Tensor:
+    """``input_ids`` or the attention mask: a ``[batch, length]`` tensor, else one line."""
+    if not isinstance(value, torch.Tensor) or value.dim() != 2:
+        raise InputError(f"{name}: a [batch, length] tensor, not {_what(value)}")
+    return value
+
+
+__all__ = ["batch_tensor", "entry_kind"]
