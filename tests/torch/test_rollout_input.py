@@ -71,3 +71,50 @@ def test_per_sample_entries_of_every_kind_are_carried() -> None:
     assert mb.carry["score"].tolist() == [data["score"][i].item() for i in order]
     assert [t.tolist() for t in mb.carry["tags"]] == [data["tags"][i].tolist() for i in order]
     assert mb.carry["pair"] == [data["pair"][i] for i in order]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bool])
+def test_token_ids_of_a_float_or_boolean_dtype_are_refused(dtype: torch.dtype) -> None:
+    data = small()
+    ids = data["input_ids"].to(dtype)
+    if dtype.is_floating_point:
+        ids = ids + 0.5  # fractions: cut to other ids before
+    with pytest.raises(InputError, match=f"^input_ids: {dtype}, but it holds token ids"):
+        Rollout({**data, "input_ids": ids})
+    with pytest.raises(InputError, match=rf"^rollout\[1\]: {dtype}, but it holds token ids"):
+        Rollout([torch.arange(1, 4), ids[1], ids[0]])  # the list form too
+    for name, width in (("responses", 2), ("position_ids", 5), ("prompts", 3)):
+        with pytest.raises(InputError, match=f"^{name}: {dtype}, but it holds token ids"):
+            Rollout({**data, name: torch.ones(2, width, dtype=dtype)})
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8])
+def test_token_ids_of_any_integer_dtype_are_taken(dtype: torch.dtype) -> None:
+    data = small()
+    roll = Rollout({**data, "input_ids": data["input_ids"].to(dtype)})
+    assert roll.lengths.tolist() == [4, 4]
+    assert Rollout([t.to(dtype) for t in data["input_ids"]]).lengths.tolist() == [5, 5]
+
+
+@pytest.mark.parametrize("name", ["attention_mask", "response_mask"])
+def test_a_mask_is_boolean_or_zeros_and_ones(name: str) -> None:
+    data = small()
+    data["response_mask"] = data["attention_mask"][:, 3:].clone()
+    for ok in (data[name].bool(), data[name].to(torch.int32), data[name].to(torch.uint8)):
+        Rollout({**data, name: ok})
+    twos = data[name] * 2  # the first 2 in row order: row 0's first real token
+    first = int(data[name][0].argmax())
+    with pytest.raises(InputError, match=rf"^{name}\[0, {first}\] = 2: a mask holds 0 or 1"):
+        Rollout({**data, name: twos})
+    negative = data[name].clone()
+    negative[1, -1] = -1
+    with pytest.raises(InputError, match=rf"^{name}\[1, {negative.shape[1] - 1}\] = -1: a mask"):
+        Rollout({**data, name: negative})
+    for dtype in (torch.float32, torch.bfloat16):
+        with pytest.raises(InputError, match=f"^{name}: {dtype}, but a mask is boolean"):
+            Rollout({**data, name: data[name].to(dtype)})
+
+
+def test_other_per_token_entries_keep_any_dtype() -> None:
+    data = {**small(), "old_log_probs": -torch.rand(2, 2), "values": torch.rand(2, 5).half()}
+    Rollout(data)

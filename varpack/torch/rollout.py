@@ -35,7 +35,16 @@ from varpack.errors import InputError
 from varpack.online import BatchPlan
 from varpack.torch.batch import IGNORE_INDEX, PackedBatch, PaddedBatch
 from varpack.torch.collate import pack_packed, pack_padded
-from varpack.torch.rollout_input import batch_tensor, entry_kind
+from varpack.torch.rollout_input import (
+    INTEGER,
+    batch_tensor,
+    check_integers,
+    check_mask,
+    entry_kind,
+)
+
+#: the response mask, a 0/1 entry of the response part (verl's name)
+RESPONSE_MASK = "response_mask"
 
 
 @dataclass
@@ -95,6 +104,9 @@ class Rollout:
     def _from_list(self, seqs: Sequence[torch.Tensor]) -> None:
         if not len(seqs) or any(not isinstance(t, torch.Tensor) or t.dim() != 1 for t in seqs):
             raise InputError("a rollout list holds 1-D token tensors, at least one")
+        for dtype in {t.dtype for t in seqs}:  # the first of each dtype, should it be refused
+            i = next(i for i, t in enumerate(seqs) if t.dtype == dtype)
+            check_integers(f"rollout[{i}]", seqs[i])
         self.lengths = np.array([len(t) for t in seqs], dtype=np.int64)
         self.width = int(self.lengths.max())
         self._per_token["input_ids"] = torch.cat(list(seqs)).long()
@@ -108,6 +120,8 @@ class Rollout:
         if valid.shape != ids.shape:
             raise InputError(f"input_ids {tuple(ids.shape)} and {mask} {tuple(valid.shape)}: "
                              "two [batch, length] tensors of one shape")  # fmt: skip
+        check_integers("input_ids", ids)
+        check_mask(mask, valid)
         b, t = ids.shape
         keep = valid.bool()
         self.lengths = keep.sum(dim=1).numpy().astype(np.int64)
@@ -120,6 +134,10 @@ class Rollout:
             if name == mask:
                 continue
             if entry_kind(name, value, b) == "token":
+                if name in INTEGER:
+                    check_integers(name, value)
+                elif name == RESPONSE_MASK:
+                    check_mask(name, value)
                 w = value.shape[1]
                 if w > t:
                     raise InputError(f"{name} {tuple(value.shape)} is wider than input_ids ({t})")

@@ -8,7 +8,10 @@ Each entry of the dict is a tensor or a sequence, and which one decides what it 
   (``"sample"``).
 
 Anything else (a number, ``None``, a 0-d tensor, a string, a tensor of another batch size) is one
-:class:`~varpack.errors.InputError` naming the entry.
+:class:`~varpack.errors.InputError` naming the entry. So are values no entry of that name holds:
+token ids and positions (:data:`INTEGER`) of a float or boolean dtype (a float id would be cut to
+another id), and masks (the attention mask, the response mask) that are neither boolean nor
+integers 0 and 1.
 
 Imports: torch, NumPy, :mod:`varpack.errors`.
 """
@@ -21,6 +24,39 @@ import numpy as np
 import torch
 
 from varpack.errors import InputError
+
+#: entries that hold token ids or positions, integers
+INTEGER = ("input_ids", "responses", "prompts", "position_ids")
+
+
+def _integer(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+def check_integers(name: str, value: torch.Tensor) -> None:
+    """Token ids or positions: an integer dtype, else one line."""
+    if not _integer(value.dtype):
+        raise InputError(
+            f"{name}: {value.dtype}, but it holds token ids or positions, integers (a "
+            f"fraction would be cut to another id): give an integer tensor ({name}.long())"
+        )
+
+
+def check_mask(name: str, value: torch.Tensor) -> None:
+    """A mask: boolean, or integers that are 0 or 1, else one line naming the first entry."""
+    if value.dtype == torch.bool:
+        return
+    if not _integer(value.dtype):
+        raise InputError(
+            f"{name}: {value.dtype}, but a mask is boolean or integers 0 and 1: give "
+            f"{name}.bool() (or .long()) of a mask that holds only 0 and 1"
+        )
+    bad = (value != 0) & (value != 1)
+    if bool(bad.any()):
+        at = tuple(int(i) for i in bad.nonzero()[0])
+        raise InputError(
+            f"{name}{list(at)} = {int(value[at])}: a mask holds 0 or 1 (1 on the tokens it marks)"
+        )
 
 
 def _what(value: Any) -> str:
@@ -61,4 +97,4 @@ def batch_tensor(name: str, value: Any) -> torch.Tensor:
     return value
 
 
-__all__ = ["batch_tensor", "entry_kind"]
+__all__ = ["INTEGER", "batch_tensor", "check_integers", "check_mask", "entry_kind"]
