@@ -3,6 +3,7 @@ masks of integer values; anything else one ``VarpackError`` line naming the entr
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ pytest.importorskip("torch")
 
 import torch  # noqa: E402
 
-from varpack.errors import InputError  # noqa: E402
+from varpack.errors import ConfigError, InputError  # noqa: E402
 from varpack.online import plan_batch  # noqa: E402
 from varpack.torch.rollout import Rollout  # noqa: E402
 
@@ -118,3 +119,46 @@ def test_a_mask_is_boolean_or_zeros_and_ones(name: str) -> None:
 def test_other_per_token_entries_keep_any_dtype() -> None:
     data = {**small(), "old_log_probs": -torch.rand(2, 2), "values": torch.rand(2, 5).half()}
     Rollout(data)
+
+
+def test_loss_tokens_of_an_entry_that_is_no_mask_is_one_line() -> None:
+    data = {**small(), "response_mask": torch.tensor([[1, 1], [1, 0]]),
+            "old_log_probs": -torch.rand(2, 2), "responses": torch.tensor([[7, 8], [6, 0]])}  # fmt: skip
+    roll = Rollout(data)
+    assert roll.loss_tokens().tolist() == [2, 1]
+    with pytest.raises(InputError, match=r"^loss_tokens\('missing'\): this rollout has no "
+                       "per-token entry 'missing'; it has input_ids, old_log_probs, "
+                       "response_mask, responses$"):  # fmt: skip
+        roll.loss_tokens("missing")
+    with pytest.raises(InputError, match=r"^loss_tokens\('old_log_probs'\): old_log_probs is no "
+                       r"0/1 mask \(torch.float32\); count a mask such as response_mask$"):  # fmt: skip
+        roll.loss_tokens("old_log_probs")
+    # responses: token ids; row 0's response starts at column 3 (its prompt is columns 1-2)
+    with pytest.raises(InputError, match=r"^loss_tokens\('responses'\): responses is no 0/1 mask "
+                       r"\(row 0, column 3 holds 7\)"):  # fmt: skip
+        roll.loss_tokens("responses")
+    with pytest.raises(InputError, match="no per-token entry 'response_mask'; it has input_ids$"):
+        Rollout([torch.arange(1, 4)]).loss_tokens()  # the list form holds token ids only
+
+
+@pytest.mark.parametrize(
+    ("rank", "step", "said"),
+    [
+        (0, 2, "step=2 is not one of the plan's steps 0..1"),
+        (0, -1, "step=-1 is not one of the plan's steps 0..1"),  # no counting from the end
+        (0, 1.0, "step=1.0 is not one of the plan's steps 0..1"),
+        (0, True, "step=True is not one of the plan's steps 0..1"),
+        (0, None, "step=None is not one of the plan's steps 0..1"),
+        (2, 0, "rank=2 is not one of the plan's dp=2 ranks 0..1"),
+        (-1, 0, "rank=-1 is not one of the plan's dp=2 ranks 0..1"),
+        ("0", 0, "rank='0' is not one of the plan's dp=2 ranks 0..1"),
+    ],
+)
+def test_a_step_or_rank_outside_the_plan_is_one_line(rank: Any, step: Any, said: str) -> None:
+    roll = Rollout([torch.arange(1, n + 1) for n in (5, 3, 8, 2, 6, 4, 7, 3)])
+    plan = plan_batch(roll.lengths, dp=2, max_tokens=16, mini_batches=2)
+    assert plan.num_steps == 2
+    with pytest.raises(ConfigError, match=f"^{re.escape(said)}$"):
+        roll.micro_batches(plan, rank, step)
+    for s in (0, np.int64(1)):  # NumPy integers are steps too
+        assert len(roll.micro_batches(plan, np.int32(1), s)) == plan.micro_per_step

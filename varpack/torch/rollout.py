@@ -41,6 +41,7 @@ from varpack.torch.rollout_input import (
     check_integers,
     check_mask,
     entry_kind,
+    plan_index,
 )
 
 #: the response mask, a 0/1 entry of the response part (verl's name)
@@ -155,7 +156,24 @@ class Rollout:
 
     def loss_tokens(self, key: str = "response_mask") -> np.ndarray:
         """Tokens of each sample a per-token 0/1 field counts (``plan_batch(loss_tokens=...)``)."""
+        if key not in self._per_token:
+            held = ", ".join(sorted(self._per_token))
+            raise InputError(f"loss_tokens({key!r}): this rollout has no per-token entry "
+                             f"{key!r}; it has {held}")  # fmt: skip
         flat = self._per_token[key]
+        why = f"{tuple(flat.shape[1:])} values a token" if flat.dim() != 1 else None
+        if why is None and (flat.dtype.is_floating_point or flat.dtype.is_complex):
+            why = str(flat.dtype)
+        if why is None and flat.dtype != torch.bool:
+            bad = torch.nonzero((flat != 0) & (flat != 1))
+            if len(bad):
+                k = int(bad[0, 0])
+                why = (
+                    f"row {int(self._rows[k])}, column {int(self._cols[k])} holds {flat[k].item()}"
+                )
+        if why is not None:
+            raise InputError(f"loss_tokens({key!r}): {key} is no 0/1 mask ({why}); count a "
+                             f"mask such as {RESPONSE_MASK}")  # fmt: skip
         return np.bincount(
             self._rows.numpy(), weights=flat.numpy(), minlength=len(self.lengths)
         ).astype(np.int64)
@@ -165,6 +183,8 @@ class Rollout:
     ) -> list[PackedRollout | PaddedRollout]:
         """Rank ``rank``'s micro-batches of step ``step``, in the order it runs them."""
         layout = plan.arrays.cfg.layout
+        rank = plan_index("rank", rank, plan.dp, f"dp={plan.dp} ranks")
+        step = plan_index("step", step, plan.num_steps, "steps")
         mbs = plan.rank_steps(rank)[step]
         starts = plan.piece_starts[step][rank] if plan.piece_starts is not None else None
         sizes = plan.piece_lengths[step][rank] if plan.piece_lengths is not None else None

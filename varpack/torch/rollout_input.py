@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from varpack.errors import InputError
+from varpack.errors import ConfigError, InputError
 
 #: entries that hold token ids or positions, integers
 INTEGER = ("input_ids", "responses", "prompts", "position_ids")
@@ -97,4 +97,16 @@ def batch_tensor(name: str, value: Any) -> torch.Tensor:
     return value
 
 
-__all__ = ["INTEGER", "batch_tensor", "check_integers", "check_mask", "entry_kind"]
+def plan_index(name: str, value: Any, count: int, what: str) -> int:
+    """``value`` as one of the ``count`` steps or ranks of a plan (``0 .. count - 1``: no
+    negative index from the end), else one line."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | np.integer)
+        or not 0 <= value < count
+    ):
+        raise ConfigError(f"{name}={value!r} is not one of the plan's {what} 0..{count - 1}")
+    return int(value)
+
+
+__all__ = ["INTEGER", "batch_tensor", "check_integers", "check_mask", "entry_kind", "plan_index"]
