@@ -101,6 +101,7 @@ class Rollout:
                 f"a rollout is a dict of tensors or a list of them, not {type(data).__name__}"
             )
         self.starts = np.concatenate(([0], np.cumsum(self.lengths)))  # each sample's first token
+        self._checked: BatchPlan | None = None  # the last plan found to be of this batch
 
     def _from_list(self, seqs: Sequence[torch.Tensor]) -> None:
         if not len(seqs) or any(not isinstance(t, torch.Tensor) or t.dim() != 1 for t in seqs):
@@ -182,6 +183,7 @@ class Rollout:
         self, plan: BatchPlan, rank: int, step: int
     ) -> list[PackedRollout | PaddedRollout]:
         """Rank ``rank``'s micro-batches of step ``step``, in the order it runs them."""
+        self._check_plan(plan)
         layout = plan.arrays.cfg.layout
         rank = plan_index("rank", rank, plan.dp, f"dp={plan.dp} ranks")
         step = plan_index("step", step, plan.num_steps, "steps")
@@ -207,6 +209,29 @@ class Rollout:
             else:
                 out.append(self._padded(pos, lens, first, int(pad_to[j]), info))
         return out
+
+    def _check_plan(self, plan: BatchPlan) -> None:
+        """``plan`` is of this batch: as many samples, each of the same tokens (its pieces'
+        sum, split). Checked once a plan (NumPy over the plan's units)."""
+        if plan is self._checked:
+            return
+        if not isinstance(plan, BatchPlan):
+            raise InputError(f"plan: a BatchPlan of this rollout (plan_batch(rollout.lengths, "
+                             f"...)), not {type(plan).__name__}")  # fmt: skip
+        p, n = plan.arrays, len(self.lengths)
+        held = int(p.ids.max()) + 1 if len(p.ids) else 0
+        again = "plan this rollout's own lengths: plan_batch(rollout.lengths, ...)"
+        if held != n:
+            raise InputError(f"the plan is of a batch of {held} samples, this rollout holds "
+                             f"{n}: {again}")  # fmt: skip
+        tokens = np.bincount(p.ids, weights=p.lens, minlength=n).astype(np.int64)
+        bad = np.flatnonzero(tokens != self.lengths)
+        if len(bad):
+            i = int(bad[0])
+            raise InputError(f"sample {i} has {int(self.lengths[i])} tokens in this rollout but "
+                             f"{int(tokens[i])} in the plan, which is of another batch: "
+                             f"{again}")  # fmt: skip
+        self._checked = plan
 
     def _carry(self, idx: np.ndarray) -> dict[str, Any]:
         out: dict[str, Any] = {}
