@@ -88,3 +88,22 @@ def test_a_plan_of_this_batch_runs_every_token_once(oversize: str) -> None:
             for mb in roll.micro_batches(plan, rank, step):
                 np.add.at(seen, mb.sample_ids.numpy(), mb.seq_lens.numpy())
     assert seen.tolist() == LENGTHS
+
+
+@pytest.mark.parametrize(("sample", "more"), [(0, 1), (3, 1), (7, 100)])
+def test_loss_tokens_beyond_a_sample_are_refused(sample: int, more: int) -> None:
+    """More loss tokens than tokens (step_loss_tokens above step_tokens) is no count of a mask."""
+    roll = rollout(LENGTHS)
+    loss = np.array(LENGTHS) // 2
+    plan = plan_batch(LENGTHS, dp=2, max_tokens=40, loss_tokens=loss)
+    assert len(roll.micro_batches(plan, 0, 0)) == plan.micro_per_step
+    loss[sample] = LENGTHS[sample] + more
+    plan = plan_batch(LENGTHS, dp=2, max_tokens=40, loss_tokens=loss)
+    assert refused(roll, plan) == (
+        f"the plan's loss_tokens[{sample}] = {LENGTHS[sample] + more} is more than sample "
+        f"{sample}'s {LENGTHS[sample]} tokens: give plan_batch the tokens each sample's loss "
+        "counts, loss_tokens=rollout.loss_tokens()"
+    )
+    loss[sample] = LENGTHS[sample]  # every token counted: the most there can be
+    plan = plan_batch(LENGTHS, dp=2, max_tokens=40, loss_tokens=loss)
+    assert len(roll.micro_batches(plan, 1, 0)) == plan.micro_per_step

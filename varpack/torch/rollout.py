@@ -231,6 +231,14 @@ class Rollout:
             raise InputError(f"sample {i} has {int(self.lengths[i])} tokens in this rollout but "
                              f"{int(tokens[i])} in the plan, which is of another batch: "
                              f"{again}")  # fmt: skip
+        if plan.loss_tokens is not None:
+            over = np.flatnonzero(plan.loss_tokens > self.lengths)
+            if len(over):
+                i = int(over[0])
+                raise InputError(f"the plan's loss_tokens[{i}] = {int(plan.loss_tokens[i])} is "
+                                 f"more than sample {i}'s {int(self.lengths[i])} tokens: give "
+                                 "plan_batch the tokens each sample's loss counts, "
+                                 "loss_tokens=rollout.loss_tokens()")  # fmt: skip
         self._checked = plan
 
     def _carry(self, idx: np.ndarray) -> dict[str, Any]:
