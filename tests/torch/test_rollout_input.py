@@ -117,7 +117,8 @@ def test_a_mask_is_boolean_or_zeros_and_ones(name: str) -> None:
 
 
 def test_other_per_token_entries_keep_any_dtype() -> None:
-    data = {**small(), "old_log_probs": -torch.rand(2, 2), "values": torch.rand(2, 5).half()}
+    data = {**small(), "old_log_probs": -torch.rand(2, 2), "values": torch.rand(2, 5).half(),
+            "response_mask": torch.tensor([[1, 1], [1, 0]])}  # fmt: skip
     Rollout(data)
 
 

@@ -6,7 +6,12 @@ or right-padded, or both: left-padded prompts followed by right-padded responses
 
 * ``[B, T]`` (``position_ids`` ...): one value per token;
 * ``[B, W]`` with ``W < T`` (``responses``, ``response_mask``, ``old_log_probs``, ``advantages``
-  ...): one value per token of the last ``W`` columns, the response part (verl's layout);
+  ...): one value per token of each row's response, its first token in column 0, as verl holds
+  responses: in verl's layout (prompts left-padded to ``T - W`` columns, responses right-padded
+  after them) the last ``W`` columns; in right- or left-padded rows the ``W`` columns from where
+  the ``response_mask`` puts the response (its last mark on the row's last real token); a layout
+  the masks leave ambiguous is refused (:mod:`varpack.torch.rollout_layout`). ``prompts``
+  ``[B, P]``: the ``P`` columns before each row's response;
 * ``[B]``, or a list / NumPy array of ``B`` entries (scores, uids): one value per sample.
 
 Or a list of 1-D token tensors of any lengths. :attr:`Rollout.lengths` are the tokens of each
@@ -43,6 +48,7 @@ from varpack.torch.rollout_input import (
     entry_kind,
     plan_index,
 )
+from varpack.torch.rollout_layout import PROMPTS, Rows, response_part, row_spans
 
 #: the response mask, a 0/1 entry of the response part (verl's name)
 RESPONSE_MASK = "response_mask"
@@ -85,9 +91,17 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 class Rollout:
     """A rollout batch, its real tokens flattened once (see the module doc)."""
 
-    def __init__(self, data: Any, mask: str = "attention_mask") -> None:
+    def __init__(
+        self, data: Any, mask: str = "attention_mask", response_mask: str = RESPONSE_MASK
+    ) -> None:
         """``data``: a dict (or a ``TensorDict``: anything with ``items()``), verl's
-        ``DataProto`` (its ``batch`` and ``non_tensor_batch``), or a list of 1-D tensors."""
+        ``DataProto`` (its ``batch`` and ``non_tensor_batch``), or a list of 1-D tensors.
+        ``mask``: the entry marking each row's real tokens; ``response_mask``: the ``[B, W]``
+        entry marking its response tokens (where the rows are not in verl's layout, its last
+        mark on each row's last real token says where the response lies: see
+        :mod:`varpack.torch.rollout_layout`)."""
+        self.response_width: int | None = None  # W of the [B, W] entries (None: none)
+        self._response_starts: np.ndarray | None = None  # each row's first response column
         self._per_token: dict[str, torch.Tensor] = {}
         self._per_sample: dict[str, Any] = {}
         if hasattr(data, "batch") and hasattr(data, "non_tensor_batch"):  # a DataProto
@@ -95,7 +109,7 @@ class Rollout:
         if isinstance(data, list | tuple):
             self._from_list(data)
         elif hasattr(data, "items"):
-            self._from_padded(dict(data.items()), mask)
+            self._from_padded(dict(data.items()), mask, response_mask)
         else:
             raise InputError(
                 f"a rollout is a dict of tensors or a list of them, not {type(data).__name__}"
@@ -114,8 +128,9 @@ class Rollout:
         self._per_token["input_ids"] = torch.cat(list(seqs)).long()
         self._rows = torch.from_numpy(np.repeat(np.arange(len(seqs)), self.lengths))
         self._cols = torch.from_numpy(_ranges(np.zeros(len(seqs), np.int64), self.lengths))
+        self._spans = Rows(np.zeros(len(seqs), np.int64), self.lengths, self.lengths)
 
-    def _from_padded(self, data: Mapping[str, Any], mask: str) -> None:
+    def _from_padded(self, data: Mapping[str, Any], mask: str, response_mask: str) -> None:
         if "input_ids" not in data or mask not in data:
             raise InputError(f"a rollout dict needs input_ids and {mask} ([batch, length] tensors)")
         ids, valid = batch_tensor("input_ids", data["input_ids"]), batch_tensor(mask, data[mask])
@@ -132,25 +147,39 @@ class Rollout:
         self.width = t
         rows, cols = keep.nonzero(as_tuple=True)  # row by row: each sample's tokens in order
         self._rows, self._cols = rows, cols
+        self._spans = row_spans(keep)
+        tokens: dict[str, torch.Tensor] = {}
         for name, value in data.items():
             if name == mask:
                 continue
             if entry_kind(name, value, b) == "token":
                 if name in INTEGER:
                     check_integers(name, value)
-                elif name == RESPONSE_MASK:
+                elif name == response_mask:
                     check_mask(name, value)
-                w = value.shape[1]
-                if w > t:
+                if value.shape[1] > t:
                     raise InputError(f"{name} {tuple(value.shape)} is wider than input_ids ({t})")
-                self._per_token[name] = self._flatten(value, w)
+                tokens[name] = value
             else:
                 self._per_sample[name] = value
+        part = response_part(tokens, self._spans, self.width, (mask, response_mask), ids)
+        starts = None
+        if part is not None:
+            self.response_width, starts = part
+            self._response_starts = starts
+        for name, value in tokens.items():
+            first = None if value.shape[1] == t else starts
+            if name == PROMPTS and first is not None:  # the columns before the response
+                first = first - value.shape[1]
+            self._per_token[name] = self._flatten(value, first)
 
-    def _flatten(self, value: torch.Tensor, width: int) -> torch.Tensor:
-        """A per-token field's value at every real token (0 left of its last ``width`` columns)."""
-        col = self._cols - (self.width - width)
-        inside = col >= 0
+    def _flatten(self, value: torch.Tensor, first: np.ndarray | None) -> torch.Tensor:
+        """A per-token field's value at every real token: ``[B, T]``, or ``[B, W]`` whose column
+        ``c`` of row ``i`` is the token at column ``first[i] + c`` (0 on tokens it misses)."""
+        if first is None:
+            return value[self._rows, self._cols]
+        col = self._cols - torch.from_numpy(first)[self._rows]
+        inside = (col >= 0) & (col < value.shape[1])
         out = torch.zeros((len(col), *value.shape[2:]), dtype=value.dtype)
         out[inside] = value[self._rows[inside], col[inside]]
         return out
@@ -301,8 +330,9 @@ class Rollout:
     def restore(self, batches: Sequence[PackedRollout | PaddedRollout],
                 outputs: Sequence[torch.Tensor], width: int | None = None) -> torch.Tensor:  # fmt: skip
         """Per-token outputs of ``batches`` (each aligned with its ``input_ids``: ``[1, N]``
-        packed, ``[B, T]`` padded) back in the batch's layout: ``[B, width]``, the last
-        ``width`` columns (default: all), 0 where these batches held no token."""
+        packed, ``[B, T]`` padded) back in the batch's layout, 0 where these batches held no
+        token: ``[B, T]`` (``width``: ``None`` or ``T``), or ``[B, W]`` as the ``[B, W]``
+        entries hold the response part (``width=rollout.response_width``)."""
         width = self.width if width is None else width
         flat_pos, values = [], []
         for batch, out in zip(batches, outputs, strict=True):
@@ -320,7 +350,19 @@ class Rollout:
         vals = torch.cat(values)
         grid = torch.zeros((len(self.lengths), self.width, *vals.shape[1:]), dtype=vals.dtype)
         grid[self._rows[pos], self._cols[pos]] = vals
-        return grid[:, self.width - width :]
+        if width == self.width:
+            return grid
+        cols = torch.from_numpy(self._starts_for(width))[:, None] + torch.arange(width)
+        out = grid[torch.arange(len(grid))[:, None], cols.clamp(0, self.width - 1)]
+        out[(cols < 0) | (cols >= self.width)] = 0
+        return out
+
+    def _starts_for(self, width: int) -> np.ndarray:
+        """Each row's first response column for ``[B, width]`` outputs: ``width`` is the
+        response part's."""
+        if width != self.response_width or self._response_starts is None:
+            raise InputError(f"width={width}: not this rollout's response part")
+        return self._response_starts
 
 
 def token_log_probs(logits: torch.Tensor, batch: PackedBatch | PaddedBatch) -> torch.Tensor:

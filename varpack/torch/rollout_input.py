@@ -100,11 +100,7 @@ def batch_tensor(name: str, value: Any) -> torch.Tensor:
 def plan_index(name: str, value: Any, count: int, what: str) -> int:
     """``value`` as one of the ``count`` steps or ranks of a plan (``0 .. count - 1``: no
     negative index from the end), else one line."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | np.integer)
-        or not 0 <= value < count
-    ):
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value < count:
         raise ConfigError(f"{name}={value!r} is not one of the plan's {what} 0..{count - 1}")
     return int(value)
 
