@@ -45,8 +45,11 @@ from varpack.torch.rollout_input import (
     batch_tensor,
     check_integers,
     check_mask,
+    check_outputs,
+    check_plan,
     entry_kind,
     plan_index,
+    restore_width,
 )
 from varpack.torch.rollout_layout import PROMPTS, Rows, response_part, row_spans
 
@@ -240,35 +243,10 @@ class Rollout:
         return out
 
     def _check_plan(self, plan: BatchPlan) -> None:
-        """``plan`` is of this batch: as many samples, each of the same tokens (its pieces'
-        sum, split). Checked once a plan (NumPy over the plan's units)."""
-        if plan is self._checked:
-            return
-        if not isinstance(plan, BatchPlan):
-            raise InputError(f"plan: a BatchPlan of this rollout (plan_batch(rollout.lengths, "
-                             f"...)), not {type(plan).__name__}")  # fmt: skip
-        p, n = plan.arrays, len(self.lengths)
-        held = int(p.ids.max()) + 1 if len(p.ids) else 0
-        again = "plan this rollout's own lengths: plan_batch(rollout.lengths, ...)"
-        if held != n:
-            raise InputError(f"the plan is of a batch of {held} samples, this rollout holds "
-                             f"{n}: {again}")  # fmt: skip
-        tokens = np.bincount(p.ids, weights=p.lens, minlength=n).astype(np.int64)
-        bad = np.flatnonzero(tokens != self.lengths)
-        if len(bad):
-            i = int(bad[0])
-            raise InputError(f"sample {i} has {int(self.lengths[i])} tokens in this rollout but "
-                             f"{int(tokens[i])} in the plan, which is of another batch: "
-                             f"{again}")  # fmt: skip
-        if plan.loss_tokens is not None:
-            over = np.flatnonzero(plan.loss_tokens > self.lengths)
-            if len(over):
-                i = int(over[0])
-                raise InputError(f"the plan's loss_tokens[{i}] = {int(plan.loss_tokens[i])} is "
-                                 f"more than sample {i}'s {int(self.lengths[i])} tokens: give "
-                                 "plan_batch the tokens each sample's loss counts, "
-                                 "loss_tokens=rollout.loss_tokens()")  # fmt: skip
-        self._checked = plan
+        """``plan`` is of this batch (:func:`check_plan`), checked once a plan."""
+        if plan is not self._checked:
+            check_plan(plan, self.lengths)
+            self._checked = plan
 
     def _carry(self, idx: np.ndarray) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -333,7 +311,8 @@ class Rollout:
         packed, ``[B, T]`` padded) back in the batch's layout, 0 where these batches held no
         token: ``[B, T]`` (``width``: ``None`` or ``T``), or ``[B, W]`` as the ``[B, W]``
         entries hold the response part (``width=rollout.response_width``)."""
-        width = self.width if width is None else width
+        width = restore_width(width, self.width, self.response_width)
+        check_outputs(batches, outputs, self.lengths)
         flat_pos, values = [], []
         for batch, out in zip(batches, outputs, strict=True):
             lens = batch.seq_lens.numpy().astype(np.int64)
@@ -352,17 +331,11 @@ class Rollout:
         grid[self._rows[pos], self._cols[pos]] = vals
         if width == self.width:
             return grid
-        cols = torch.from_numpy(self._starts_for(width))[:, None] + torch.arange(width)
+        assert self._response_starts is not None  # width is the response part's
+        cols = torch.from_numpy(self._response_starts)[:, None] + torch.arange(width)
         out = grid[torch.arange(len(grid))[:, None], cols.clamp(0, self.width - 1)]
         out[(cols < 0) | (cols >= self.width)] = 0
         return out
-
-    def _starts_for(self, width: int) -> np.ndarray:
-        """Each row's first response column for ``[B, width]`` outputs: ``width`` is the
-        response part's."""
-        if width != self.response_width or self._response_starts is None:
-            raise InputError(f"width={width}: not this rollout's response part")
-        return self._response_starts
 
 
 def token_log_probs(logits: torch.Tensor, batch: PackedBatch | PaddedBatch) -> torch.Tensor:

@@ -13,7 +13,9 @@ token ids and positions (:data:`INTEGER`) of a float or boolean dtype (a float i
 another id), and masks (the attention mask, the response mask) that are neither boolean nor
 integers 0 and 1.
 
-Imports: torch, NumPy, :mod:`varpack.errors`.
+A plan given to ``micro_batches`` must be of the batch (:func:`check_plan`), and what ``restore``
+takes its micro-batches with an output each (:func:`check_outputs`). Imports: torch, NumPy,
+:mod:`varpack.errors`, :mod:`varpack.online` (the plan's type), :mod:`varpack.torch.batch`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy as np
 import torch
 
 from varpack.errors import ConfigError, InputError
+from varpack.online import BatchPlan
+from varpack.torch.batch import PackedBatch, PaddedBatch
 
 #: entries that hold token ids or positions, integers
 INTEGER = ("input_ids", "responses", "prompts", "position_ids")
@@ -105,4 +109,85 @@ def plan_index(name: str, value: Any, count: int, what: str) -> int:
     return int(value)
 
 
-__all__ = ["INTEGER", "batch_tensor", "check_integers", "check_mask", "entry_kind", "plan_index"]
+def check_plan(plan: Any, lengths: np.ndarray) -> None:
+    """``plan`` (a :class:`~varpack.online.BatchPlan`) is of the rollout of ``lengths``: as many
+    samples, each of the same tokens (its pieces' sum, split), and no more loss tokens than
+    tokens; else one line naming the first sample that differs (NumPy over the plan's units)."""
+    if not isinstance(plan, BatchPlan):
+        raise InputError(f"plan: a BatchPlan of this rollout (plan_batch(rollout.lengths, "
+                         f"...)), not {type(plan).__name__}")  # fmt: skip
+    p, n = plan.arrays, len(lengths)
+    held = int(p.ids.max()) + 1 if len(p.ids) else 0
+    again = "plan this rollout's own lengths: plan_batch(rollout.lengths, ...)"
+    if held != n:
+        raise InputError(f"the plan is of a batch of {held} samples, this rollout holds "
+                         f"{n}: {again}")  # fmt: skip
+    tokens = np.bincount(p.ids, weights=p.lens, minlength=n).astype(np.int64)
+    bad = np.flatnonzero(tokens != lengths)
+    if len(bad):
+        i = int(bad[0])
+        raise InputError(f"sample {i} has {int(lengths[i])} tokens in this rollout but "
+                         f"{int(tokens[i])} in the plan, which is of another batch: "
+                         f"{again}")  # fmt: skip
+    if plan.loss_tokens is not None:
+        over = np.flatnonzero(plan.loss_tokens > lengths)
+        if len(over):
+            i = int(over[0])
+            raise InputError(f"the plan's loss_tokens[{i}] = {int(plan.loss_tokens[i])} is "
+                             f"more than sample {i}'s {int(lengths[i])} tokens: give "
+                             "plan_batch the tokens each sample's loss counts, "
+                             "loss_tokens=rollout.loss_tokens()")  # fmt: skip
+
+
+def restore_width(width: Any, t: int, w: int | None) -> int:
+    """``restore``'s ``width``: ``None`` (``t``), ``t``, or ``w`` (the response part's)."""
+    if width is None:
+        return t
+    if not isinstance(width, bool) and isinstance(width, int | np.integer) and width in (t, w):
+        return int(width)
+    part = f" or {w} (the response part, as the [B, {w}] entries)" if w is not None else ""
+    raise ConfigError(f"width={width!r}: {t} (the batch's columns, the default){part}")
+
+
+def check_outputs(batches: Any, outputs: Any, lengths: np.ndarray) -> None:
+    """``restore``'s micro-batches (this rollout's) and their outputs, one a batch, each
+    aligned with its batch's ``input_ids`` and all of one shape per token; else one line."""
+    if not isinstance(batches, list | tuple) or not isinstance(outputs, list | tuple):
+        raise InputError("restore: batches and outputs are lists (a micro-batch's output each)")
+    if not batches or len(batches) != len(outputs):
+        raise InputError(f"restore: {len(batches)} micro-batches and {len(outputs)} outputs; "
+                         "give at least one micro-batch and one output for each")  # fmt: skip
+    rest = None
+    for j, (batch, out) in enumerate(zip(batches, outputs, strict=True)):
+        if not isinstance(batch, PackedBatch | PaddedBatch):
+            raise InputError(f"restore: batches[{j}] is {_what(batch)}, not a micro-batch of "
+                             "rollout.micro_batches")  # fmt: skip
+        idx, lens = batch.sample_ids.numpy(), batch.seq_lens.numpy().astype(np.int64)
+        first = np.zeros(len(idx), np.int64) if batch.sample_offsets is None else (
+            batch.sample_offsets.numpy()
+        )  # fmt: skip
+        if ((idx < 0) | (idx >= len(lengths))).any() or (
+            first + lens > lengths[np.clip(idx, 0, len(lengths) - 1)]
+        ).any():
+            raise InputError(f"restore: batches[{j}] holds samples this rollout does not (of "
+                             f"its {len(lengths)}): give this rollout's micro_batches")  # fmt: skip
+        want = tuple(batch.input_ids.shape)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape[:2]) != want:
+            raise InputError(f"restore: outputs[{j}] is {_what(out)}, but batches[{j}] holds "
+                             f"input_ids {list(want)}: one output per token, aligned with "
+                             "them")  # fmt: skip
+        rest = tuple(out.shape[2:]) if rest is None else rest
+        if tuple(out.shape[2:]) != rest:
+            raise InputError(f"restore: outputs[{j}] holds {list(out.shape[2:])} values a "
+                             f"token, outputs[0] {list(rest)}: one shape for all")  # fmt: skip
+
+
+__all__ = [
+    "INTEGER",
+    "batch_tensor",
+    "check_integers",
+    "check_mask",
+    "check_plan",
+    "entry_kind",
+    "plan_index",
+]
