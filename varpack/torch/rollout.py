@@ -4,7 +4,9 @@
 padded tensors, ``input_ids`` ``[B, T]`` and ``attention_mask`` ``[B, T]`` (1 on real tokens; left-
 or right-padded, or both: left-padded prompts followed by right-padded responses), and any others:
 
-* ``[B, T]`` (``position_ids`` ...): one value per token;
+* ``[B, T]`` (``position_ids`` ...): one value per token; ``position_ids`` may also be
+  ``[B, k, T]`` (Qwen2-VL's mRoPE as verl holds it: ``k`` position streams), packed per sample
+  along the last axis into ``[k, 1, N]`` (padded layout: ``[k, B, T]``), as the model takes it;
 * ``[B, W]`` with ``W < T`` (``responses``, ``response_mask``, ``old_log_probs``, ``advantages``
   ...): one value per token of each row's response, its first token in column 0, as verl holds
   responses: in verl's layout (prompts left-padded to ``T - W`` columns, responses right-padded
@@ -49,10 +51,13 @@ from varpack.torch.rollout_input import (
     check_plan,
     entry_kind,
     plan_index,
+    position_entry,
     restore_width,
 )
 from varpack.torch.rollout_layout import PROMPTS, Rows, response_part, row_spans
 
+#: the positions entry: the micro-batches' position_ids
+POSITIONS = "position_ids"
 #: the response mask, a 0/1 entry of the response part (verl's name)
 RESPONSE_MASK = "response_mask"
 
@@ -60,7 +65,8 @@ RESPONSE_MASK = "response_mask"
 @dataclass
 class PackedRollout(PackedBatch):
     """A micro-batch of a rollout, packed: ``fields[name]`` ``[1, N]`` aligned with ``input_ids``
-    (0 in the padding tail); ``step_loss_tokens``: the step's loss tokens over all ranks."""
+    (0 in the padding tail); ``step_loss_tokens``: the step's loss tokens over all ranks;
+    ``position_ids`` ``[1, N]``, or ``[k, 1, N]`` from mRoPE positions ``[B, k, T]``."""
 
     fields: dict[str, torch.Tensor] = field(default_factory=dict, kw_only=True)
     step_loss_tokens: int = field(default=0, kw_only=True)
@@ -74,7 +80,7 @@ class PackedRollout(PackedBatch):
 @dataclass
 class PaddedRollout(PaddedBatch):
     """A micro-batch of a rollout, one sample a row: ``fields[name]`` ``[B, T]`` like
-    ``input_ids`` (0 on padding)."""
+    ``input_ids`` (0 on padding); ``position_ids`` ``[B, T]``, or ``[k, B, T]`` (mRoPE)."""
 
     fields: dict[str, torch.Tensor] = field(default_factory=dict, kw_only=True)
     step_loss_tokens: int = field(default=0, kw_only=True)
@@ -156,6 +162,8 @@ class Rollout:
             if name == mask:
                 continue
             if entry_kind(name, value, b) == "token":
+                if name == POSITIONS:  # [B, T], or [B, k, T] (mRoPE): [B, T, k] per token
+                    value = position_entry(value, t)
                 if name in INTEGER:
                     check_integers(name, value)
                 elif name == response_mask:
@@ -269,14 +277,15 @@ class Rollout:
             row = torch.zeros((1, pad_to, *flat.shape[1:]), dtype=flat.dtype)
             row[0, :n] = flat[pos]
             fields[name] = row
-        positions = torch.from_numpy(arr["position_ids"])
-        if "position_ids" in fields:
-            positions = fields.pop("position_ids")[0]
+        positions = torch.from_numpy(arr["position_ids"])[None]
+        if POSITIONS in fields:  # [1, N], or [1, N, k] of mRoPE: [k, 1, N]
+            positions = fields.pop(POSITIONS)
+            positions = positions.permute(2, 0, 1) if positions.dim() == 3 else positions
         elif first.any():  # a piece of a split sample: positions go on from its first token
-            positions[:n] += torch.from_numpy(np.repeat(first, lens))
+            positions[0, :n] += torch.from_numpy(np.repeat(first, lens))
         return PackedRollout(
             **info, input_ids=torch.from_numpy(arr["input_ids"])[None],
-            position_ids=positions.reshape(1, -1).long(),
+            position_ids=positions.long(),
             labels=torch.from_numpy(arr["labels"])[None],
             cu_seqlens=torch.from_numpy(arr["cu_seqlens"]), max_seqlen=int(arr["max_seqlen"]),
             fields=fields,
@@ -295,8 +304,9 @@ class Rollout:
             grid[valid] = flat[pos]
             fields[name] = grid
         positions = torch.from_numpy(arr["position_ids"])
-        if "position_ids" in fields:
-            positions = fields.pop("position_ids")
+        if POSITIONS in fields:  # [B, T], or [B, T, k] of mRoPE: [k, B, T]
+            positions = fields.pop(POSITIONS)
+            positions = positions.permute(2, 0, 1) if positions.dim() == 3 else positions
         elif first.any():
             positions = positions + torch.from_numpy(first)[:, None]
         return PaddedRollout(

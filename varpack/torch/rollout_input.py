@@ -139,6 +139,18 @@ def check_plan(plan: Any, lengths: np.ndarray) -> None:
                              "loss_tokens=rollout.loss_tokens()")  # fmt: skip
 
 
+def position_entry(value: torch.Tensor, t: int) -> torch.Tensor:
+    """``position_ids`` ``[B, T]``, or ``[B, k, T]`` (mRoPE: ``k`` streams) as ``[B, T, k]``, one
+    row of ``k`` positions a token; any other shape is one line."""
+    if value.dim() == 2 and value.shape[1] == t:
+        return value
+    if value.dim() == 3 and value.shape[2] == t:
+        return value.transpose(1, 2)
+    b = value.shape[0]
+    raise InputError(f"position_ids: {tuple(value.shape)}, not [{b}, {t}] (one position a token) "
+                     f"or [{b}, k, {t}] (mRoPE: k positions a token)")  # fmt: skip
+
+
 def restore_width(width: Any, t: int, w: int | None) -> int:
     """``restore``'s ``width``: ``None`` (``t``), ``t``, or ``w`` (the response part's)."""
     if width is None:
