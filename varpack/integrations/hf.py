@@ -14,7 +14,8 @@ What the plan decides, the Trainer must not decide again. :class:`VarpackTrainer
   Trainer's (:func:`~varpack.integrations.world.check_world`);
 - synchronisation: a plan balanced for ranks that meet once per step (``--sync step``) under
   FSDP or DeepSpeed ZeRO-3 (they meet at every micro-batch) is one warning on rank 0 when the
-  Trainer is built (:func:`~varpack.integrations.sync.check_sync`);
+  Trainer is built (:func:`~varpack.integrations.sync.check_sync`), held to what runs: on the
+  CPU ``fsdp=...`` trains DDP, and a warning says so;
 - vocabulary: this rank's token ids are checked against the model's vocabulary before anything
   is built (:func:`~varpack.torch.vocab.check_vocab`, as ``jobs/train.py`` does);
 - steps: ``max_steps`` is the plan's steps (a smaller one stops early);
@@ -56,7 +57,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from varpack.errors import ConfigError, InputError
 from varpack.integrations.loss import LossFn, plan_loss, unwrapped
-from varpack.integrations.sync import check_sync
+from varpack.integrations.sync import asked, check_sync
 from varpack.integrations.world import check_world, settle_world
 from varpack.torch.job import all_or_none
 from varpack.torch.loader import PlanLoader
@@ -238,7 +239,8 @@ class VarpackTrainerMixin(_Base):
         self.loss_fn = loss_fn
         self.attn_implementation = attn_implementation
         super().__init__(model, args, *more, **kwargs)
-        check_sync(self.accelerator, plan_loader, self.model)  # the plugins are known by now
+        # the plugins are known by now; FSDP asked for and not run (the CPU) is said too
+        check_sync(self.accelerator, plan_loader, self.model, asked(args))
 
     # -- data ------------------------------------------------------------------------------
     def get_train_dataloader(self) -> Any:
