@@ -32,6 +32,9 @@ What the plan decides, the Trainer must not decide again. :class:`VarpackTrainer
   :class:`~varpack.torch.lr.VariableBatchSizeLR` with the plan's LR factor of each step (indexed
   by the global step, which is the plan's step). A run resumed with another ``max_steps``
   follows the new schedule from its first step;
+- epoch: ``state.epoch`` after each step is the plan's steps done over its steps
+  (:class:`PlanEpoch`), so a resumed run goes on counting where the checkpoint stood (Trainer
+  counts the micro-batches of its own ``train`` call, from 0 again);
 - checkpoints: ``_save_checkpoint`` writes the loader's cursor to ``checkpoint-N/``
   :data:`LOADER_STATE`, ``train(resume_from_checkpoint=...)`` restores it, and
   ``ignore_data_skip`` is forced on (the cursor already stands at the next micro-batch; Trainer's
@@ -52,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from varpack.errors import ConfigError, InputError
@@ -199,6 +202,18 @@ def untied(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+class PlanEpoch(TrainerCallback):  # type: ignore[misc]
+    """``state.epoch`` after each optimizer step: the plan's steps done over its steps (what
+    Trainer counts in an uninterrupted run, micro-batches over a pass). Trainer counts the
+    micro-batches of the current ``train`` call only, so after a resume it started again at 0."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = max(int(steps), 1)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        state.epoch = state.global_step / self.steps
+
+
 class VarpackTrainerMixin(_Base):
     """Put before a ``transformers.Trainer`` subclass: ``class T(VarpackTrainerMixin, SFTTrainer)``.
 
@@ -239,6 +254,8 @@ class VarpackTrainerMixin(_Base):
         self.loss_fn = loss_fn
         self.attn_implementation = attn_implementation
         super().__init__(model, args, *more, **kwargs)
+        # first: every other callback (and the log line) sees the step's epoch of the plan
+        self.callback_handler.callbacks.insert(0, PlanEpoch(plan_loader.num_steps))
         # the plugins are known by now; FSDP asked for and not run (the CPU) is said too
         check_sync(self.accelerator, plan_loader, self.model, asked(args))
 
@@ -371,6 +388,7 @@ __all__ = [
     "BATCH_KEY",
     "LOADER_STATE",
     "PlanBatches",
+    "PlanEpoch",
     "VarpackTrainer",
     "VarpackTrainerMixin",
     "check_model_vocab",
