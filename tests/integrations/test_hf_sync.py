@@ -184,7 +184,12 @@ def test_a_micro_plan_under_ddp_is_a_log_line(
     assert got is not None and not got.harmful
     lines = [r for r in caplog.records if r.name == LOGGER]
     assert [(r.levelno, r.getMessage()) for r in lines] == [(logging.INFO, got.text)]  # rank 0
-    assert f"({times['step']:.3f}x ideal; {times['micro']:.3f}x under micro)" in got.text
+    bound = micro.plan.meta["stats"]["time_vs_ideal_bound"]
+    assert got.text.endswith(
+        f"balanced there too ({times['step']:.3f}x ideal; {times['micro']:.3f}x under micro; "
+        f"no composition of its samples into as many steps below {bound:.3f}x)"
+    )  # the plan's own figures only: nothing said of a --sync step plan it has not measured
+    assert "--sync step" not in got.text.split("but DDP")[1]
 
 
 def test_the_trainer_warns_once_when_built(
