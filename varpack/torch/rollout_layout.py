@@ -19,10 +19,11 @@ the response mask agrees with it, or does not fit the rows; else (every row righ
 the response mask's. ``responses`` (the response's token ids), when given, must be the tokens of
 ``input_ids`` from each row's response start: where they are not, but are under the other reading,
 that one is taken (verl's layout with prompts of one length and unmarked response ends); else the
-batch is refused in one line. Without a response mask only verl's layout is read, and a batch it
-does not fit is refused; so is a response mask longer than its row, and a row whose real tokens
-have a gap. ``prompts`` (verl's ``[B, P']``, left-padded) are the ``P'`` columns before each row's
-response.
+batch is refused in one line. Without a response mask only verl's layout is read: a batch it does
+not fit is refused, and so is one where no row is padded on both sides and no ``responses`` say
+it is verl's (right-padded rows of prompts of any length fit it too); so is a response mask longer
+than its row, and a row whose real tokens have a gap. ``prompts`` (verl's ``[B, P']``,
+left-padded) are the ``P'`` columns before each row's response.
 
 All NumPy / torch over whole rows: no loop over samples. Imports: torch, NumPy,
 :mod:`varpack.errors`.
