@@ -24,6 +24,8 @@ micro-batch; planned with ``sync="step"``) or ``fsdp`` (FSDP2 ``fully_shard``, w
 parameters for every micro-batch: ``sync="micro"``; gradients reduced at the last one). With
 ``--verify`` every iteration checks that all ranks hold the same plan, that every sample ran
 exactly once, and that the planned forward pass's log-probs equal each sample's own.
+``--timeout`` (600 s, jobs/train.py's) bounds the rendezvous: a rank whose peer never started
+stops then in one line, exit 1, instead of waiting torch's default half hour.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -39,9 +42,10 @@ import torch.distributed as dist
 
 from varpack.online import BatchPlan, plan_batch
 from varpack.torch.job import Parser, count, positive, run_job
-from varpack.torch.launch import export_torch_env, launch_env
+from varpack.torch.launch import LaunchEnv, export_torch_env, launch_env, rendezvous
 from varpack.torch.model import GPTConfig, TinyGPT, model_inputs
 from varpack.torch.rollout import Rollout, gather_lengths, gather_outputs, token_log_probs
+from varpack.torch.watch import Watch, waiting
 
 ATTENTION = {"PackedRollout": "segments", "PaddedRollout": "causal"}  # CPU: SDPA, no kernel probing
 
@@ -68,6 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clip", type=positive, default=0.2)
     p.add_argument("--seed", type=count(0), default=0)
     p.add_argument("--verify", action="store_true", help="check plans, coverage and log-probs")
+    p.add_argument("--timeout", type=positive, default=600.0,
+                   help="seconds a rank waits for the others at the rendezvous before it stops "
+                   "in one line, exit 1 (jobs/train.py's); each collective after it, that and "
+                   "a minute (torch's deadline)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -178,12 +186,30 @@ def build_model(args: argparse.Namespace, strategy: str) -> tuple[Any, Any]:
     return model, torch.optim.SGD(model.parameters(), lr=args.lr)
 
 
+def join(env: LaunchEnv, timeout: float) -> None:
+    """The rendezvous (gloo), as jobs/train.py's: a peer that never comes stops this rank after
+    ``timeout`` seconds in one line (``varpack.torch.watch``), torch's own deadline (a minute
+    later) backing it and every later collective; one process joins a group of its own."""
+    export_torch_env(env)  # under srun: RANK, WORLD_SIZE, MASTER_ADDR/PORT for env://
+    where = "{}:{}, {} ranks".format(*rendezvous(env), env.world_size)
+    hint = ("a rank was not launched or cannot reach rank 0 there (check the task count, "
+            "MASTER_ADDR and MASTER_PORT)")  # fmt: skip
+    with waiting(f"the rendezvous ({where})", hint, everyone=True):
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout + 60))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     env = launch_env()
-    export_torch_env(env)
     torch.set_num_threads(1)  # tiny tensors: one thread per process is fastest
-    dist.init_process_group("gloo")
+    watch = Watch(args.timeout, env.rank, env.world_size, "[rl]") if env.world_size > 1 else None
+    if watch is not None:
+        watch.start()
+    try:
+        join(env, args.timeout)
+    finally:
+        if watch is not None:
+            watch.close()
     first = {}
     for strategy in args.strategy:
         first[strategy] = run(args, strategy)

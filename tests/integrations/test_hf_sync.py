@@ -5,6 +5,7 @@ meets sharded parameters; a ``micro`` plan under DDP is an informative log line 
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from pathlib import Path
@@ -22,15 +23,24 @@ from accelerate.utils import (  # noqa: E402
     DistributedType,
     FullyShardedDataParallelPlugin,
 )
-from hf_helpers import gpt_loss, make_plans, tiny_gpt  # noqa: E402
+from hf_helpers import ROOT, gpt_loss, make_plans, tiny_gpt  # noqa: E402
+from plan_helpers import torchrun  # noqa: E402
 from testkit import cli  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.fsdp import FSDPModule  # noqa: E402
 
 import varpack.integrations.sync as sync_mod  # noqa: E402
+from varpack.errors import ConfigError  # noqa: E402
 from varpack.integrations.accelerate import check_sync  # noqa: E402
 from varpack.integrations.hf import VarpackTrainer  # noqa: E402
-from varpack.integrations.sync import PlanSyncWarning, Strategy, strategy  # noqa: E402
+from varpack.integrations.sync import (  # noqa: E402
+    PlanSyncWarning,
+    Strategy,
+    StrategyWarning,
+    running,
+    strategy,
+)
+from varpack.integrations.world import Launched  # noqa: E402
 from varpack.torch import ParquetTokenDataset, PlanLoader  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -174,7 +184,12 @@ def test_a_micro_plan_under_ddp_is_a_log_line(
     assert got is not None and not got.harmful
     lines = [r for r in caplog.records if r.name == LOGGER]
     assert [(r.levelno, r.getMessage()) for r in lines] == [(logging.INFO, got.text)]  # rank 0
-    assert f"({times['step']:.3f}x ideal; {times['micro']:.3f}x under micro)" in got.text
+    bound = micro.plan.meta["stats"]["time_vs_ideal_bound"]
+    assert got.text.endswith(
+        f"balanced there too ({times['step']:.3f}x ideal; {times['micro']:.3f}x under micro; "
+        f"no composition of its samples into as many steps below {bound:.3f}x)"
+    )  # the plan's own figures only: nothing said of a --sync step plan it has not measured
+    assert "--sync step" not in got.text.split("but DDP")[1]
 
 
 def test_the_trainer_warns_once_when_built(
@@ -200,3 +215,116 @@ def test_the_trainer_warns_once_when_built(
         trainer = VarpackTrainer(tiny_gpt(), args, plan_loader=loader(data, "step"),
                                  loss_fn=gpt_loss)  # fmt: skip
     assert len(said) == 1 and calls == [trainer.accelerator.state]
+
+
+def ddp_module() -> nn.Module:
+    """A module as ``DistributedDataParallel`` wraps one (by class name: no process group)."""
+    wrapper = type("DistributedDataParallel", (nn.Module,), {})()
+    wrapper.module = nn.Linear(2, 2)
+    return wrapper
+
+
+@pytest.mark.parametrize(
+    ("st", "want"),
+    [
+        (state("MULTI_CPU", 2, fsdp_plugin=FullyShardedDataParallelPlugin()), ("step", "DDP", 2)),
+        (
+            state(DistributedType.NO, 1, fsdp_plugin=FullyShardedDataParallelPlugin()),
+            ("step", "one process", 1),
+        ),  # fmt: skip
+        (
+            state(DistributedType.MULTI_GPU, 4, fsdp_plugin=FullyShardedDataParallelPlugin()),
+            ("step", "DDP", 4),
+        ),  # fmt: skip
+    ],
+)
+def test_a_plugin_the_state_does_not_run_counts_for_nothing(st: Any, want: tuple) -> None:
+    """accelerate sets FSDP up on accelerators only: a plugin next to NO / MULTI_* is not run."""
+    assert strategy(st) == Strategy(*want)
+
+
+def two_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        sync_mod, "launched", lambda: Launched(2, "torch.distributed has 2 processes", "x")
+    )
+
+
+def test_one_process_of_accelerate_in_a_job_of_two_is_what_the_model_says(
+    data: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Accelerator() under torchrun on the CPU: its state says one process, the process group
+    two. A model wrapped by hand tells what runs; an unwrapped (or no) model is refused."""
+    two_processes(monkeypatch)
+    alone = state(DistributedType.NO, 1)
+    assert running(alone, ddp_module()) == Strategy("step", "DDP", 2)
+    assert running(alone, SimpleNamespace(module=fsdp2_module())) == Strategy("micro", "FSDP", 2)
+    assert running(state("MULTI_CPU", 2), nn.Linear(2, 2)) == Strategy("step", "DDP", 2)
+    for model, told in ((nn.Linear(2, 2), "the model is not wrapped for data parallelism"),
+                        (None, "no model was given to check_sync")):  # fmt: skip
+        with pytest.raises(ConfigError) as err:
+            check_sync(SimpleNamespace(state=alone), loader(data, "step"), model)
+        assert str(err.value).startswith(
+            "torch.distributed has 2 processes, but accelerate set itself up as one process "
+            f"(distributed_type NO) and {told}: each process would train a model of its own, "
+            "no gradient averaged; on the CPU give Accelerator(cpu=True)"
+        )
+    with pytest.warns(PlanSyncWarning, match="but FSDP meets at every micro-batch"):
+        check_sync(SimpleNamespace(state=alone), loader(data, "step"),
+                   SimpleNamespace(module=fsdp2_module()))  # fmt: skip
+
+
+def test_fsdp_asked_and_ddp_run_is_a_warning_on_rank_0(
+    data: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TrainingArguments(fsdp=...) or accelerate launch --use_fsdp on the CPU: DDP runs. The
+    warning says so, and the plan is held to DDP (a micro plan: the log line, not silence)."""
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    micro, step = loader(data, "dp2"), loader(data, "step")
+    cpu = fake_accelerator("MULTI_CPU", 2)
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with pytest.warns(StrategyWarning) as said:
+        got = check_sync(cpu, micro, nn.Linear(2, 2), "FSDP")
+    assert [str(w.message) for w in said] == [
+        "FSDP was asked, but DDP runs over 2 processes (accelerate's distributed_type "
+        "MULTI_CPU) (accelerate sets FSDP up on accelerators only): its ranks meet once per "
+        "optimizer step and each holds the whole model; the plan's sync is held to what runs"
+    ]
+    assert (
+        got is not None and not got.harmful and "but DDP meets once per optimizer step" in got.text
+    )
+    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [got.text]
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # accelerate launch --use_fsdp
+    with pytest.warns(StrategyWarning, match="^FSDP was asked, but DDP runs over 2 processes"):
+        assert check_sync(cpu, step) is None  # a step plan: DDP's own, nothing more to say
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_sync(fake_accelerator("MULTI_CPU", 2, rank=1), micro, None, "FSDP")  # rank 1
+        check_sync(fake_accelerator(FSDP, 2, fsdp_plugin=FullyShardedDataParallelPlugin()),
+                   micro, None, "FSDP")  # FSDP runs  # fmt: skip
+        monkeypatch.delenv("ACCELERATE_USE_FSDP")
+        check_sync(cpu, step)  # nothing asked
+
+
+@pytest.mark.slow
+def test_under_torchrun_on_the_cpu_what_runs_is_checked(data: dict[str, Any]) -> None:
+    """Two gloo processes: Accelerator() (one process each) refused on both ranks; cpu=True
+    (DDP) silent for a step plan; VarpackTrainer with fsdp="full_shard" warns once, on rank 0,
+    that DDP runs."""
+    out = data["tmp"] / "torchrun-sync"
+    out.mkdir()
+    worker = ROOT / "tests" / "integrations" / "hf_sync_worker.py"
+    torchrun(2, worker, data["step"], data["dp2"], data["tokens"], out, timeout=400)
+    got = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for seen in got:
+        kind, line = seen["plain"]
+        assert kind == "ConfigError" and line.startswith(
+            "torch.distributed has 2 processes, but accelerate set itself up as one process"
+        )
+        assert seen["cpu"] == {"strategy": ["step", "DDP", 2], "advice": None, "warned": []}
+    assert got[0]["trainer"] == [
+        "StrategyWarning: FSDP was asked, but DDP runs over 2 processes (accelerate's "
+        "distributed_type MULTI_CPU) (accelerate sets FSDP up on accelerators only): its ranks "
+        "meet once per optimizer step and each holds the whole model; the plan's sync is held "
+        "to what runs"
+    ]
+    assert got[1]["trainer"] == []  # rank 0 says it

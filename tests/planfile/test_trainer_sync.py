@@ -63,9 +63,9 @@ def test_harmless_line_gives_both_times_and_no_command() -> None:
     got = sync_advice("p", meta("micro", 4), "step", "DDP", 2)
     assert got is not None and not got.harmful
     assert "DDP meets once per optimizer step: balanced there too (1.012x ideal; 1.099x" in got.text
-    assert "--sync step plan may level" in got.text and "varpack plan" not in got.text
+    assert "--sync step" not in got.text and "varpack plan" not in got.text
     bare = sync_advice("p", meta("micro", 4, {}), "step", "DDP", 2)
-    assert bare is not None and "balanced there too, though" in bare.text  # no figures, no guess
+    assert bare is not None and bare.text.endswith("balanced there too")  # no figures, no guess
 
 
 def test_real_plans_figures(tmp_path: Path) -> None:

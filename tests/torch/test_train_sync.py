@@ -38,7 +38,10 @@ def test_a_micro_plan_is_one_note_with_both_times(plans: Path) -> None:
     assert note is not None and "\n" not in note
     assert note.startswith(f"note: {plans / 'micro'} was balanced for ranks that meet at every ")
     assert "but DDP meets once per optimizer step: balanced there too" in note
-    assert f"({times['step']:.3f}x ideal; {times['micro']:.3f}x under micro)" in note
+    bound = plan.meta["stats"]["time_vs_ideal_bound"]
+    assert note.endswith(f"({times['step']:.3f}x ideal; {times['micro']:.3f}x under micro; no "
+                         f"composition of its samples into as many steps below {bound:.3f}x)")  # fmt: skip
+    assert "--sync step" not in note.split("but DDP")[1]  # no plan it has not measured
     assert "warning" not in note  # harmless: no warning in the default path
 
 

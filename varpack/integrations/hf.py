@@ -14,7 +14,8 @@ What the plan decides, the Trainer must not decide again. :class:`VarpackTrainer
   Trainer's (:func:`~varpack.integrations.world.check_world`);
 - synchronisation: a plan balanced for ranks that meet once per step (``--sync step``) under
   FSDP or DeepSpeed ZeRO-3 (they meet at every micro-batch) is one warning on rank 0 when the
-  Trainer is built (:func:`~varpack.integrations.sync.check_sync`);
+  Trainer is built (:func:`~varpack.integrations.sync.check_sync`), held to what runs: on the
+  CPU ``fsdp=...`` trains DDP, and a warning says so;
 - vocabulary: this rank's token ids are checked against the model's vocabulary before anything
   is built (:func:`~varpack.torch.vocab.check_vocab`, as ``jobs/train.py`` does);
 - steps: ``max_steps`` is the plan's steps (a smaller one stops early);
@@ -31,6 +32,9 @@ What the plan decides, the Trainer must not decide again. :class:`VarpackTrainer
   :class:`~varpack.torch.lr.VariableBatchSizeLR` with the plan's LR factor of each step (indexed
   by the global step, which is the plan's step). A run resumed with another ``max_steps``
   follows the new schedule from its first step;
+- epoch: ``state.epoch`` after each step is the plan's steps done over its steps
+  (:class:`PlanEpoch`), so a resumed run goes on counting where the checkpoint stood (Trainer
+  counts the micro-batches of its own ``train`` call, from 0 again);
 - checkpoints: ``_save_checkpoint`` writes the loader's cursor to ``checkpoint-N/``
   :data:`LOADER_STATE`, ``train(resume_from_checkpoint=...)`` restores it, and
   ``ignore_data_skip`` is forced on (the cursor already stands at the next micro-batch; Trainer's
@@ -51,12 +55,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from varpack.errors import ConfigError, InputError
 from varpack.integrations.loss import LossFn, plan_loss, unwrapped
-from varpack.integrations.sync import check_sync
+from varpack.integrations.sync import asked, check_sync
 from varpack.integrations.world import check_world, settle_world
 from varpack.torch.job import all_or_none
 from varpack.torch.loader import PlanLoader
@@ -198,6 +202,18 @@ def untied(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+class PlanEpoch(TrainerCallback):  # type: ignore[misc]
+    """``state.epoch`` after each optimizer step: the plan's steps done over its steps (what
+    Trainer counts in an uninterrupted run, micro-batches over a pass). Trainer counts the
+    micro-batches of the current ``train`` call only, so after a resume it started again at 0."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = max(int(steps), 1)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        state.epoch = state.global_step / self.steps
+
+
 class VarpackTrainerMixin(_Base):
     """Put before a ``transformers.Trainer`` subclass: ``class T(VarpackTrainerMixin, SFTTrainer)``.
 
@@ -238,7 +254,10 @@ class VarpackTrainerMixin(_Base):
         self.loss_fn = loss_fn
         self.attn_implementation = attn_implementation
         super().__init__(model, args, *more, **kwargs)
-        check_sync(self.accelerator, plan_loader, self.model)  # the plugins are known by now
+        # first: every other callback (and the log line) sees the step's epoch of the plan
+        self.callback_handler.callbacks.insert(0, PlanEpoch(plan_loader.num_steps))
+        # the plugins are known by now; FSDP asked for and not run (the CPU) is said too
+        check_sync(self.accelerator, plan_loader, self.model, asked(args))
 
     # -- data ------------------------------------------------------------------------------
     def get_train_dataloader(self) -> Any:
@@ -369,6 +388,7 @@ __all__ = [
     "BATCH_KEY",
     "LOADER_STATE",
     "PlanBatches",
+    "PlanEpoch",
     "VarpackTrainer",
     "VarpackTrainerMixin",
     "check_model_vocab",

@@ -129,7 +129,7 @@ def log(rank: int, msg: str | None) -> None:
 def sync_note(plan: Any, dp: int) -> str | None:
     """What a DDP job (its ranks meet once per step, ``no_sync`` before) makes of ``plan``'s
     ``sync`` over ``dp`` data-parallel ranks: a ``--sync micro`` plan is balanced for it too,
-    but a ``step`` plan may level the step sums further (``varpack.planfile.trainer_sync``)."""
+    by the plan's own figures (``varpack.planfile.trainer_sync``)."""
     advice = sync_advice(str(plan.path), plan.meta, "step", "DDP", dp)
     return None if advice is None else f"{'warning' if advice.harmful else 'note'}: {advice.text}"
 
