@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import click
 
@@ -64,3 +64,18 @@ def read_model(name: str, flag: str = "CONFIG") -> Model:
             f"preset ({', '.join(sorted(PRESET_CONFIGS))})"
         )
     return Model(preset_spec(key), f"preset {key} ({PRESET_CONFIGS[key][0]})")
+
+
+def read_model_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Plan ``options`` with ``--model CONFIG`` read into the model's spec."""
+    if isinstance(options.get("model"), str):
+        return {**options, "model": model_option(options["model"])}
+    return options
+
+
+def model_option(path: str, flag: str = "--model") -> ModelSpec | str:
+    """The spec of the config.json at ``path`` (or in it, a directory); a preset's name (not a
+    path) stays a name, which the plan's config resolves as ``--model-preset`` would."""
+    if not Path(path).exists() and preset_key(path) is not None:
+        return path
+    return read_config(path, flag)

@@ -29,6 +29,7 @@ from varpack.plan.figures.words import (
     token_line,
     tokens_how,
 )
+from varpack.plan.model_choice import model_rows
 
 
 def describe(path: str | os.PathLike[str], plan: Plan | None = None) -> dict[str, Any]:
@@ -406,6 +407,7 @@ def render(info: dict[str, Any]) -> str:
         ("padded tokens", f"{s['padded_tokens']:,} (padding {100 * s['padding_ratio']:.3f}%)"),
         ("time vs ideal", f"{s['time_vs_ideal']:.4f} (cost {s['cost']}, {_sync(cfg)} sync)"),
         ("", f"({TIME_VS_IDEAL_LEGEND})"),
+        *model_rows(cfg),
         *_sync_rows(s),
         *_balance_rows(s),
         (

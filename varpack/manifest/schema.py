@@ -37,6 +37,7 @@ from typing import Any
 from varpack.errors import VarpackError
 from varpack.plan.config import PlanConfig
 from varpack.plan.context import OPTIONAL_KEYS
+from varpack.plan.models import ModelSpec
 
 #: plan.json's key for the fingerprint of config + input + manifests
 FINGERPRINT_KEY = "plan_fingerprint"
@@ -173,7 +174,8 @@ def _config_spec(version: int = 1 << 30) -> Spec:
     """Every PlanConfig option with its type (plan.json holds the fully resolved config); the
     options a version after ``version`` added are optional."""
     hints = typing.get_type_hints(PlanConfig)
-    simple = {int: integer(), float: NUMBER, str: STRING}
+    model = Spec("an object of the model's fields", lambda v: isinstance(v, dict))
+    simple = {int: integer(), float: NUMBER, str: STRING, ModelSpec: model}
     keys: dict[str, Spec] = {}
     for f in fields(PlanConfig):
         hint = hints[f.name]
