@@ -34,6 +34,7 @@ import numpy as np
 from varpack.errors import ConfigError, InputError
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.batch import batch_config, batch_figures, plan_batch_arrays
+from varpack.plan.model_choice import as_spec
 
 Steps = list[list[list[np.ndarray]]]
 
@@ -168,6 +169,7 @@ def plan_batch(
     hidden: int | None = None,
     kv_hidden: int | None = None,
     layers: int | None = None,
+    model: Any = None,
     sync: str = "micro",
     layout: str = "packed",
     pad_multiple: int = 1,
@@ -186,8 +188,10 @@ def plan_batch(
         dp: data-parallel ranks.
         max_tokens: token budget of a micro-batch (with ``forward_only``, the inference budget).
         mini_batches: optimizer steps the batch is trained in (PPO / GRPO mini-batches).
-        cost: ``tokens``, ``padded`` or ``flops`` (with ``hidden``, ``kv_hidden``, ``layers``):
-            what ranks are balanced by.
+        cost: ``tokens``, ``padded`` or ``flops`` (with ``model``; ``hidden``, ``kv_hidden``,
+            ``layers`` for Skrull's approximation): what ranks are balanced by.
+        model: the model ``flops`` prices: a parsed config.json (dict), a preset name or a
+            :class:`~varpack.plan.models.ModelSpec`.
         sync: ``micro`` (ranks meet at every micro-batch: FSDP, ZeRO-3) or ``step`` (once per
             step: DDP with ``no_sync``; the one with ``pp > 1``).
         layout: ``packed`` (one row per micro-batch, ``cu_seqlens``) or ``padded`` (B x T).
@@ -225,8 +229,8 @@ def plan_batch(
         sync = "micro"  # an inference pass: every slot balanced, whatever the trainer waits on
     options = dict(
         dp=dp, max_tokens=max_tokens, cost=cost, hidden=hidden, kv_hidden=kv_hidden,
-        layers=layers, sync=sync, layout=layout, pad_multiple=pad_multiple, pp=pp, seed=seed,
-        oversize=oversize, max_shapes=max_shapes,
+        layers=layers, model=as_spec(model, "model"), sync=sync, layout=layout,
+        pad_multiple=pad_multiple, pp=pp, seed=seed, oversize=oversize, max_shapes=max_shapes,
     )  # fmt: skip
     if oversize not in ("alone", "split", "error"):
         raise ConfigError(f"oversize={oversize!r}: choose alone, split or error")
