@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -11,17 +12,18 @@ from testkit import cli
 
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import sample_flops
-from varpack.plan.models import PRESETS
+from varpack.plan.models import PRESET_CONFIGS, PRESETS, preset_spec
+from varpack.plan.models.flops import sample_train_flops
 
 
-def _csv(path: Path, rows: list[tuple[float, ...]], header: str) -> Path:
+def _csv(path: Path, rows: Sequence[tuple[object, ...]], header: str) -> Path:
     path.write_text(header + "\n" + "\n".join(",".join(str(v) for v in r) for r in rows) + "\n")
     return path
 
 
 def test_recovers_a_and_b_and_plans_with_them(tmp_path):
     tokens = np.array([512, 1024, 2048, 3000, 4096, 6000, 8192, 12000])
-    flops = sample_flops(tokens, PRESETS["qwen2.5-0.5b"])
+    flops = sample_train_flops(tokens, preset_spec("qwen2.5-0.5b"))
     rows = [(t, 3000 * t + 7e6, 2e-13 * f + 0.05) for t, f in zip(tokens, flops, strict=True)]
     src = _csv(tmp_path / "steps.csv", rows, "tokens,peak_memory,step_time")
     out = tmp_path / "calib.json"
@@ -40,6 +42,30 @@ def test_recovers_a_and_b_and_plans_with_them(tmp_path):
         **{k: got[k] for k in ("memory_per_token", "memory_fixed", "time_per_flop", "time_fixed")},
     ).resolved()  # fmt: skip
     assert cfg.bucket() == got["bucket_size"] and cfg.max_tokens == 2 * got["bucket_size"]
+
+
+@pytest.mark.parametrize("how", ["file", "dir", "preset", "dims"])
+def test_each_rows_flops_from_the_model_given(tmp_path, how):
+    """--model CONFIG (a file, its directory, a preset name) counts the model's exact FLOPs;
+    --hidden --kv-hidden --layers Skrull's approximation."""
+    tokens = np.array([512, 2048, 4096, 16000, 32000])
+    spec = preset_spec("mistral-7b-v0.1")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(PRESET_CONFIGS["mistral-7b-v0.1"][1]))
+    d = PRESETS["mistral-7b-v0.1"]
+    cases: dict[str, tuple[list[object], np.ndarray]] = {
+        "file": (["--model", tmp_path / "m" / "config.json"], sample_train_flops(tokens, spec)),
+        "dir": (["--model", tmp_path / "m"], sample_train_flops(tokens, spec)),
+        "preset": (["--model", "mistral-7b-v0.1"], sample_train_flops(tokens, spec)),
+        "dims": (["--hidden", d.hidden, "--kv-hidden", d.kv_hidden, "--layers", d.layers],
+                 sample_flops(tokens, d)),
+    }  # fmt: skip
+    args, flops = cases[how]
+    rows = [(t, 1e-12 * f + 0.5) for t, f in zip(tokens, flops, strict=True)]
+    src = _csv(tmp_path / "steps.csv", rows, "tokens,step_time")
+    cli("calibrate", src, tmp_path / "o.json", *args)
+    got = json.loads((tmp_path / "o.json").read_text())
+    assert got["time_per_flop"] == pytest.approx(1e-12) and got["time_fixed"] == pytest.approx(0.5)
 
 
 def test_flops_column_and_memory_only(tmp_path):
@@ -64,6 +90,13 @@ def test_flops_column_and_memory_only(tmp_path):
         ("tokens,peak_memory", [(1, 9), (2, 5)], [], "does not grow with the work"),
         ("tokens,step_time", [(1, 9), (2, 5)], [], "step_time needs a flops column"),
         ("tokens,step_time", [(1, 9), (2, 5)], ["--hidden", "8"], "give all of --hidden"),
+        (
+            "tokens,step_time",
+            [(1, 9), (2, 5)],
+            ["--model", "qwen2.5-7b", "--model-preset", "qwen2.5-7b"],
+            "give one model",
+        ),
+        ("tokens,step_time", [(1, 9), (2, 5)], ["--model", "nope"], "--model 'nope' is neither"),
         ("tokens,peak_memory", [(1, -1), (2, 5)], [], "must be finite and >= 0"),
     ],
 )

@@ -35,7 +35,8 @@ def test_plan_from_metadata_validates(tmp_path, meta):
     assert "steps x 2 ranks x 2 micro-batches" in res.stdout
     plan = load_plan(out, verify=True)
     assert plan.meta["input"]["num_samples"] == 3000
-    assert plan.meta["config"]["hidden"] == 896  # resolved, defaults included
+    config = plan.meta["config"]  # resolved, defaults and the preset's model included
+    assert config["model"]["hidden"] == 896 and config["model_digest"].startswith("sha256:")
     assert plan.meta["config"]["order"] == "curriculum" and plan.meta["layout"]["pp"] == 1
     assert validate_plan(out, (ids, lens)).problems == []
     ok = cli("validate", out, "--metadata", root)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ from varpack.plan.figures.stats import mixing
 from varpack.plan.kernels.assign import balance_ranks
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete, pack
-from varpack.plan.models import PRESETS
+from varpack.plan.models import PRESETS, preset_spec
+from varpack.plan.models.flops import linear_per_token, sample_train_flops
 from varpack.planfile.format import write_plan
 from varpack.planfile.tables import plan_tables
 from varpack.validate import validate_plan
@@ -104,11 +106,54 @@ def test_bad_input_arrays():
         ({"max_tokens": 8, "batch_size": 4}, "conflicts"),
         ({"batching": "fixed", "batch_size": 2, "max_tokens": 8}, "conflicts"),
         ({"max_tokens": 8, "cost": "flops", "model_preset": "gpt-9"}, "unknown"),
-        ({"max_tokens": 8, "cost": "flops"}, "needs --model-preset"),
+        ({"max_tokens": 8, "cost": "flops"}, "needs the model it prices: --model CONFIG"),
         ({"max_tokens": 8, "model_preset": "qwen2.5-7b"}, "only used by --cost flops"),
         (
             {"max_tokens": 8, "cost": "flops", "model_preset": "qwen2.5-7b", "hidden": 7},
-            "conflicts",
+            "needs all three dimensions",
+        ),
+        (
+            {
+                "max_tokens": 8,
+                "cost": "flops",
+                "model_preset": "qwen2.5-7b",
+                "hidden": 7,
+                "kv_hidden": 512,
+                "layers": 28,
+            },
+            "--hidden conflicts with --model-preset",
+        ),
+        (
+            {
+                "max_tokens": 8,
+                "cost": "flops",
+                "model": "qwen2.5-7b",
+                "hidden": 7,
+                "kv_hidden": 512,
+                "layers": 28,
+            },
+            "--hidden conflicts with --model",
+        ),
+        (
+            {
+                "max_tokens": 8,
+                "cost": "flops",
+                "model": "qwen2.5-7b",
+                "model_preset": "qwen2.5-0.5b",
+            },
+            "--model conflicts with --model-preset",
+        ),
+        ({"max_tokens": 8, "cost": "flops", "model": "gpt-9"}, "'gpt-9' is not a preset"),
+        ({"max_tokens": 8, "model": "qwen2.5-7b"}, "--model is only used by --cost flops"),
+        ({"max_tokens": 8, "model_digest": "sha256:0"}, "only used with a model"),
+        (
+            {
+                "max_tokens": 8,
+                "cost": "flops",
+                "model_preset": "qwen2.5-7b",
+                "model_digest": "sha256:0",
+            },
+            "does not match the model's fields",
         ),
         ({"max_tokens": 8, "lr_scaling": "linear"}, "needs --base-batch-size"),
         ({"max_tokens": 8, "base_batch_size": 4}, "no effect"),
@@ -123,11 +168,32 @@ def test_config_errors(kw, match):
 
 def test_config_resolves_preset_and_is_idempotent():
     cfg = PlanConfig(max_tokens=8, cost="flops", model_preset="Qwen2.5-0.5B").resolved()
-    assert (cfg.hidden, cfg.kv_hidden, cfg.layers) == (896, 128, 24)
+    assert cfg.model == preset_spec("qwen2.5-0.5b") and cfg.model_preset == "qwen2.5-0.5b"
+    assert cfg.model_digest == cfg.model.digest() and cfg.hidden is None
     assert cfg.resolved() == cfg
     assert PlanConfig.from_mapping(cfg.to_dict()).resolved() == cfg
+    assert cfg.to_dict()["model"] == cfg.model.to_dict()
     with pytest.raises(ConfigError, match="unknown option 'max_tokenz'"):
         PlanConfig.from_mapping({"max_tokenz": 3})
+    # the model's config (its dict), or its spec, resolve alike; plans without one keep no key
+    as_dict: Any = cfg.model.to_dict()  # the Python API takes the spec's dict too
+    by_config = PlanConfig(max_tokens=8, cost="flops", model=as_dict).resolved()
+    assert by_config.model == cfg.model and by_config.model_preset is None
+    assert "model" not in PlanConfig(max_tokens=8).resolved().to_dict()
+    # plans made before configs were read record the preset with its Skrull dimensions
+    old = PlanConfig(max_tokens=8, cost="flops", model_preset="qwen2.5-0.5b", hidden=896,
+                     kv_hidden=128, layers=24).resolved()  # fmt: skip
+    assert old.model is None and old.cost_model().dims == PRESETS["qwen2.5-0.5b"]
+
+
+def test_a_recorded_model_edited_by_hand_is_refused():
+    d = PlanConfig(max_tokens=8, cost="flops", model_preset="qwen2.5-7b").resolved().to_dict()
+    d["model"]["vocab"] += 1
+    with pytest.raises(ConfigError, match="does not match the model's fields"):
+        PlanConfig.from_mapping(d).resolved()
+    d["model"]["vocab"] = "many"
+    with pytest.raises(ConfigError, match="config: model: vocab must be a positive integer"):
+        PlanConfig.from_mapping(d)
 
 
 def test_flops_model():
@@ -136,11 +202,19 @@ def test_flops_model():
     want = d.layers * (20 * d.hidden**2 * s + 4 * d.hidden * d.kv_hidden * s + 4 * d.hidden * s * s)
     assert sample_flops(np.array([4096]), d)[0] == pytest.approx(want)
     # Padded layout: every row costs flops(T); packed: the samples plus linear pad tokens.
-    cfg = PlanConfig(
-        max_tokens=64, cost="flops", model_preset="qwen2.5-0.5b", layout="padded"
-    ).resolved()
+    cfg = PlanConfig(max_tokens=64, cost="flops", layout="padded", hidden=d.hidden,
+                     kv_hidden=d.kv_hidden, layers=d.layers).resolved()  # fmt: skip
     m = summarize(np.array([0, 2]), np.array([3, 8]), cfg.micro_rule())
     assert m.cost[0] == pytest.approx(2 * sample_flops(np.array([8]), d)[0])
+    # a model: its exact training FLOPs; pad tokens of a packed row cost their linear part
+    spec = preset_spec("qwen2.5-0.5b")
+    cfg = PlanConfig(max_tokens=64, cost="flops", model_preset="qwen2.5-0.5b").resolved()
+    m = summarize(np.array([0, 2]), np.array([3, 8]), cfg.micro_rule())
+    assert m.cost[0] == pytest.approx(sample_train_flops(np.array([3, 8]), spec).sum())
+    padded = dataclasses.replace(cfg, pad_multiple=16)
+    m = summarize(np.array([0, 2]), np.array([3, 8]), padded.micro_rule())
+    pad = 3 * linear_per_token(spec) * (16 - 11)
+    assert m.cost[0] == pytest.approx(sample_train_flops(np.array([3, 8]), spec).sum() + pad)
 
 
 def test_balance_ranks_minimises_the_slowest():

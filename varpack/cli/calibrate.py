@@ -12,7 +12,8 @@ import numpy as np
 
 from varpack.errors import InputError
 from varpack.plan.cost import sample_flops
-from varpack.plan.models import PRESETS, ModelDims
+from varpack.plan.models import PRESETS, ModelDims, ModelSpec, preset_spec
+from varpack.plan.models.flops import sample_train_flops
 
 _NEEDED = ("tokens",)
 _OPTIONAL = ("peak_memory", "step_time", "flops")
@@ -50,14 +51,23 @@ def _read(path: Path) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in cols.items() if k in _NEEDED + _OPTIONAL}
 
 
-def _dims(
-    preset: str | None, hidden: int | None, kv: int | None, layers: int | None
-) -> ModelDims | None:
-    if preset is not None:
-        return PRESETS[preset]
+def _model(
+    config: str | None, preset: str | None, hidden: int | None, kv: int | None, layers: int | None
+) -> ModelSpec | ModelDims | None:
+    """The model the rows' FLOPs are counted for: its config, a preset, or Skrull's dimensions."""
     given = [v is not None for v in (hidden, kv, layers)]
     if any(given) and not all(given):
-        raise InputError("calibrate: give all of --hidden --kv-hidden --layers, or --model-preset")
+        raise InputError("calibrate: give all of --hidden --kv-hidden --layers, or --model")
+    if sum([config is not None, preset is not None, all(given)]) > 1:
+        raise InputError(
+            "calibrate: give one model: --model, --model-preset or --hidden --kv-hidden --layers"
+        )
+    if config is not None:
+        from varpack.cli.model import read_model
+
+        return read_model(config, "--model").spec
+    if preset is not None:
+        return preset_spec(preset)
     return ModelDims(hidden, kv, layers) if all(given) else None  # type: ignore[arg-type]
 
 
@@ -67,14 +77,22 @@ def _dims(
 )
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option(
+    "--model",
+    "model_config",
+    metavar="CONFIG",
+    default=None,
+    help="The model whose FLOPs each row costs (without a flops column): a Hugging Face "
+    "config.json, its directory, or a preset name.",
+)
+@click.option(
     "--model-preset",
     type=click.Choice(sorted(PRESETS)),
     default=None,
-    help="Model dimensions for the FLOPs of each row (without a flops column).",
+    help="A bundled model whose FLOPs each row costs (without a flops column).",
 )
-@click.option("--hidden", type=click.IntRange(1), default=None, help="Hidden size h.")
-@click.option("--kv-hidden", type=click.IntRange(1), default=None, help="Key/value hidden size.")
-@click.option("--layers", type=click.IntRange(1), default=None, help="Transformer layers.")
+@click.option("--hidden", type=click.IntRange(1), default=None, help="Skrull's hidden size h.")
+@click.option("--kv-hidden", type=click.IntRange(1), default=None, help="Skrull's key/value width.")
+@click.option("--layers", type=click.IntRange(1), default=None, help="Skrull's layers.")
 @click.option(
     "--memory-capacity",
     type=click.IntRange(1),
@@ -88,9 +106,9 @@ def _dims(
     help="Keep every k-th row out of the fit and report the error predicting it.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUT.")
-def calibrate(csv_path: Path, out: Path, model_preset: str | None, hidden: int | None,
-              kv_hidden: int | None, layers: int | None, memory_capacity: int | None,
-              holdout: int, overwrite: bool) -> None:  # fmt: skip
+def calibrate(csv_path: Path, out: Path, model_config: str | None, model_preset: str | None,
+              hidden: int | None, kv_hidden: int | None, layers: int | None,
+              memory_capacity: int | None, holdout: int, overwrite: bool) -> None:  # fmt: skip
     """Fit A, B (activation bytes = A * tokens + B) and a, b (seconds = a * flops + b) from CSV.
 
     CSV has a header and one row per measured step: tokens, peak_memory (bytes) and/or
@@ -104,14 +122,17 @@ def calibrate(csv_path: Path, out: Path, model_preset: str | None, hidden: int |
     from varpack.plan.calibrate import calibrate as fit
 
     cols = _read(csv_path)
-    dims = _dims(model_preset, hidden, kv_hidden, layers)
+    model = _model(model_config, model_preset, hidden, kv_hidden, layers)
     seconds = cols.get("step_time")
     flops = cols.get("flops")
     if seconds is not None and flops is None:
-        if dims is None:
-            raise InputError("calibrate: step_time needs a flops column, --model-preset or "
-                             "--hidden --kv-hidden --layers")  # fmt: skip
-        flops = sample_flops(cols["tokens"], dims)
+        if model is None:
+            raise InputError("calibrate: step_time needs a flops column, --model, --model-preset "
+                             "or --hidden --kv-hidden --layers")  # fmt: skip
+        if isinstance(model, ModelSpec):
+            flops = sample_train_flops(cols["tokens"], model)
+        else:
+            flops = sample_flops(cols["tokens"], model)
     if seconds is None and cols.get("peak_memory") is None:
         raise InputError(f"{csv_path}: neither peak_memory nor step_time; nothing to fit")
     result: dict[str, Any] = {"varpack_calibration": 1, "source": str(csv_path)}

@@ -31,6 +31,13 @@ def _option_decorators() -> list[Callable[[Any], Any]]:
     defaults = PlanConfig()
     hints = typing.get_type_hints(PlanConfig)
     for f in dataclasses.fields(PlanConfig):
+        if f.name == "model_digest":  # recorded in plan.json from the model, never given
+            continue
+        if f.name == "model":  # a path: read into the model's spec (cli/model.py)
+            out.append(
+                click.option("--model", default=None, metavar="CONFIG", help=f.metadata["help"])
+            )
+            continue
         typ = _click_type(f, hints[f.name])
         default = getattr(defaults, f.name)
         help_text = f.metadata["help"]
@@ -266,7 +273,11 @@ def _settings(
     total_tokens = given(total_tokens, "total_tokens")
     total_samples = given(total_samples, "total_samples")
     values = {k: v for k, v in values.items() if k not in CARRY_KEYS}
-    values.update({k: v for k, v in options.items() if v is not None})
+    from varpack.cli.model import model_option, read_model_options
+
+    if isinstance(values.get("model"), str):  # plan.toml: model = "path/to/config.json"
+        values["model"] = model_option(values["model"], f"--config {config_file}: model")
+    values.update(read_model_options({k: v for k, v in options.items() if v is not None}))
     cfg = PlanConfig.from_mapping(values).resolved()
     blend = None
     if mix is not None:

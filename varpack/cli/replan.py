@@ -59,7 +59,9 @@ def replan(
     from varpack.make.replan import replan as run_replan
 
     check_output(out, overwrite, [plan])
-    given = {k: v for k, v in options.items() if v is not None}
+    from varpack.cli.model import read_model_options
+
+    given = read_model_options({k: v for k, v in options.items() if v is not None})
     meta, kept = run_replan(plan, out, from_step, given, overwrite, rebalance)
     if kept:  # micro-batches composed for the old grad-accum may not level fewer per rank
         from varpack.planfile.format import read_meta

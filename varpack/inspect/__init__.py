@@ -33,6 +33,7 @@ from varpack.plan.figures.words import (
     token_line,
     tokens_how,
 )
+from varpack.plan.model_choice import model_rows
 from varpack.planfile.format import Plan, load_plan, read_meta
 
 
@@ -411,6 +412,7 @@ def render(info: dict[str, Any]) -> str:
         ("padded tokens", f"{s['padded_tokens']:,} (padding {100 * s['padding_ratio']:.3f}%)"),
         ("time vs ideal", f"{s['time_vs_ideal']:.4f} (cost {s['cost']}, {_sync(cfg)} sync)"),
         ("", f"({time_vs_ideal_legend(_sync(cfg))})"),
+        *model_rows(cfg),
         *_sync_rows(s),
         *_balance_rows(s),
         (

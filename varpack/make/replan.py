@@ -38,6 +38,7 @@ from varpack.make.remaining import data_config, epoch_streams, plan_streams
 from varpack.plan.config import PlanConfig
 from varpack.plan.cp.cost import cp_load, cp_model
 from varpack.plan.kernels.micro import Micro, summarize
+from varpack.plan.model_choice import model_options
 from varpack.plan.reshard import reshard
 from varpack.planfile.format import (
     MAX_DEPTH,
@@ -86,7 +87,7 @@ def child_config(cfg: PlanConfig, options: Mapping[str, Any]) -> PlanConfig:
             "--warmup reorder: a replanned plan holds no warm-up prefix; warm up at run time "
             "(varpack.torch.warmup.compile_warmup reads the new plan's shapes per rank)"
         )
-    values = {**cfg.to_dict(), **options, "warmup": "none"}
+    values = {**model_options(cfg.to_dict(), options), **options, "warmup": "none"}
     dp = options.get("dp", cfg.dp)
     total = cfg.dp * cfg.grad_accum
     if "grad_accum" not in options:

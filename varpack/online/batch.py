@@ -204,6 +204,7 @@ def plan_batch(
     hidden: int | None = None,
     kv_hidden: int | None = None,
     layers: int | None = None,
+    model: Any = None,
     sync: str | None = None,
     layout: str = "packed",
     pad_multiple: int = 1,
@@ -222,8 +223,10 @@ def plan_batch(
         dp: data-parallel ranks.
         max_tokens: token budget of a micro-batch (with ``forward_only``, the inference budget).
         mini_batches: optimizer steps the batch is trained in (PPO / GRPO mini-batches).
-        cost: ``tokens``, ``padded`` or ``flops`` (with ``hidden``, ``kv_hidden``, ``layers``):
-            what ranks are balanced by.
+        cost: ``tokens``, ``padded`` or ``flops`` (with ``model``; ``hidden``, ``kv_hidden``,
+            ``layers`` for Skrull's approximation): what ranks are balanced by.
+        model: the model ``flops`` prices: a parsed config.json (dict), a preset name or a
+            :class:`~varpack.plan.models.ModelSpec`.
         sync: ``micro`` (ranks meet at every micro-batch: FSDP, ZeRO-3) or ``step`` (once per
             step: DDP with ``no_sync``, pipelines). Default ``micro``, ``step`` with ``pp > 1``
             (where ``micro`` is refused).
@@ -249,7 +252,8 @@ def plan_batch(
     default_threads()  # a bad $VARPACK_THREADS is refused here as by every command
     o = batch_options(
         dp=dp, max_tokens=max_tokens, mini_batches=mini_batches, cost=cost, hidden=hidden,
-        kv_hidden=kv_hidden, layers=layers, sync=sync, layout=layout, pad_multiple=pad_multiple,
+        kv_hidden=kv_hidden, layers=layers, model=model, sync=sync, layout=layout,
+        pad_multiple=pad_multiple,
         pp=pp, seed=seed, forward_only=forward_only, oversize=oversize, max_shapes=max_shapes,
     )  # fmt: skip
     lens = lengths_array(lengths)

@@ -19,6 +19,7 @@ import numpy as np
 from varpack.errors import ConfigError, InputError
 from varpack.plan.config import CHOICES as PLAN_CHOICES
 from varpack.plan.config import COUNT_MAX, INT32_MAX, PlanConfig
+from varpack.plan.model_choice import as_spec
 
 #: option -> (least, most) an integer option may take: the planner's bounds of the same option
 BOUNDS: dict[str, tuple[int, int]] = {
@@ -84,6 +85,8 @@ def checked_options(**given: Any) -> dict[str, Any]:
             out[name] = integer(name, value, *BOUNDS[name])
         elif name == "mini_batches":
             out[name] = integer(name, value, 1, COUNT_MAX)
+        elif name == "model":
+            out[name] = as_spec(value, "model")
         elif name == "forward_only":
             if not isinstance(value, bool | np.bool_):
                 raise ConfigError(f"forward_only={shown(value)}: must be True or False")
@@ -108,7 +111,7 @@ def batch_options(**given: Any) -> Options:
     (``sync``: ``step`` with ``pp > 1``; ``oversize``: ``error`` where shapes are fixed)."""
     o = checked_options(**given)
     pp, max_shapes, sync, oversize = o["pp"], o["max_shapes"], o["sync"], o["oversize"]
-    _check_model(o["cost"], {k: o[k] for k in ("hidden", "kv_hidden", "layers")})
+    _check_model(o["cost"], o["model"], {k: o[k] for k in ("hidden", "kv_hidden", "layers")})
     if o["pad_multiple"] > o["max_tokens"]:
         raise ConfigError(
             f"pad_multiple={o['pad_multiple']} exceeds max_tokens={o['max_tokens']}: nothing "
@@ -148,18 +151,28 @@ def batch_options(**given: Any) -> Options:
     return Options(config, o["mini_batches"], o["forward_only"])
 
 
-def _check_model(cost: str, dims: dict[str, int | None]) -> None:
-    """The model's dimensions with ``cost="flops"``, and only there."""
+def _check_model(cost: str, model: Any, dims: dict[str, int | None]) -> None:
+    """The model with ``cost="flops"``, and only there: ``model``, or Skrull's three
+    dimensions (``hidden``, ``kv_hidden``, ``layers``), not both."""
     given = [k for k, v in dims.items() if v is not None]
-    if cost != "flops" and given:
+    if cost != "flops" and (given or model is not None):
+        what = "model" if model is not None else given[0]
         raise ConfigError(
-            f"{given[0]} is only used by cost='flops'; pass cost='flops' or leave {given[0]} out"
+            f"{what} is only used by cost='flops'; pass cost='flops' or leave {what} out"
+        )
+    if cost != "flops":
+        return
+    if model is not None and given:
+        raise ConfigError(
+            f"{given[0]} conflicts with model: give the model (its config.json's dict, a preset "
+            "name or a ModelSpec), or Skrull's hidden, kv_hidden and layers, not both"
         )
     missing = [k for k, v in dims.items() if v is None]
-    if cost == "flops" and missing:
+    if model is None and missing:
         raise ConfigError(
-            "cost='flops' needs the model's hidden, kv_hidden (key/value heads x head dim) and "
-            f"layers (missing {', '.join(missing)})"
+            "cost='flops' needs the model: model= (a config.json's dict, a preset name or a "
+            "ModelSpec), or Skrull's hidden, kv_hidden (key/value heads x head dim) and layers "
+            f"(missing {', '.join(missing)})"
         )
 
 

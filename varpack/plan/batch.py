@@ -38,7 +38,7 @@ import numpy as np
 from varpack.errors import ConfigError
 from varpack.plan.arrays import Batches, PlanArrays, Selection
 from varpack.plan.config import PlanConfig
-from varpack.plan.cost import cost_coefficients, sample_cost
+from varpack.plan.cost import bound_pricing, cost_coefficients, sample_cost
 from varpack.plan.figures.bound import time_bound
 from varpack.plan.kernels import assign as algo
 from varpack.plan.kernels.compose import compose_run
@@ -325,8 +325,8 @@ def batch_figures(p: PlanArrays) -> dict[str, Any]:
         dp=cfg.dp,
         k=1 if slotted(cfg.sync, cfg.grad_accum) else cfg.grad_accum,
         cap=capacity(cfg.pad_multiple, cfg.max_tokens),
-        coeffs=cost_coefficients(cfg.cost_model()),
         ideal_cost=ideal_cost,
+        **bound_pricing(cfg.cost_model()),
     )
     return {
         "time_vs_ideal": by_sync[str(cfg.sync)],

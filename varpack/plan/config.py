@@ -1,8 +1,8 @@
 """Every planning option in one frozen dataclass: its default, its help, its validation.
 
 The CLI, a ``plan.toml`` file and the Python API all end in :class:`PlanConfig`; ``plan.json``
-stores :meth:`PlanConfig.to_dict` of the *resolved* config (defaults and preset dimensions filled
-in), and ``validate`` rebuilds the config from there with :meth:`PlanConfig.from_mapping`. The
+stores :meth:`PlanConfig.to_dict` of the *resolved* config (defaults filled in, the model's spec
+and digest recorded), and ``validate`` rebuilds the config from there with :meth:`PlanConfig.from_mapping`. The
 help of each option sits with its field (``metadata["help"]``, and ``metadata["choices"]`` for the
 options chosen by name); the CLI builds its flags from the fields and their annotations.
 Strategies named here are looked up in the registries of the stages (orders, cost models, LR
@@ -21,7 +21,8 @@ from varpack.plan.context import ContextOptions, option, unused
 from varpack.plan.cost import CostModel
 from varpack.plan.kernels.micro import MicroRule
 from varpack.plan.kernels.pack import PackRule
-from varpack.plan.models import PRESETS, ModelDims
+from varpack.plan.model_choice import as_spec, resolve_model
+from varpack.plan.models import PRESET_CONFIGS, ModelDims, ModelSpec
 from varpack.plan.oversize import resolve_oversize
 from varpack.plan.sync import resolve_sync
 
@@ -91,17 +92,23 @@ class PlanConfig(ContextOptions):
         ("tokens", "padded", "flops", "time"),
     )
     model_preset: str | None = option(
-        None, f"model dimensions for --cost flops/time: {', '.join(sorted(PRESETS))}"
+        None, f"a bundled model for --cost flops/time: {', '.join(sorted(PRESET_CONFIGS))}"
     )
-    hidden: int | None = option(None, "hidden size h for --cost flops", bounds=(1, COUNT_MAX))
+    hidden: int | None = option(
+        None, "hidden size h of Skrull's approximation (--cost flops)", bounds=(1, COUNT_MAX)
+    )
     kv_hidden: int | None = option(
         None,
-        "key/value hidden size (kv heads x head dim) for --cost flops",
+        "key/value hidden size (kv heads x head dim) of Skrull's approximation",
         bounds=(1, COUNT_MAX),
     )
     layers: int | None = option(
-        None, "number of transformer layers for --cost flops", bounds=(1, COUNT_MAX)
+        None, "transformer layers of Skrull's approximation", bounds=(1, COUNT_MAX)
     )
+    model: ModelSpec | None = option(
+        None, "the model --cost flops/time prices: a Hugging Face config.json or its directory"
+    )
+    model_digest: str | None = option(None, "the sha256 of the model's fields (plan.json)")
     order: str = option(
         "curriculum",
         "curriculum: steps follow the sorted order; shuffle: random order, regrouped in windows",
@@ -187,13 +194,15 @@ class PlanConfig(ContextOptions):
         return self.dp * self.grad_accum
 
     def cost_model(self) -> CostModel:
-        """The cost model the cost functions take: kind, layout and (flops) model dimensions."""
-        dims = None
-        if self.cost in ("flops", "time"):
-            assert (
-                self.hidden is not None and self.kv_hidden is not None and self.layers is not None
-            )
-            dims = ModelDims(self.hidden, self.kv_hidden, self.layers)
+        """The cost model the cost functions take: kind, layout and (flops) the model or its
+        dimensions, and the longest sample a micro-batch holds."""
+        if self.cost not in ("flops", "time"):
+            return CostModel(self.cost, self.layout, None, self.time_model())
+        if self.model is not None:
+            span = self.max_tokens or self.block_len
+            return CostModel(self.cost, self.layout, None, self.time_model(), self.model, span)
+        assert self.hidden is not None and self.kv_hidden is not None and self.layers is not None
+        dims = ModelDims(self.hidden, self.kv_hidden, self.layers)
         return CostModel(self.cost, self.layout, dims, self.time_model())
 
     def micro_rule(self) -> MicroRule:
@@ -211,7 +220,10 @@ class PlanConfig(ContextOptions):
         return PackRule(self.layout, self.pad_multiple, self.max_tokens, None)
 
     def to_dict(self) -> dict[str, Any]:
-        return unused(dataclasses.asdict(self))  # long-context options only where used
+        out = unused(dataclasses.asdict(self))  # long-context options only where used
+        if self.model is None:  # the model only where there is one
+            return {k: v for k, v in out.items() if k not in ("model", "model_digest")}
+        return {**out, "model": self.model.to_dict()}
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "config") -> PlanConfig:
@@ -230,11 +242,12 @@ class PlanConfig(ContextOptions):
                 )
             if name in clean:
                 raise ConfigError(f"{where}: option '{key}' is given twice (as - and _); keep one")
-            clean[name] = value
+            model = name == "model" and isinstance(value, Mapping)  # plan.json's spec
+            clean[name] = as_spec(value, f"{where}: model") if model else value
         return cls(**clean)
 
     def resolved(self) -> PlanConfig:
-        """Check every option and combination; fill model dimensions from the preset."""
+        """Check every option and combination; fill the model's spec from the preset."""
         cfg = self
         for name, choices in CHOICES.items():
             value = getattr(cfg, name)
@@ -370,40 +383,8 @@ class PlanConfig(ContextOptions):
         return self
 
     def _resolve_model(self) -> PlanConfig:
-        dims = {"hidden": self.hidden, "kv_hidden": self.kv_hidden, "layers": self.layers}
-        given = [k for k, v in dims.items() if v is not None]
-        if self.cost not in ("flops", "time"):
-            if self.model_preset is not None or given:
-                what = "--model-preset" if self.model_preset is not None else f"--{_flag(given[0])}"
-                raise ConfigError(
-                    f"{what} is only used by --cost flops; add --cost flops or remove it"
-                )
-            return self
-        if self.model_preset is not None:
-            key = str(self.model_preset).lower()
-            if key not in PRESETS:
-                raise ConfigError(
-                    f"--model-preset {self.model_preset!r} is unknown; choose one of {', '.join(sorted(PRESETS))}"
-                )
-            model = PRESETS[key]
-            differ = [k for k in given if dims[k] != getattr(model, k)]  # resolved() is idempotent
-            if differ:
-                raise ConfigError(
-                    f"--{_flag(differ[0])} conflicts with --model-preset; give a preset or the dimensions"
-                )
-            return dataclasses.replace(
-                self,
-                model_preset=key,
-                hidden=model.hidden,
-                kv_hidden=model.kv_hidden,
-                layers=model.layers,
-            )
-        missing = [k for k, v in dims.items() if v is None]
-        if missing:
-            raise ConfigError(
-                f"--cost {self.cost} needs --model-preset or all of --hidden --kv-hidden --layers (missing --{_flag(missing[0])})"
-            )
-        return self
+        cfg: PlanConfig = resolve_model(self)  # the model's spec and digest (model_choice.py)
+        return cfg
 
     def _resolve_lr(self) -> PlanConfig:
         if self.lr_scaling == "none":

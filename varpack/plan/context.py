@@ -239,5 +239,8 @@ def unused(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k not in defaults or v != defaults[k]}
 
 
-#: the long-context options, optional in plan.json's config
-OPTIONAL_KEYS = frozenset(f.name for f in dataclasses.fields(ContextOptions))
+#: the long-context options and the model's, optional in plan.json's config
+OPTIONAL_KEYS = frozenset(f.name for f in dataclasses.fields(ContextOptions)) | {
+    "model",
+    "model_digest",
+}

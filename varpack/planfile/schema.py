@@ -36,6 +36,7 @@ from typing import Any
 from varpack.errors import VarpackError
 from varpack.plan.config import PlanConfig
 from varpack.plan.context import OPTIONAL_KEYS
+from varpack.plan.models import ModelSpec
 from varpack.plan.sync import SYNC_MODELS
 from varpack.planfile.spec import (
     NUMBER,
@@ -89,7 +90,8 @@ READ_OPTIONS = ("sync", "layout", "batching", "oversize", "split_positions", "sp
 def _option_specs() -> dict[str, Spec]:
     """Every PlanConfig option with its JSON type (nullable where the option may be None)."""
     hints = typing.get_type_hints(PlanConfig)
-    simple = {int: integer(), float: NUMBER, str: STRING}
+    model = Spec("an object of the model's fields", lambda v: isinstance(v, dict))
+    simple = {int: integer(), float: NUMBER, str: STRING, ModelSpec: model}
     keys: dict[str, Spec] = {}
     for f in fields(PlanConfig):
         hint = hints[f.name]

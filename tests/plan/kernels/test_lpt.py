@@ -123,7 +123,7 @@ def _plan_figures(lens, monkeypatch, wide):  # type: ignore[no-untyped-def]
         run = threads_mod.compose_threaded
         monkeypatch.setattr(costed, "compose_threaded",
                             lambda *a, **k: run(*a, **{**k, "mix": False}))  # fmt: skip
-    cfg = PlanConfig(max_tokens=16384, dp=16, cost="flops", model_preset="qwen2.5-0.5b",
+    cfg = PlanConfig(max_tokens=16384, dp=16, cost="flops", hidden=896, kv_hidden=128, layers=24,
                      order="shuffle", seed=3)  # fmt: skip
     _, meta, _ = make_plan(np.arange(len(lens)), lens, cfg)
     monkeypatch.undo()

@@ -7,9 +7,11 @@ Per CP rank ``j`` of a micro-batch (Skrull's DACP model):
 The K/V all-gather of the distributed samples (``comm``) overlaps the compute of the rank's
 local samples; the distributed samples' shares are computed after it. The micro-batch takes its
 slowest CP rank, plus the time model's fixed part ``b``. ``compute`` is the cost model's sample
-cost (tokens, FLOPs or seconds, ``lin * S + quad * S^2``); ``comm`` is priced only with
+cost (tokens, FLOPs or seconds, ``lin * S + quad * S^2``: :func:`~varpack.plan.cost.cost_coefficients`,
+the closest quadratic for a model with sliding windows); ``comm`` is priced only with
 ``--cost time`` and ``--comm-bytes-per-s``: ``latency + (N-1)/N * tokens * kv_bytes / bw`` with
-``kv_bytes = 2 (K and V) * kv_hidden * layers * 2 bytes`` (bf16) per token.
+``kv_bytes = 2 (K and V) * kv_hidden * layers * 2 bytes`` (bf16) per token (``kv_hidden``: kv
+heads x head_dim).
 
 Memory: a CP rank holds ``local_j + distributed / N`` tokens, at most the bucket size C; it is
 kept scaled by N (``N * local_j + distributed``, integers) so that the rule is exact. The
@@ -24,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from varpack.plan.cost import linear_flops_per_token
+from varpack.plan.cost import cost_coefficients
 
 KV_ELEMENT_BYTES = 2  # bf16 K and V
 
@@ -49,17 +51,22 @@ def cp_model(cfg: Any) -> CPModel:
     assert bucket is not None
     if cfg.cost not in ("flops", "time"):
         return CPModel(cfg.cp, bucket)
-    dims = cfg.cost_model().model_dims
-    scale, fixed = cfg.time_model() or (1.0, 0.0)
+    model = cfg.cost_model()
+    _, fixed = cfg.time_model() or (1.0, 0.0)
+    lin, quad = cost_coefficients(model)
+    if model.spec is not None:
+        kv_width, layers = model.spec.kv_dim, model.spec.layers
+    else:
+        kv_width, layers = model.model_dims.kv_hidden, model.model_dims.layers
     return CPModel(
         cfg.cp,
         bucket,
-        lin=scale * linear_flops_per_token(dims),
-        quad=scale * dims.layers * 4.0 * dims.hidden,
+        lin=lin,
+        quad=quad,
         fixed=fixed,
         comm_bw=cfg.comm_bytes_per_s,
         comm_latency=float(cfg.comm_latency or 0.0),
-        kv_bytes=2.0 * KV_ELEMENT_BYTES * dims.kv_hidden * dims.layers,
+        kv_bytes=2.0 * KV_ELEMENT_BYTES * kv_width * layers,
     )
 
 

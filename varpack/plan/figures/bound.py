@@ -29,6 +29,8 @@ window holds: a window holding a whole group of ``dp`` per step can be balanced,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit
 
@@ -111,12 +113,17 @@ def time_bound(
     coeffs: tuple[float, float],
     ideal_cost: float,
     merge: Merge = WHOLE,
+    exact: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> float:
     """The bound over the ideal (1.0: no composition of these windows need leave a rank idle).
 
     ``epochs``: ``(first_step, num_steps)`` of each epoch; ``cap``: the most real tokens a
     micro-batch holds; ``coeffs``: a sample of ``x`` tokens costs ``lin * x + quad * x^2``;
-    ``ideal_cost``: the plan's samples' cost (``dp`` times the ideal). With a ``merge``, of the
+    ``ideal_cost``: the plan's samples' cost (``dp`` times the ideal). ``exact``: the cost of
+    samples of the given lengths, where ``coeffs`` only bound it from above (a model with
+    sliding windows, :func:`varpack.plan.cost.bound_coefficients`): the long samples and the
+    shortest one are then priced exactly, the light tokens others carry at most by ``coeffs``,
+    so the bound still holds. With a ``merge``, of the
     samples of every share (the root's figure; 1.0 elsewhere): shares add up their light tokens
     per window and length bin, and send their long samples.
 
@@ -156,9 +163,13 @@ def time_bound(
     wi, bi = np.nonzero(tok > 0)
     lo_bin = np.searchsorted(wi, np.arange(nwin + 1))
     shortest = float(values[0])
-    idle = _all_windows(lo, lin * xl + quad * xl * xl, xl, lo_bin, tok[wi, bi], top[bi],
-                        np.maximum(low_tok, 0.0), float(low), lin * shortest + quad * shortest**2,
-                        dp, k, float(cap), lin, quad)  # fmt: skip
+    if exact is None:
+        c_long, c_short = lin * xl + quad * xl * xl, lin * shortest + quad * shortest**2
+    else:
+        c_long = np.asarray(exact(xl), dtype=np.float64)
+        c_short = float(exact(np.array([shortest]))[0])
+    idle = _all_windows(lo, c_long, xl, lo_bin, tok[wi, bi], top[bi], np.maximum(low_tok, 0.0),
+                        float(low), c_short, dp, k, float(cap), lin, quad)  # fmt: skip
     return 1.0 + float(idle) / ideal_cost
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from varpack.fingerprint import Fingerprint, fingerprint
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.config import PlanConfig
-from varpack.plan.cost import cost_coefficients, sample_cost
+from varpack.plan.cost import bound_pricing, sample_cost
 from varpack.plan.cp.cost import cp_load, cp_model
 from varpack.plan.cp.stage import cp_figures
 from varpack.plan.figures.bound import time_bound
@@ -135,9 +135,9 @@ def sample_figures(
             dp=cfg.dp,
             k=1 if slotted(cfg.sync, cfg.grad_accum) else cfg.grad_accum,  # slots: K = 1 steps
             cap=capacity(cfg.pad_multiple, cfg.max_tokens),
-            coeffs=cost_coefficients(cfg.cost_model()),
             ideal_cost=ideal_cost,
             merge=merge,
+            **bound_pricing(cfg.cost_model()),
         )
     return out
 

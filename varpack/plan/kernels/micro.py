@@ -15,8 +15,8 @@ import numpy as np
 from varpack.plan.cost import (
     COST_MODELS,
     CostModel,
-    linear_flops_per_token,
     micro_cost,
+    pad_token_cost,
     segment_cost_sums,
 )
 from varpack.plan.kernels.shapes import round_up_to
@@ -134,6 +134,6 @@ def _cost(
     if rule.blocks is not None:
         # Samples never attend across a reset: their own FLOPs plus the linear part of the padding.
         scale, fixed = model.time if model.time is not None else (1.0, 0.0)
-        linear = scale * linear_flops_per_token(model.model_dims)
+        linear = scale * pad_token_cost(model)
         return flops + linear * (rows * padded - tokens) + fixed
     return micro_cost(rows, tokens, padded, flops, model)

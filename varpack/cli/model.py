@@ -1,0 +1,81 @@
+"""The model a command costs samples for: a ``config.json`` read from disk, or a preset's.
+
+Reading the file is the CLI's job (the planner takes the parsed spec): :func:`read_model` opens
+a Hugging Face ``config.json`` (or the one in a directory), parses it, and returns the spec with
+the name to show; a model_type varpack does not know prints its note on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import click
+
+from varpack.errors import InputError
+from varpack.plan.models import ModelSpec, preset_key, preset_spec, spec_from_config, unknown_note
+from varpack.plan.models.presets import PRESET_CONFIGS
+
+
+class Model(NamedTuple):
+    """A spec and where it came from (a path, or ``preset NAME (repo)``)."""
+
+    spec: ModelSpec
+    source: str
+
+
+def config_path(path: str | Path) -> Path:
+    """``path`` itself, or its ``config.json`` when it is a directory."""
+    p = Path(path)
+    return p / "config.json" if p.is_dir() else p
+
+
+def read_config(path: str | Path, flag: str = "--model") -> ModelSpec:
+    """The spec of the config.json at ``path`` (a file, or a directory holding one)."""
+    p = config_path(path)
+    if not p.is_file():
+        what = f"{path} holds no config.json" if Path(path).is_dir() else f"{path}: no such file"
+        raise InputError(f"{flag} {what}; give a Hugging Face config.json or its directory")
+    try:
+        config = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise InputError(f"{p}: not UTF-8 text; give a Hugging Face config.json") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{p}: not JSON (line {exc.lineno}: {exc.msg}); give a Hugging Face config.json"
+        ) from None
+    spec = spec_from_config(config, str(p))
+    note = unknown_note(spec, str(p))
+    if note is not None:
+        click.echo(f"note: {note}", err=True)
+    return spec
+
+
+def read_model(name: str, flag: str = "CONFIG") -> Model:
+    """A config.json path, a directory holding one, or a preset name (a path wins)."""
+    p = Path(name)
+    if p.exists():
+        return Model(read_config(p, flag), str(config_path(p)))
+    key = preset_key(name)
+    if key is None:
+        raise InputError(
+            f"{flag} {name!r} is neither a file, a directory holding a config.json, nor a "
+            f"preset ({', '.join(sorted(PRESET_CONFIGS))})"
+        )
+    return Model(preset_spec(key), f"preset {key} ({PRESET_CONFIGS[key][0]})")
+
+
+def read_model_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Plan ``options`` with ``--model CONFIG`` read into the model's spec."""
+    if isinstance(options.get("model"), str):
+        return {**options, "model": model_option(options["model"])}
+    return options
+
+
+def model_option(path: str, flag: str = "--model") -> ModelSpec | str:
+    """The spec of the config.json at ``path`` (or in it, a directory); a preset's name (not a
+    path) stays a name, which the plan's config resolves as ``--model-preset`` would."""
+    if not Path(path).exists() and preset_key(path) is not None:
+        return path
+    return read_config(path, flag)
