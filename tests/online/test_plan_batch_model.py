@@ -40,6 +40,6 @@ def test_a_bad_model_is_one_line_in_the_apis_words() -> None:
                    model={"model_type": "llama", "hidden_size": 8})  # fmt: skip
     with pytest.raises(
         ConfigError,
-        match=r"needs the model it prices: model=CONFIG .*\(hidden, kv_hidden, layers\)",
+        match=r"needs the model: pass model .*Skrull's hidden, kv_hidden .* and layers",
     ):
         plan_batch(_rollout(64), dp=2, max_tokens=16384, cost="flops")

@@ -170,7 +170,7 @@ def _check_model(cost: str, model: Any, dims: dict[str, int | None]) -> None:
     missing = [k for k, v in dims.items() if v is None]
     if model is None and missing:
         raise ConfigError(
-            "cost='flops' needs the model: model= (a config.json's dict, a preset name or a "
+            "cost='flops' needs the model: pass model (a config.json's dict, a preset name or a "
             "ModelSpec), or Skrull's hidden, kv_hidden (key/value heads x head dim) and layers "
             f"(missing {', '.join(missing)})"
         )
