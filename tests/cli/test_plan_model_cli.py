@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from testkit import cli, write_shards
-from varpack.manifest.format import load_plan
 
 from varpack.plan.models import PRESET_CONFIGS, preset_spec
+from varpack.planfile.format import load_plan
 
 BASE = ["--max-tokens", 8192, "--dp", 2, "--grad-accum", 2, "--order", "shuffle", "-q"]
 

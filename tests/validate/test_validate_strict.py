@@ -198,16 +198,15 @@ def test_a_null_option_the_torch_reader_reads_is_refused(plan: Path, key: str) -
     "options, key, value",
     [
         (["--oversize", "split", "--split-len", 300], "split_len", 512),  # made with 300
-        (["--cost", "flops", "--model-preset", "qwen2.5-0.5b"], "hidden", 896),
-        (["--cost", "flops", "--model-preset", "qwen2.5-0.5b"], "layers", 24),
+        (["--cost", "flops", "--model-preset", "qwen2.5-0.5b"], "model_digest", "'sha256:"),
         (["--pack-to", 512], "max_tokens", 512),
     ],
 )
 def test_a_null_the_config_resolves_is_refused(
-    tmp_path: Path, meta: Path, options: list[Any], key: str, value: int
+    tmp_path: Path, meta: Path, options: list[Any], key: str, value: object
 ) -> None:
     """plan.json holds the config resolved: a null that reading it fills in again (the split
-    length, a preset's model dimensions, the budget --pack-to sets) claims another plan."""
+    length, a preset's model and its digest, the budget --pack-to sets) claims another plan."""
     out = tmp_path / "nulled"
     base = OPTIONS[2:] if key == "max_tokens" else OPTIONS  # --pack-to sets the budget
     assert OPTIONS[:2] == ["--max-tokens", 512]
