@@ -29,7 +29,7 @@ ALLOWED = {
     "online": {"errors", "plan"},
     "manifest": GROUND | {"metadata", "sort", "plan"},
     "torch": GROUND | {"metadata", "manifest", "online"},
-    "cli": GROUND | {"metadata", "sort", "plan", "manifest"},
+    "cli": GROUND | {"metadata", "sort", "plan", "manifest", "online"},
     "integrations": GROUND | {"metadata", "manifest", "torch", "online"},
 }
 #: third-party packages a varpack package must not import (the plan is pure arrays; a batch

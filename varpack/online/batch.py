@@ -34,8 +34,14 @@ import numpy as np
 from varpack.errors import ConfigError, InputError
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.batch import batch_config, batch_figures, plan_batch_arrays
+from varpack.plan.numba_cache import announce_compiles
 
 Steps = list[list[list[np.ndarray]]]
+#: said (a logging warning) when a call is about to compile the planner's kernels
+COMPILING = (
+    "varpack: compiling the planner's numba kernels, once per install or upgrade (about 40 s "
+    "of CPU); run `varpack compile` once beforehand (say, when building the image) to skip it"
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,7 +137,8 @@ class BatchPlan:
         """``time_vs_ideal`` (under the plan's ``sync``), ``time_vs_ideal_by_sync`` (``step``
         and ``micro``), ``bound`` (the least time vs ideal any composition of its steps'
         samples reaches), ``ideal_time``, ``est_time`` (in cost-model units)."""
-        return batch_figures(self.arrays)
+        with announce_compiles(COMPILING):
+            return batch_figures(self.arrays)
 
     def pad_to(self, step: int, rank: int) -> np.ndarray:
         """The padded length of each of rank ``rank``'s micro-batches in step ``step`` (the
@@ -232,7 +239,8 @@ def plan_batch(
         raise ConfigError(f"oversize={oversize!r}: choose alone, split or error")
     try:
         cfg = batch_config(**options)
-        arrays = plan_batch_arrays(lens, cfg, int(mini_batches), _groups(groups, len(lens)))
+        with announce_compiles(COMPILING):
+            arrays = plan_batch_arrays(lens, cfg, int(mini_batches), _groups(groups, len(lens)))
     except (ConfigError, InputError) as err:
         raise type(err)(_api_words(str(err))) from None
     except TypeError:  # an unhashable option value

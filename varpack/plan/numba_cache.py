@@ -12,20 +12,26 @@ their own file (``tests/plan/test_numba_cache.py`` checks it), which numba's own
 into numba's cache locators for the planner's files, wherever numba keeps the cache
 (``__pycache__`` beside the sources, ``NUMBA_CACHE_DIR``, or the user's cache directory when the
 install is read-only). :func:`cached` says whether a kernel module's cache holds the current key
-(the test suite's warm-up uses it).
+(the test suite's warm-up uses it); :func:`announce_compiles` says, once per process, that a
+call is about to compile kernels, so that a first call never stalls silently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import pickle
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from numba.core import caching
+from numba.core import caching, event
 
 import varpack
+
+logger = logging.getLogger(__name__)
 
 PLAN = Path(__file__).resolve().parent
 #: the modules the planner may import (``varpack.plan``'s docstring): their constants too
@@ -95,3 +101,37 @@ def cached(index: Path) -> bool:
     except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError, ImportError):
         return False
     return bool(stamp == key())
+
+
+class _Announce(event.Listener):  # type: ignore[misc]
+    said = False  # once per process
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def on_start(self, ev: event.Event) -> None:
+        if _Announce.said:
+            return
+        module = getattr(ev.data["dispatcher"].py_func, "__module__", "") or ""
+        if module.startswith("varpack."):
+            _Announce.said = True
+            logger.warning(self.message)
+
+    def on_end(self, ev: event.Event) -> None:
+        pass
+
+
+def expect_compiles() -> None:
+    """No announcement in this process: its compilation is what was asked for."""
+    _Announce.said = True
+
+
+@contextlib.contextmanager
+def announce_compiles(message: str) -> Iterator[None]:
+    """Inside: the first compilation of a varpack kernel in this process logs ``message`` (a
+    warning of logger ``varpack.plan.numba_cache``: on stderr where logging is not set up)."""
+    if _Announce.said:
+        yield
+        return
+    with event.install_listener("numba:compile", _Announce(message)):
+        yield
