@@ -16,8 +16,8 @@ def compile_kernels_command(quiet: bool) -> None:
     """Compile varpack's numba kernels ahead and keep them in numba's cache: those of
     varpack.online.plan_batch (every option) and of the token copy's reader.
 
-    numba compiles a kernel on its first call after an install or an upgrade (about 40 s of CPU
-    for plan_batch's), then every process loads it from the cache. Run this once where the
+    numba compiles a kernel on its first call after an install or an upgrade (up to a minute of
+    CPU for plan_batch's), then every process loads it from the cache. Run this once where the
     package is installed (say, when building a training image) so that no rank pays it at its
     first batch; seconds when the kernels are cached already.
     """

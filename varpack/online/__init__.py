@@ -8,7 +8,7 @@ returns a :class:`BatchPlan`: which micro-batches each rank runs in each optimiz
 rank that holds the batch's lengths computes the same plan, without communicating. Pure NumPy:
 no torch here; tensors in and out are :mod:`varpack.torch.rollout`'s [errors, plan].
 :func:`compile_kernels` (``varpack compile``) compiles the planner's kernels ahead, once per
-install: a first call otherwise compiles them (about 40 s of CPU, said in a logging warning).
+install: a first call otherwise compiles them (up to a minute of CPU, said in a logging warning).
 """
 
 from varpack.online.batch import BatchPlan, plan_batch

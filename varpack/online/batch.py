@@ -39,8 +39,9 @@ from varpack.plan.numba_cache import announce_compiles
 Steps = list[list[list[np.ndarray]]]
 #: said (a logging warning) when a call is about to compile the planner's kernels
 COMPILING = (
-    "varpack: compiling the planner's numba kernels, once per install or upgrade (about 40 s "
-    "of CPU); run `varpack compile` once beforehand (say, when building the image) to skip it"
+    "varpack: compiling the planner's numba kernels, once per install or upgrade (up to a "
+    "minute of CPU); run `varpack compile` once beforehand (say, when building the image) to "
+    "skip it"
 )
 
 

@@ -1,7 +1,7 @@
 """Compile :func:`plan_batch`'s kernels ahead of the first batch (``varpack compile``).
 
 The planner's kernels are numba's, compiled on their first call after an install or an upgrade
-and cached on disk (:mod:`varpack.plan.numba_cache`): about 35 s of CPU here, which a first
+and cached on disk (:mod:`varpack.plan.numba_cache`): 35 to 58 s of CPU on 2 shared cores, which a first
 ``plan_batch`` would otherwise pay on every rank of a new container. :func:`compile_kernels`
 plans small batches under each option family that reaches other kernels (both sync models,
 both layouts, each oversize choice, bounded shapes, groups, an inference pass, the figures), so
