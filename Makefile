@@ -52,6 +52,7 @@ format: install
 clean: clean-numba
 	rm -rf $(VENV) $(DEMO) bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
-# numba's on-disk kernel caches (stale after editing a kernel another module's kernel calls)
+# numba's on-disk kernel caches (the planner's are keyed to varpack's version and sources, so an
+# edit compiles them again by itself: this only frees the space)
 clean-numba:
 	find varpack -name '*.nbi' -delete -o -name '*.nbc' -delete

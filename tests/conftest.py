@@ -5,7 +5,6 @@ kernels compiled once before the workers need them, MPI ranks that wait without 
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -66,13 +65,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _kernels_cold() -> bool:
-    """A clean clone: no compiled cache yet for the planner's basic, composing and CP kernels."""
-    spec = importlib.util.find_spec("varpack")
-    assert spec is not None and spec.origin is not None
-    package = Path(spec.origin).parent
+    """A clean clone, or planner sources changed since the kernels were compiled: no cache
+    under the current key (``varpack.plan.numba_cache``) for the planner's basic, composing
+    and CP kernels."""
+    from varpack.plan.numba_cache import PLAN, cached
+
     found = [
-        any((package / d / "__pycache__").glob(f"{m}.*.nbi"))
-        for d, m in (("plan/kernels", "pack"), ("plan/kernels", "compose"), ("plan/cp", "place"))
+        any(cached(p) for p in (PLAN / d / "__pycache__").glob(f"{m}.*.nbi"))
+        for d, m in (("kernels", "pack"), ("kernels", "compose"), ("cp", "place"))
     ]
     return not all(found)
 

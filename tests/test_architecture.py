@@ -35,7 +35,8 @@ ALLOWED = {
     "validate": GROUND | {"metadata", "sort", "plan", "planfile", "make"},
     "inspect": GROUND | {"metadata", "plan", "planfile"},
     "torch": GROUND | {"metadata", "planfile", "online"},
-    "cli": GROUND | {"metadata", "sort", "plan", "planfile", "make", "validate", "inspect"},
+    "cli": GROUND
+    | {"metadata", "sort", "plan", "planfile", "make", "validate", "inspect", "online"},
     "integrations": GROUND | {"metadata", "planfile", "torch", "online"},
 }
 #: third-party packages a varpack package must not import (the plan is pure arrays; a batch

@@ -78,11 +78,11 @@ def warm_readers(work: Path) -> list[str]:
 
 
 def warm_online() -> None:
-    """``plan_batch``: composed by cost as ``composed`` plans are (its kernels and theirs)."""
-    from varpack.online import plan_batch
+    """``plan_batch``: composed by cost as ``composed`` plans are (its kernels and theirs),
+    under each of its options, as ``varpack compile`` warms them."""
+    from varpack.online import compile_kernels
 
-    lengths = np.random.default_rng(2).integers(100, 5000, 256)
-    plan_batch(lengths, dp=2, max_tokens=16384, mini_batches=2)
+    compile_kernels()
 
 
 def warm(work: Path, part: str) -> list[str]:

@@ -3,9 +3,10 @@
 The copy (``varpack lengths --arrow-copy``) and its location index ``.idx`` are fuzzed like the
 other artifacts (``test_fuzz.py``): a flipped bit in every region of the index (header, its
 padding, ids, each field of the records: start, length, check value; the fence, the id blocks'
-values, the chunk values of long samples) and anywhere in the copy, either file cut short, a
-stale copy of the same size (two samples of the same length swapped, another dataset's tokens),
-an index beside the wrong copy, an index of version 1. For each, a whole split plan replayed
+values, the chunk values of long samples, the record batches' digests) and anywhere in the copy,
+either file cut short, a stale copy of the same size (two samples of the same length swapped,
+another dataset's tokens, sample ids or sample bounds rewritten in place), an index beside the
+wrong copy, an index of version 1 or 2. For each, a whole split plan replayed
 through ``PlanLoader`` (pieces of long samples verified chunk by chunk), by ``pread`` and through
 a map, gives exactly the undamaged batches or raises one :class:`~varpack.errors.InputError` line.
 """
@@ -13,6 +14,7 @@ a map, gives exactly the undamaged batches or raises one :class:`~varpack.errors
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,7 +31,14 @@ from testkit import cli
 
 from varpack.errors import InputError
 from varpack.metadata import token_check, token_index
-from varpack.metadata.token_index import BLOCK, HEADER, RECORD, index_path, token_positions
+from varpack.metadata.token_index import (
+    BATCH,
+    BLOCK,
+    HEADER,
+    RECORD,
+    index_path,
+    token_positions,
+)
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
@@ -135,6 +144,7 @@ def regions(art: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
         for name, (_, off) in RECORD.fields.items()  # type: ignore[union-attr]
     }  # fmt: skip
     tables = records + RECORD.itemsize * rows
+    batches = tables + 16 * posts + 8 * chunks
     return {
         "header": [(0, text)],  # the magic and the JSON
         "padding": [(text, HEADER)],
@@ -142,7 +152,8 @@ def regions(art: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
         **fields,
         "fence": [(tables, tables + 8 * posts)],
         "blocks": [(tables + 8 * posts, tables + 16 * posts)],
-        "chunks": [(tables + 16 * posts, tables + 16 * posts + 8 * chunks)],
+        "chunks": [(tables + 16 * posts, batches)],
+        "batches": [(batches, batches + BATCH.itemsize * head["batches"])],
     }
 
 
@@ -151,7 +162,8 @@ def test_the_corpus_is_read_whole_and_right(corpus: dict[str, Any]) -> None:
     pieces, every sample read, and the tokens are the source's."""
     copy = corpus["copy"]
     head = json.loads(corpus["bytes"][index_path(copy)][len(token_index.MAGIC) : HEADER])
-    assert head["version"] == 2 and head["chunks"] == sum(-(-n // 4096) for n in LONG)
+    assert head["version"] == 3 and head["chunks"] == sum(-(-n // 4096) for n in LONG)
+    assert head["batches"] == -(-SAMPLES // 400)  # one per row group of the source
     lens = np.concatenate([ln for _, ln in corpus["batches"]])
     assert int(lens.sum()) == int(corpus["lens"].sum()) and lens.max() == SPLIT
     ds = ParquetTokenDataset(copy)
@@ -161,7 +173,8 @@ def test_the_corpus_is_read_whole_and_right(corpus: dict[str, Any]) -> None:
     assert right_or_one_line(corpus, lambda: batches(corpus, copy, "mmap")) is None
 
 
-REGIONS = ["header", "padding", "ids", "start", "length", "check", "fence", "blocks", "chunks"]
+REGIONS = ["header", "padding", "ids", "start", "length", "check", "fence", "blocks", "chunks",
+           "batches"]  # fmt: skip
 
 
 @pytest.mark.parametrize("region", REGIONS)
@@ -261,6 +274,105 @@ def test_another_dataset_of_the_same_size_is_refused(
         message = right_or_one_line(corpus, lambda: batches(corpus, copy, "mmap"))
     assert message is not None and "do not match its check value" in message
     assert str(root / "plan") not in message
+
+
+def _columns_at(data: bytes, batch: int) -> tuple[int, int]:
+    """Byte offsets in the copy ``data`` of record batch ``batch``'s sample ids and token
+    offsets (int64 each)."""
+    buf = pa.py_buffer(data)
+    got = pa.ipc.open_file(buf).get_batch(batch)
+    ids, offsets = got.column("sample_id").buffers()[1], got.column("input_ids").buffers()[1]
+    return ids.address - buf.address, offsets.address - buf.address
+
+
+def _rewritten(art: dict[str, Any], how: str) -> tuple[bytes, list[int]]:
+    """The copy with its sample ids or sample bounds rewritten (its tokens where they were),
+    and the rows whose samples changed. Batches hold 400 rows (the source's row groups)."""
+    data = bytearray(art["bytes"][art["copy"]])
+    ids = np.frombuffer(data, "<i8", len(data) // 8)  # a view: writes go to data
+    if how in ("ids in one batch", "ids of two batches"):
+        rows = [5, 50] if how == "ids in one batch" else [5, 805]
+        at = [_columns_at(bytes(data), r // 400)[0] // 8 + r % 400 for r in rows]
+        ids[at[0]], ids[at[1]] = ids[at[1]], ids[at[0]]
+        return bytes(data), rows
+    r = next(r for r in range(401, 798) if art["lens"][r + 1] >= 2)  # batch 1
+    ids[_columns_at(bytes(data), 1)[1] // 8 + (r + 1) % 400] += 1  # its first token: the row before
+    return bytes(data), [r, r + 1]
+
+
+@contextmanager
+def in_place(path: Path, data: bytes) -> Iterator[None]:
+    """``path`` rewritten in place with ``data`` (the same size), its inode and modification
+    time kept, for the duration."""
+    before, original = path.stat(), path.read_bytes()
+    assert len(data) == len(original)
+    with path.open("r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    now = path.stat()
+    assert (now.st_ino, now.st_size, now.st_mtime_ns) == (
+        before.st_ino, before.st_size, before.st_mtime_ns)  # fmt: skip
+    try:
+        yield
+    finally:
+        path.write_bytes(original)
+
+
+@pytest.mark.parametrize("how", ["ids in one batch", "ids of two batches", "sample bounds"])
+@pytest.mark.parametrize("read", ["pread", "mmap"])
+def test_a_copy_rewritten_in_place_under_its_index_is_refused(
+    corpus: dict[str, Any], how: str, read: str
+) -> None:
+    """The copy's own sample ids or token offsets rewritten after indexing, its tokens where
+    they were (so every check value still holds), of the same size and modification time:
+    the index's positions are stale for the rows that changed. Reading one of them is one
+    line naming the copy and the command that indexes it again; the batches left as they were
+    still read right."""
+    copy, ids, truth = corpus["copy"], corpus["ids"], corpus["truth"]
+    data, rows = _rewritten(corpus, how)
+    with in_place(copy, data):
+        new = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        now = dict(zip(new.column("sample_id").to_pylist(), new.column("input_ids").to_pylist(),
+                       strict=True))  # fmt: skip
+        assert any(now[int(ids[r])] != truth[int(ids[r])].tolist() for r in rows)  # changed
+        ds = ParquetTokenDataset(copy, read=read)
+        for r in rows:
+            with pytest.raises(InputError) as caught:
+                ds.get_flat(np.array([ids[r]]))
+            line = str(caught.value)
+            assert "\n" not in line and line.startswith(f"{copy}: its sample ids")
+            assert f"varpack lengths ... --arrow-copy {copy} --overwrite" in line
+        kept = ids[1200:1300]  # batch 3: as it was
+        flat, _ = ParquetTokenDataset(copy, read=read).get_flat(kept)
+        assert np.array_equal(flat, np.concatenate([truth[int(i)] for i in kept]))
+        message = right_or_one_line(corpus, lambda: batches(corpus, copy, read))
+    assert message is not None and "(the copy was rewritten since)" in message
+
+
+def _version_two(art: dict[str, Any]) -> bytes:
+    """The index as varpack wrote it before the record batches' digests (version 2)."""
+    raw = art["bytes"][index_path(art["copy"])]
+    head = json.loads(raw[len(token_index.MAGIC) : HEADER])
+    body = raw[HEADER : len(raw) - BATCH.itemsize * head.pop("batches")]
+    old = {k: v for k, v in head.items() if k != "checksum"} | {"version": 2}
+    rows, posts = head["rows"], -(-head["rows"] // BLOCK)
+    at = HEADER + (8 + RECORD.itemsize) * rows
+    fence = np.frombuffer(raw, "<i8", posts, at)
+    blocks = np.frombuffer(raw, "<u8", posts, at + 8 * posts)
+    old["checksum"] = token_index._checksum(old, fence, blocks)
+    return (token_index.MAGIC + json.dumps(old).encode()).ljust(HEADER, b" ") + body
+
+
+def test_an_index_of_version_two_is_refused_with_the_command_that_rewrites_it(
+    corpus: dict[str, Any],
+) -> None:
+    copy = corpus["copy"]
+    with damaged(index_path(copy), _version_two(corpus)):
+        with pytest.raises(InputError) as caught:
+            ParquetTokenDataset(copy)
+    message = str(caught.value)
+    assert "version 2, which cannot tell" in message and "\n" not in message
+    assert f"varpack lengths ... --arrow-copy {copy} --overwrite" in message
 
 
 def test_an_index_beside_the_wrong_copy_is_refused(corpus: dict[str, Any], tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ COMMANDS = {
     "inspect": "varpack.cli.inspect:inspect",
     "validate": "varpack.cli.validate:validate",
     "calibrate": "varpack.cli.calibrate:calibrate",
+    "compile": "varpack.cli.compile:compile_kernels_command",
     "cost": "varpack.cli.cost:cost",
 }
 

@@ -10,10 +10,11 @@ open (:func:`open_copies`). Copies whose ranges overlap are opened without their
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from varpack.errors import InputError
 from varpack.metadata import token_check, token_index
@@ -146,7 +147,8 @@ class Opened:
     """Token copies opened through their indexes: the lookup, the sorted ids, each sample's
     start and length (mapped arrays, or joined views over several copies), the first position
     of each copy (several copies), the token type, and per copy its path, length in tokens and
-    longest sample (what a position read from the index must stay within)."""
+    longest sample (what a position read from the index must stay within); per copy, which of
+    its record batches this process found as the index describes them (``verified``)."""
 
     index: TokenIndex | Shards
     ids: Any
@@ -157,6 +159,62 @@ class Opened:
     files: list[str]
     tokens: np.ndarray
     max_length: np.ndarray
+    verified: list[np.ndarray] = field(default_factory=list)
+    all_verified: bool = False
+
+    def __post_init__(self) -> None:
+        self.verified = [np.zeros(len(b), dtype=bool) for b in self.batches]
+        self.all_verified = all(done.all() for done in self.verified)
+
+    @property
+    def batches(self) -> list[np.ndarray]:
+        """Each copy's record batches as its index holds them (:data:`token_index.BATCH`)."""
+        index = self.index
+        parts = index.parts if isinstance(index, Shards) else [index]
+        return [p.batches for p in parts]
+
+    def check_batches(self, file: np.ndarray, start: np.ndarray, length: np.ndarray) -> None:
+        """Refuse in one line if a record batch that holds one of these samples (its copy
+        ``file``, its first token ``start``) no longer holds the sample ids and token offsets
+        its index was written with (the copy rewritten in place since): each batch is hashed
+        once per process, the first time one of its samples is read (then nothing is left
+        to do: a run soon reads a sample of every batch)."""
+        if self.all_verified:
+            return
+        for f in np.unique(file).tolist() if self.base is not None else [0]:
+            sel = slice(None) if self.base is None else file == f
+            first, done = self.batches[f]["first"], self.verified[f]
+            at = start[sel][length[sel] > 0]  # an empty sample lies in no batch's tokens
+            b = np.maximum(np.searchsorted(first, at, side="right") - 1, 0)
+            todo = np.unique(b[~done[b]]) if len(first) else b[:0]
+            if len(todo):
+                self._check_batches(f, todo.tolist())
+                done[todo] = True
+        self.all_verified = all(done.all() for done in self.verified)
+
+    def _check_batches(self, f: int, batches: list[int]) -> None:
+        """Hash record batches ``batches`` of copy ``f``: mapped for the while (only the pages
+        of their ids and offsets are read; unmapped again, so ``read="pread"`` keeps no map)."""
+        from varpack.metadata.tokens import ID, TOKENS
+
+        name, want = self.files[f], self.batches[f]["digest"]
+        got: dict[int, int] = {}
+        try:
+            with pa.memory_map(name) as mapped:
+                reader = pa.ipc.open_file(mapped)
+                for k in batches:
+                    batch = reader.get_batch(k)
+                    got[k] = token_index.batch_digest(batch.column(ID), batch.column(TOKENS))
+                del reader, batch
+        except (OSError, pa.ArrowException, KeyError, IndexError):
+            pass  # what was not hashed is refused below
+        for k in batches:
+            if got.get(k) != int(want[k]):
+                raise InputError(
+                    f"{name}: its sample ids or token offsets (record batch {k}) are not those "
+                    f"{name}{token_index.SUFFIX} was written with (the copy was rewritten "
+                    f"since); {token_index.REWRITE.format(name)}"
+                )
 
     def reads(
         self, pos: np.ndarray, ids: np.ndarray, offset: Any = None, want: Any = None
@@ -177,6 +235,7 @@ class Opened:
                 f"{int(self.max_length[file[bad]]):,}), so the index is damaged or belongs to "
                 f"another copy; {token_index.REWRITE.format(name)}"
             )
+        self.check_batches(file, start, length)
         tables = self.tables
         if offset is None:  # whole samples: a long one is read as all its chunks
             zero = np.zeros(len(pos), dtype=np.int64)

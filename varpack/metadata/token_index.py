@@ -8,23 +8,30 @@ copy, as ``PATH.idx``, memory-mapped by the reader, so opening reads a 4 KiB hea
 tables below, nothing per sample; a lookup touches only the pages of its search, and the
 processes of a node share the page cache.
 
-Layout (version 2, all little-endian): a 4 KiB header (:data:`MAGIC`, then JSON: ``version``,
-``rows``, ``token_type``, ``chunk``, ``chunks``, ``max_length``, the copy's ``size`` and
-``tail_sha256`` (the digest of its last 64 KiB, which hold the IPC footer), and ``checksum``, a
-sha256 over the rest of the header, the fence and the block values); then ``ids`` (int64,
-ascending); one 24-byte record per sample (``start``: the first token's position in the mapping,
-counted in tokens; ``length``; ``check``: its check value, :mod:`varpack.metadata.token_check`),
-so a lookup reads one page of records; the *fence*: every :data:`BLOCK`-th id; one check value
-per :data:`BLOCK` ids (read when a lookup fails, to tell damage from an unknown id); and the chunk
-values of samples longer than ``chunk`` tokens.
+Layout (version 3, all little-endian): a 4 KiB header (:data:`MAGIC`, then JSON: ``version``,
+``rows``, ``token_type``, ``chunk``, ``chunks``, ``batches``, ``max_length``, the copy's ``size``
+and ``tail_sha256`` (the digest of its last 64 KiB, which hold the IPC footer), and
+``checksum``, a sha256 over the rest of the header, the fence, the block values and the batch
+table); then ``ids`` (int64, ascending); one 24-byte record per sample (``start``: the first
+token's position in the mapping, counted in tokens; ``length``; ``check``: its check value,
+:mod:`varpack.metadata.token_check`), so a lookup reads one page of records; the *fence*: every
+:data:`BLOCK`-th id; one check value per :data:`BLOCK` ids (read when a lookup fails, to tell
+damage from an unknown id); the chunk values of samples longer than ``chunk`` tokens; and one
+entry per record batch of the copy (:data:`BATCH`: where its tokens start, and a digest of its
+sample ids and token offsets, :func:`batch_digest`).
 
 Nothing in the index is trusted on its word: the header and the tables read at open are checked
 against ``checksum`` and the copy's size and tail, a sample's position and length must lie within
 the copy and the longest sample, and every sample read is checked against its check value, which
-ties the tokens to the id asked for. A flipped bit anywhere in the index or the copy, a
-truncated file, a copy rewritten since (even of the same size) or an index beside another copy
-is refused in one line, never read as another sample's tokens. An index of version 1 (no check
-values) is refused with the command that writes it again.
+ties the tokens to the id asked for. The copy's own sample ids and token offsets, which the
+reader does not otherwise read, are checked too: the first read of a sample in a record batch
+(once per process) hashes that batch's ids and offsets against its digest, so a copy whose ids
+or sample bounds were rewritten in place (its tokens where they were) is refused rather than
+read by the index's stale word. A flipped bit anywhere in the index or the copy, a truncated
+file, a copy rewritten since (even of the same size, its modification time kept) or an index
+beside another copy is refused in one line, never read as another sample's tokens. An index of
+version 1 (no check values) or 2 (no batch digests) is refused with the command that writes it
+again.
 
 Several copies (one per input shard) open as one where their id ranges do not overlap
 (:mod:`varpack.metadata.token_copies`).
@@ -41,6 +48,7 @@ import hashlib
 import json
 import mmap
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,13 +62,16 @@ from varpack.metadata.token_check import CHUNK
 
 MAGIC = b"VARPACK-TOKEN-INDEX\n"
 HEADER = 4096
-VERSION = 2
+VERSION = 3
 TAIL = 64 * 1024
 SUFFIX = ".idx"
 #: ids per fence post: one 4 KiB page of int64 ids (the ids start on a page boundary)
 BLOCK = 512
 #: one sample's record: where its tokens start (in tokens), how many, its check value
 RECORD = np.dtype([("start", "<i8"), ("length", "<i8"), ("check", "<u8")])
+#: one record batch of the copy: its first token's position (in tokens), the digest of its ids
+#: and token offsets (:func:`batch_digest`)
+BATCH = np.dtype([("first", "<i8"), ("digest", "<u8")])
 REWRITE = "write the copy and its index again: varpack lengths ... --arrow-copy {} --overwrite"
 
 
@@ -104,25 +115,48 @@ def token_positions(
     ``path``: ``start`` in tokens from the start of the mapping (a sample's tokens lie at a
     fixed place in the file, so a micro-batch is one gather, whatever batches it spans)."""
     name = os.fspath(path)
-    mapped = pa.memory_map(name)
-    mapped.seek(0)
-    base = mapped.read_buffer(mapped.size()).address
-    mapped.seek(0)
-    reader = pa.ipc.open_file(mapped)
     starts, lens, dtype = [], [], None
-    for i in range(reader.num_record_batches):
-        arr = reader.get_batch(i).column(column)
-        if not isinstance(arr, pa.LargeListArray | pa.ListArray):
-            raise InputError(f"{name}: column {column!r} is {arr.type}, not a list of tokens")
-        values = arr.values
-        got = np.dtype(values.type.to_pandas_dtype())
-        if arr.null_count or values.null_count or dtype not in (None, got):
+    for batch, first in _token_batches(name, column):
+        arr = batch.column(column)
+        got = np.dtype(arr.values.type.to_pandas_dtype())
+        if dtype not in (None, got):
             raise InputError(
                 f"{name}: column {column!r} holds null samples or tokens, or its token type "
                 "differs between batches or files; rewrite it with "
                 "`varpack lengths ... --arrow-copy PATH`"
             )
         dtype = got
+        offsets = arr.offsets.to_numpy()
+        starts.append(offsets[:-1].astype(np.int64) + first)
+        lens.append(np.diff(offsets).astype(np.int64))
+    if dtype is None:
+        schema = pa.ipc.open_file(pa.memory_map(name)).schema
+        dtype = np.dtype(schema.field(column).type.value_type.to_pandas_dtype())
+    empty = np.zeros(0, dtype=np.int64)
+    return np.concatenate([empty, *starts]), np.concatenate([empty, *lens]), dtype
+
+
+def _token_batches(name: str, column: str) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """``(batch, first)`` for each record batch of the IPC file ``name`` (mapped): ``first``,
+    where the batch's tokens (its ``column``) start in the mapping, in tokens."""
+    mapped = pa.memory_map(name)
+    mapped.seek(0)
+    base = mapped.read_buffer(mapped.size()).address
+    mapped.seek(0)
+    reader = pa.ipc.open_file(mapped)
+    for i in range(reader.num_record_batches):
+        batch = reader.get_batch(i)
+        arr = batch.column(column)
+        if not isinstance(arr, pa.LargeListArray | pa.ListArray):
+            raise InputError(f"{name}: column {column!r} is {arr.type}, not a list of tokens")
+        values = arr.values
+        got = np.dtype(values.type.to_pandas_dtype())
+        if arr.null_count or values.null_count:
+            raise InputError(
+                f"{name}: column {column!r} holds null samples or tokens, or its token type "
+                "differs between batches or files; rewrite it with "
+                "`varpack lengths ... --arrow-copy PATH`"
+            )
         buf = values.buffers()[1]
         first = 0
         if buf is not None and buf.size:
@@ -133,13 +167,32 @@ def token_positions(
                     "copy with `varpack lengths ... --arrow-copy PATH`"
                 )
             first = at // got.itemsize + values.offset
-        offsets = arr.offsets.to_numpy()
-        starts.append(offsets[:-1].astype(np.int64) + first)
-        lens.append(np.diff(offsets).astype(np.int64))
-    if dtype is None:
-        dtype = np.dtype(reader.schema.field(column).type.value_type.to_pandas_dtype())
-    empty = np.zeros(0, dtype=np.int64)
-    return np.concatenate([empty, *starts]), np.concatenate([empty, *lens]), dtype
+        yield batch, first
+
+
+def batch_digest(ids: Any, tokens: Any) -> int:
+    """A 64-bit digest of one record batch's sample ids and token offsets (its samples'
+    bounds, from its first token): what ties the copy's rows to the index's positions.
+
+    >>> tok = pa.array([[1, 2], [3]], pa.large_list(pa.int32()))
+    >>> batch_digest(pa.array([5, 7]), tok) == batch_digest(pa.array([7, 5]), tok)
+    False
+    """
+    offsets = np.ascontiguousarray(tokens.offsets.to_numpy(), dtype="<i8")  # zero-copy here
+    if len(offsets) and offsets[0]:
+        offsets = offsets - offsets[0]
+    h = hashlib.sha256(np.ascontiguousarray(ids.to_numpy(), dtype="<i8").data)
+    h.update(offsets.data)  # sha256: the fastest here (SHA-NI); no copy
+    return int.from_bytes(h.digest()[:8], "little")
+
+
+def batch_table(path: str | os.PathLike[str]) -> np.ndarray:
+    """The :data:`BATCH` entry of every record batch of the copy at ``path``."""
+    from varpack.metadata.tokens import ID, TOKENS
+
+    got = [(first, batch_digest(batch.column(ID), batch.column(TOKENS)))
+           for batch, first in _token_batches(os.fspath(path), TOKENS)]  # fmt: skip
+    return np.array(got, dtype=BATCH)
 
 
 def write_index(
@@ -171,15 +224,16 @@ def write_index(
     for name, column in (("start", start), ("length", length), ("check", check)):
         records[name] = column[order]
     fence, blocks = ids[::BLOCK], token_check.block_values(ids, BLOCK)
+    batches = batch_table(path)
     head: dict[str, Any] = {
         "version": VERSION, "rows": len(ids), "token_type": dtype.str, "chunk": CHUNK,
-        "chunks": len(chunks), "max_length": int(length.max(initial=0)),
+        "chunks": len(chunks), "batches": len(batches), "max_length": int(length.max(initial=0)),
         "size": path.stat().st_size, "tail_sha256": _tail_digest(path),
     }  # fmt: skip
-    head["checksum"] = _checksum(head, fence, blocks)
+    head["checksum"] = _checksum(head, fence, blocks, batches)
     with Path(out).open("wb") as f:
         f.write((MAGIC + json.dumps(head).encode()).ljust(HEADER, b" "))
-        for part in (ids, records, fence, blocks, chunks):
+        for part in (ids, records, fence, blocks, chunks, batches):
             f.write(np.ascontiguousarray(part).tobytes())
     return len(ids)
 
@@ -200,7 +254,8 @@ class TokenIndex:
     """The index of one copy, mapped: ``ids`` ascending, the ``records`` alike (``start`` and
     ``length`` are views of them) and the ``chunks`` values; the ``fence`` (every
     :data:`BLOCK`-th id) and ``blocks`` (a check value per :data:`BLOCK` ids) in memory; the
-    copy's length in ``tokens`` and its longest sample."""
+    copy's length in ``tokens`` and its longest sample; ``batches``, the copy's record batches
+    (:data:`BATCH`, in memory)."""
 
     ids: np.ndarray
     start: np.ndarray
@@ -213,6 +268,7 @@ class TokenIndex:
     tokens: int = 0
     max_length: int = 0
     path: str = ""
+    batches: Any = None
 
     def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(position, found)`` of each id in ``self.ids``: the fence, then one block each.
@@ -274,7 +330,12 @@ def _header(idx: Path) -> dict[str, Any]:
             f"{idx}: a token index of version 1, without check values of the tokens; "
             f"{REWRITE.format(copy)}"
         )
-    keys = ("rows", "chunk", "chunks", "max_length", "size")
+    if version == 2:
+        raise InputError(
+            f"{idx}: a token index of version 2, which cannot tell whether the copy's sample ids "
+            f"were rewritten since; {REWRITE.format(copy)}"
+        )
+    keys = ("rows", "chunk", "chunks", "batches", "max_length", "size")
     if version != VERSION or not all(type(head.get(k)) is int and head[k] >= 0 for k in keys):
         newer = type(version) is int and version > VERSION
         raise _damaged(idx, "header" + (f", or of version {version}: upgrade varpack" * newer))
@@ -299,12 +360,15 @@ def open_index(copy: str | os.PathLike[str]) -> TokenIndex | None:
     rows, chunks = head["rows"], head["chunks"]
     posts = -(-rows // BLOCK)
     want = HEADER + (8 + RECORD.itemsize) * rows + 16 * posts + 8 * chunks
+    want += BATCH.itemsize * head["batches"]
     if idx.stat().st_size != want:
         raise _damaged(idx, f"{idx.stat().st_size:,} bytes, its header says {want:,}")
     at = HEADER + (8 + RECORD.itemsize) * rows
     fence = np.fromfile(idx, dtype="<i8", count=posts, offset=at)
     blocks = np.fromfile(idx, dtype="<u8", count=posts, offset=at + 8 * posts)
-    if head.get("checksum") != _checksum(head, fence, blocks):
+    batches = np.fromfile(idx, dtype=BATCH, count=head["batches"],
+                          offset=at + 16 * posts + 8 * chunks)  # fmt: skip
+    if head.get("checksum") != _checksum(head, fence, blocks, batches):
         raise _damaged(idx, "checksum")
     if head["size"] != path.stat().st_size or head.get("tail_sha256") != _tail_digest(path):
         raise InputError(
@@ -318,7 +382,7 @@ def open_index(copy: str | os.PathLike[str]) -> TokenIndex | None:
     return TokenIndex(
         ids, records["start"], records["length"], fence, dtype, records,
         _view(raw, "<u8", chunks, at + 16 * posts), blocks, head["size"] // dtype.itemsize,
-        head["max_length"], str(idx),
+        head["max_length"], str(idx), batches,
     )  # fmt: skip
 
 

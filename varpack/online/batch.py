@@ -43,8 +43,15 @@ from varpack.online.checks import (
 from varpack.plan.arrays import PlanArrays
 from varpack.plan.batch import batch_config, batch_figures, plan_batch_arrays
 from varpack.plan.kernels.compose_threads import default_threads
+from varpack.plan.numba_cache import announce_compiles
 
 Steps = list[list[list[np.ndarray]]]
+#: said (a logging warning) when a call is about to compile the planner's kernels
+COMPILING = (
+    "varpack: compiling the planner's numba kernels, once per install or upgrade (up to a "
+    "minute of CPU); run `varpack compile` once beforehand (say, when building the image) to "
+    "skip it"
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,7 +160,8 @@ class BatchPlan:
         """``time_vs_ideal`` (under the plan's ``sync``), ``time_vs_ideal_by_sync`` (``step``
         and ``micro``), ``bound`` (the least time vs ideal any composition of its steps'
         samples reaches), ``ideal_time``, ``est_time`` (in cost-model units)."""
-        return batch_figures(self.arrays)
+        with announce_compiles(COMPILING):
+            return batch_figures(self.arrays)
 
     def pad_to(self, step: int, rank: int) -> np.ndarray:
         """The padded length of each of rank ``rank``'s micro-batches in step ``step`` (the
@@ -261,7 +269,8 @@ def plan_batch(
     loss = loss_counts(loss_tokens, lens)
     try:
         cfg = batch_config(**o.config)
-        arrays = plan_batch_arrays(lens, cfg, o.mini_batches, group)
+        with announce_compiles(COMPILING):
+            arrays = plan_batch_arrays(lens, cfg, o.mini_batches, group)
     except (ConfigError, InputError) as err:
         raise type(err)(api_words(str(err))) from None
     return BatchPlan(arrays, o.forward_only, loss)

@@ -11,11 +11,17 @@ May import: NumPy, numba, and ``varpack.errors`` / ``varpack.fingerprint``. Noth
 imports pyarrow or another varpack package: turning the arrays into files is
 :mod:`varpack.planfile`'s job.
 
-Entry points: :class:`PlanConfig` and :func:`make_plan` (or :func:`plan_arrays`).
+Entry points: :class:`PlanConfig` and :func:`make_plan` (or :func:`plan_arrays`). The kernels'
+compiled code is cached by numba under one key of varpack's version and the planner's sources
+(:mod:`.numba_cache`, installed here before any kernel is defined).
 """
 
-from varpack.plan.arrays import PlanArrays
-from varpack.plan.config import PlanConfig
-from varpack.plan.planner import make_plan, plan_arrays
+from varpack.plan import numba_cache
+
+numba_cache.install()
+
+from varpack.plan.arrays import PlanArrays  # noqa: E402  (after the cache key)
+from varpack.plan.config import PlanConfig  # noqa: E402
+from varpack.plan.planner import make_plan, plan_arrays  # noqa: E402
 
 __all__ = ["PlanArrays", "PlanConfig", "make_plan", "plan_arrays"]
