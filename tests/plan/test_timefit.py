@@ -82,11 +82,33 @@ def test_a_negative_coefficient_is_clamped_and_the_others_refitted() -> None:
     x = f.matrix()
     free = np.linalg.lstsq(x, y, rcond=None)[0]
     assert free[2] < 0  # unconstrained least squares would give a negative cost
-    got = fit_time(f, y, kinds)
-    assert got["time_per_sequence"] == 0.0 and got["terms_at_zero"] == ["time_per_sequence"]
     keep = [0, 1, 3]
-    refit = np.linalg.lstsq(x[:, keep], y, rcond=None)[0]
-    assert [got[TERMS[i]] for i in keep] == pytest.approx(refit.tolist(), rel=1e-9)
+    for objective, w in (("absolute", np.ones(len(y))), ("relative", 1.0 / y)):
+        got = fit_time(f, y, kinds, objective=objective)
+        assert got["time_per_sequence"] == 0.0 and got["terms_at_zero"] == ["time_per_sequence"]
+        refit = np.linalg.lstsq(x[:, keep] * w[:, None], y * w, rcond=None)[0]
+        assert [got[TERMS[i]] for i in keep] == pytest.approx(refit.tolist(), rel=1e-9)
+        assert got["objective"] == objective
+
+
+def test_the_relative_objective_weighs_each_row_by_its_time() -> None:
+    """Squares of the relative error: a small row off by 20 % counts as much as a large one."""
+    f, kinds = _rows(30)
+    y = _law(f, TRUE) * np.where(np.arange(30) % 5 == 0, 1.2, 1.0)
+    rel, ab = fit_time(f, y, kinds), fit_time(f, y, kinds, objective="absolute")
+    x = f.matrix()
+    want = nnls(x / y[:, None], np.ones(30))
+    assert [rel[t] for t in TERMS] == pytest.approx(want.tolist(), rel=1e-9)
+    assert [ab[t] for t in TERMS] == pytest.approx(nnls(x, y).tolist(), rel=1e-9)
+    line = nnls(np.column_stack([f.linear + f.attention, np.ones(30)]) / y[:, None], np.ones(30))
+    assert [rel["flops_line"]["time_per_flop"], rel["flops_line"]["time_fixed"]] == pytest.approx(
+        line.tolist(), rel=1e-9
+    )
+
+    def rel_squares(g: dict) -> float:  # type: ignore[type-arg]
+        return float((((predict(g, f) - y) / y) ** 2).sum())
+
+    assert rel_squares(rel) <= rel_squares(ab)
 
 
 def _kkt(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> None:
@@ -135,7 +157,7 @@ def test_the_held_out_rows_are_every_kth_and_not_fitted() -> None:
     assert (base["rows"], base["held_out"]) == (20, 10)
     spoiled = y.copy()
     spoiled[2::3] *= 2.0  # only held-out rows change: the fit does not move, their error does
-    got = fit_time(f, spoiled, kinds, holdout=3)
+    got = fit_time(f, spoiled, kinds, holdout=3, objective="absolute")
     assert [got[t] for t in TERMS] == pytest.approx([base[t] for t in TERMS], rel=1e-9)
     assert got["time_error_held_out"]["mean_pct"] == pytest.approx(50.0)
     assert got["time_error"]["max_pct"] < 1e-7
@@ -180,6 +202,7 @@ REFUSED = [
     (lambda f, y: fit_time(f, y, holdout=2), "leaves 2 of 4 rows to fit 4 coefficients"),
     (lambda f, y: fit_time(f, y, holdout=-1), "holdout -1"),
     (lambda f, y: fit_time(f, y, holdout=True), "holdout True"),
+    (lambda f, y: fit_time(f, y, objective="l1"), "objective 'l1'; choose relative or absolute"),
     (lambda f, y: fit_time(f, np.full(4, 0.5)), "does not grow with the FLOPs"),
     (lambda f, y: fit_time(f, y[::-1].copy()), "does not grow with the FLOPs"),
     (lambda f, y: fit_time(f, y * 1e40), "beyond what a plan accepts"),

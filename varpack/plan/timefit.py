@@ -15,8 +15,15 @@ Each row's features come from :func:`micro_features` (a plan's micro-batches and
 coefficients by non-negative least squares (:func:`nnls`): a term the rows cannot pay for is
 clamped to 0 and the others refitted. It holds every k-th row out (as
 :func:`varpack.plan.calibrate.calibrate` does) and reports the error of the prediction on those
-rows, overall and per kind of micro-batch, next to the same figures for ``a * flops + b``
-(:func:`varpack.plan.calibrate.fit_line`, the model ``--cost time`` had) fitted on the same rows.
+rows, overall and per kind of micro-batch, next to the same figures for ``a * flops + b`` (the
+model ``--cost time`` had) fitted on the same rows in the same way.
+
+The squares are of the relative error by default (``objective="relative"``: each row weighted by
+``1 / seconds``): measured micro-batches span fifty-fold in time, plain squares let the largest
+rows set every coefficient, and the fixed terms (``c``, ``b``) show in the smallest rows; the
+relative error is also what the held-out figure reports. ``objective="absolute"`` gives plain
+least squares (``a * flops + b`` is then exactly :func:`varpack.plan.calibrate.fit_line`, what
+``varpack calibrate`` fits).
 
 Refusals (:class:`~varpack.errors.InputError`): too few rows to fit, rows whose time does not grow
 with the FLOPs, or coefficients a plan would refuse (beyond
@@ -49,6 +56,7 @@ TERMS = ("time_per_linear_flop", "time_per_attention_flop", "time_per_sequence",
 #: stays (collinear columns: the micro-batch term before the per-sequence one)
 _PREFERENCE = (0, 1, 3, 2)
 MAX_COLUMNS = 4  # 2^k subsets: the enumeration is for small k only
+OBJECTIVES = ("relative", "absolute")
 
 
 class Features(NamedTuple):
@@ -234,14 +242,21 @@ def _check(features: Features, seconds: np.ndarray, kinds: Any, holdout: int) ->
 
 
 def fit_time(
-    features: Features, seconds: Any, kinds: Any = None, holdout: int = 0
+    features: Features,
+    seconds: Any,
+    kinds: Any = None,
+    holdout: int = 0,
+    objective: str = "relative",
 ) -> dict[str, Any]:
     """The four coefficients (keys :data:`TERMS`), the terms clamped to 0, the errors on the fit
     rows and on the held-out rows (overall and per kind), and ``a * flops + b`` fitted on the
     same rows with its errors (key ``flops_line``).
 
     ``kinds``: a label per row (e.g. ``"chat rows"``); the per-kind errors name each label.
+    ``objective``: ``relative`` (squares of the relative error) or ``absolute`` (of seconds).
     """
+    if objective not in OBJECTIVES:
+        raise InputError(f"fit_time: objective {objective!r}; choose {' or '.join(OBJECTIVES)}")
     if not isinstance(features, tuple) or len(features) != len(Features._fields):
         raise InputError("fit_time: features must be (linear, attention, sequences), a Features")
     seconds = _floats("seconds", seconds)
@@ -253,8 +268,9 @@ def fit_time(
     if np.ptp(flops[fit]) == 0:
         raise InputError("fit_time: the fit needs rows with at least two different FLOPs")
     x = features.matrix()
+    w = 1.0 / seconds if objective == "relative" else np.ones(len(seconds))
     with np.errstate(all="ignore"):
-        coef = nnls(x[fit], seconds[fit])
+        coef = nnls(x[fit] * w[fit, None], seconds[fit] * w[fit])
     if not (coef[0] > 0 or coef[1] > 0):
         raise InputError(
             "fit_time: the step time does not grow with the FLOPs (both slopes fit to 0); "
@@ -266,18 +282,32 @@ def fit_time(
             f"accepts ({LARGEST:g}); give the time in seconds and the FLOPs as counted"
         )
     pred = x @ coef
-    out: dict[str, Any] = {"rows": int(fit.sum()), "held_out": int(test.sum())}
+    out: dict[str, Any] = {"rows": int(fit.sum()), "held_out": int(test.sum()),
+                           "objective": objective}  # fmt: skip
     out.update({t: float(c) for t, c in zip(TERMS, coef, strict=True)})
     out["terms_at_zero"] = [t for t, c in zip(TERMS, coef, strict=True) if c == 0]
     out.update(_report(pred, seconds, label, fit))
     try:  # the model --cost time had, on the same rows (a refusal is a result too)
-        a, b = fit_line(flops[fit], seconds[fit], "step time")
+        a, b = _line(flops[fit], seconds[fit], w[fit], objective)
     except InputError as exc:
         out["flops_line"] = {"refused": str(exc)}
     else:
         out["flops_line"] = {"time_per_flop": a, "time_fixed": b,
                              **_report(a * flops + b, seconds, label, fit)}  # fmt: skip
     return out
+
+
+def _line(flops: np.ndarray, y: np.ndarray, w: np.ndarray, objective: str) -> tuple[float, float]:
+    """``a * flops + b`` (both >= 0, a > 0) fitted as the four-term model is."""
+    if objective == "absolute":
+        return fit_line(flops, y, "step time")
+    with np.errstate(all="ignore"):
+        a, b = nnls(np.column_stack([flops, np.ones(len(y))]) * w[:, None], y * w)
+    if not a > 0:
+        raise InputError(f"fit_time: a * flops + b does not grow with the work (slope {a:.3g})")
+    if not (a <= LARGEST and b <= LARGEST):
+        raise InputError(f"fit_time: a * flops + b gives {a:.3g} + {b:.3g}, beyond {LARGEST:g}")
+    return float(a), float(b)
 
 
 def _report(pred: np.ndarray, y: np.ndarray, label: np.ndarray, fit: np.ndarray) -> dict[str, Any]:
