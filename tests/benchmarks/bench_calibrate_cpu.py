@@ -1,7 +1,7 @@
 """The four-term time model proved on this CPU: plans' micro-batches timed, fitted, held out.
 
     PYTHONPATH=$PWD python tests/benchmarks/bench_calibrate_cpu.py                 # ~4 min
-    PYTHONPATH=$PWD python tests/benchmarks/bench_calibrate_cpu.py --quick         # ~1 min
+    PYTHONPATH=$PWD python tests/benchmarks/bench_calibrate_cpu.py --quick         # < 1 min
 
 Times forward + backward (fp32, one torch thread) of the reference model's ``small`` preset
 (``TinyGPT``: 4 layers, hidden 256, 4 heads, GELU MLP 1024, vocab 8192, tied head) on the CPU,
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="small", help="reference model preset (small)")
     ap.add_argument("--reps", type=int, default=None, help="passes per micro-batch (4; quick: 2)")
     ap.add_argument("--per-budget", type=int, default=None, help="micro-batches per budget")
-    ap.add_argument("--quick", action="store_true", help="fewer sizes: about a minute")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes: under a minute")
     ap.add_argument("--time-budget", type=float, default=None,
                     help="s from the start; no pass starts after it (270; quick: 60)")  # fmt: skip
     args = ap.parse_args(argv)
