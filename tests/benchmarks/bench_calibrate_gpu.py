@@ -23,8 +23,12 @@ size, every third held out of the fit. OUT.json is a calibration file a plan tak
 Then the bench asks whether the data need a term that ``a * flops + b`` lacks: it fits, on the
 same rows, ``+ c * samples`` (a cost per sample in a row) and separate slopes for the linear and
 the attention FLOPs, and reports each one's held-out error, overall and per kind, and the error of
-a model fitted on single pieces alone (what the earlier calibration did) on the plans' rows. A
-term is called needed when it lowers the held-out mean error by at least 2 points and a quarter.
+a model fitted on single pieces alone (what the earlier calibration did) on the plans' rows; and
+the time model of ``varpack.plan.timefit``, ``a_lin linear + a_attn attention + c samples + b``
+with the model's exact FLOPs (``gpu_steps.spec_of``: LM head, causal attention) by non-negative
+least squares on the relative error, beside ``a flops + b`` fitted the same way. A term is called
+needed when it lowers the held-out mean error of ``a * flops + b`` by at least 2 points and a
+quarter.
 Tables: OUT.md; figures: OUT-fits.json. On the CPU there is no allocator peak (time only), and
 the figures are a smoke run. Without CUDA (and without ``--device cpu``) it says so and exits 0.
 """
@@ -45,9 +49,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, however started
 
 from gpu_ranks_plans import PAD, long_sft, rollouts, varpack_plan  # noqa: E402
-from gpu_steps import Stepper, device_name, dims_of, flops_parts, pick_device, steady  # noqa: E402
+from gpu_steps import (  # noqa: E402
+    Stepper,
+    device_name,
+    dims_of,
+    flops_parts,
+    pick_device,
+    spec_of,
+    steady,
+)
 
+from varpack.errors import VarpackError  # noqa: E402
 from varpack.plan.models import ModelDims  # noqa: E402
+from varpack.plan.timefit import TERMS, Features, fit_time, micro_features  # noqa: E402
 
 GPU_SIZES = [1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 20480, 24576, 32768]
 CPU_SIZES = [64, 128, 192, 256, 384, 512]
@@ -59,6 +73,10 @@ CANDIDATES = {
     "a1*linear + a2*attention + b": ("linear", "attention", "one"),
 }
 NEEDED = (2.0, 0.25)  # points and share of the base model's held-out mean error
+#: the time model of ``varpack.plan.timefit`` (exact FLOPs of the model's spec, NNLS on the
+#: squares of the relative error), and ``a*flops + b`` fitted the same way on the same rows
+TIMEFIT = "a_lin*linear + a_attn*attention + c*samples + b (NNLS)"
+TIMEFIT_LINE = "a*flops + b (exact FLOPs, as NNLS)"
 
 
 def micro_batches(sizes: list[int], per_budget: int, dims: ModelDims) -> list[dict[str, Any]]:
@@ -83,11 +101,17 @@ def measure(stepper: Stepper, micro: list[dict[str, Any]], reps: int, dims: Mode
     peak memory (CUDA) and FLOPs."""
     batches = [stepper.batch(m["lens"], m["pad_to"]) for m in micro]
     secs = stepper.time(batches, reps=reps, deadline=deadline)
+    exact = micro_features(np.concatenate([m["lens"] for m in micro]),
+                           np.cumsum([0] + [len(m["lens"]) for m in micro]),
+                           np.array([m["pad_to"] for m in micro]),
+                           spec_of(stepper.preset))  # fmt: skip
     rows = []
-    for m, b, sec in zip(micro, batches, secs, strict=True):
+    for i, (m, b, sec) in enumerate(zip(micro, batches, secs, strict=True)):
         lin, att = flops_parts(m["lens"], m["pad_to"], dims)
         rows.append({"kind": m["kind"], "tokens": int(m["lens"].sum()), "samples": len(m["lens"]),
                      "pad_to": m["pad_to"], "linear": lin, "attention": att, "flops": lin + att,
+                     "exact_linear": float(exact.linear[i]),
+                     "exact_attention": float(exact.attention[i]),
                      "peak_memory": stepper.peak_memory(b), "step_time": float(sec)})  # fmt: skip
         print(f"{m['kind']:>13} {rows[-1]['tokens']:>6} tokens, {len(m['lens']):>4} samples: "
               f"{sec * 1e3:8.2f} ms", flush=True)  # fmt: skip
@@ -130,11 +154,34 @@ def fit_candidates(rows: list[dict[str, Any]], holdout: int = 3) -> dict[str, An
     for name in list(CANDIDATES)[1:]:
         gain = base - out[name]["held_out"].get("mean_pct", base)
         out[name]["needed"] = bool(gain >= NEEDED[0] and gain >= NEEDED[1] * base)
+    out.update(_timefit(rows, y, kind, holdout, base))
     single = kind == "single pieces"
     if single.sum() >= 2 and (~single).any():
         x = np.array([[float(r["flops"]), 1.0] for r in rows])
         coef = np.linalg.lstsq(x[single], y[single], rcond=None)[0]
         out["single pieces only -> plan rows"] = _errors(x[~single] @ coef, y[~single])
+    return out
+
+
+def _timefit(rows: list[dict[str, Any]], y: np.ndarray, kind: np.ndarray, holdout: int,
+             base: float) -> dict[str, Any]:  # fmt: skip
+    """The four-term model of ``varpack.plan.timefit`` and its ``a*flops + b``, as candidates."""
+    f = Features(*(np.array([float(r[c]) for r in rows])
+                   for c in ("exact_linear", "exact_attention", "samples")))  # fmt: skip
+    try:
+        t = fit_time(f, y, kind, holdout)
+    except VarpackError as exc:
+        return {TIMEFIT: {"refused": str(exc)}}
+    out = {}
+    for name, g, coef in ((TIMEFIT_LINE, t["flops_line"], ("time_per_flop", "time_fixed")),
+                          (TIMEFIT, t, TERMS)):  # fmt: skip
+        if "refused" in g:
+            out[name] = {"refused": g["refused"]}
+            continue
+        gain = base - g["time_error_held_out"].get("mean_pct", base)
+        out[name] = {"coef": {c: g[c] for c in coef}, "held_out": g["time_error_held_out"],
+                     "by_kind": g["time_error_held_out_by_kind"],
+                     "needed": bool(gain >= NEEDED[0] and gain >= NEEDED[1] * base)}  # fmt: skip
     return out
 
 
@@ -153,10 +200,14 @@ def markdown(report: dict[str, Any]) -> str:
                   f"(max {mem['max_pct']:.2f} %).", ""]  # fmt: skip
     lines += ["| time model | held-out error mean / max | " + " | ".join(KINDS) + " | needed |",
               "|---|---|" + "---|" * (len(KINDS) + 1)]  # fmt: skip
-    for name in CANDIDATES:
-        f = fits[name]
+    for name in [*CANDIDATES, TIMEFIT_LINE, TIMEFIT]:
+        f = fits.get(name, {"refused": "not fitted"})
+        if "refused" in f:
+            lines.append(f"| {name} | refused: {f['refused']} |" + " |" * (len(KINDS) + 1))
+            continue
         h = f["held_out"]
-        kinds = [f"{f['by_kind'][k]['mean_pct']:.1f} %" if f["by_kind"][k] else "-" for k in KINDS]
+        kinds = [f"{f['by_kind'][k]['mean_pct']:.1f} %" if f["by_kind"].get(k) else "-"
+                 for k in KINDS]  # fmt: skip
         need = {True: "yes", False: "no"}.get(f.get("needed"), "(base)")
         lines.append(f"| {name} | {h['mean_pct']:.1f} % / {h['max_pct']:.1f} % | "
                      + " | ".join(kinds) + f" | {need} |")  # fmt: skip
@@ -184,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     device = pick_device(args.device)
     if device is None:
-        print("bench_calibrate_gpu: no CUDA device here; nothing measured (--device cpu runs it)")
+        print("bench_calibrate_gpu: no CUDA device here; not yet measured (--device cpu runs it)")
         return 0
     cuda = device.type == "cuda"
     preset = args.preset or ("100m" if cuda and not args.quick else "tiny")

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 from varpack.plan.cost import linear_flops_per_token, sample_flops
-from varpack.plan.models import ModelDims
+from varpack.plan.models import ModelDims, ModelSpec
 from varpack.torch import normalise, token_loss_sum
 from varpack.torch.batch import PackedBatch
 from varpack.torch.collate import RowInfo, collate
@@ -60,6 +60,22 @@ def dims_of(preset: str) -> ModelDims:
     return ModelDims(c.d_model, c.d_model, c.n_layers)
 
 
+def spec_of(preset: str) -> ModelSpec:
+    """The preset's :class:`~varpack.plan.models.ModelSpec`: ``TinyGPT`` has a q/k/v/o attention
+    of ``n_heads`` heads (no GQA), a GELU MLP of ``mlp_ratio x d_model`` (two matmuls: not gated,
+    which no Hugging Face family of ``spec_from_config`` has, so the spec is written from the
+    modules) and a tied LM head over every position.
+
+    >>> spec_of("tiny").describe()
+    'tinygpt: 2 layers, hidden 64, 4 heads (4 kv) x 16, MLP 256, vocab 256'
+    """
+    c = PRESETS[preset]
+    return ModelSpec("tinygpt", hidden=c.d_model, layers=c.n_layers, heads=c.n_heads,
+                     kv_heads=c.n_heads, head_dim=c.d_model // c.n_heads,
+                     intermediate=c.mlp_ratio * c.d_model, gated=False, vocab=c.vocab_size,
+                     windows=(None,) * c.n_layers)  # fmt: skip
+
+
 def flops_parts(lens: np.ndarray, pad_to: int, dims: ModelDims) -> tuple[float, float]:
     """(linear, attention) FLOPs of a packed micro-batch as varpack counts them: the linear part
     over the whole row (padding included), attention per sample.
@@ -80,8 +96,11 @@ def micro_flops(lens: np.ndarray, pad_to: int, dims: ModelDims) -> float:
 class Stepper:
     """The reference model on one device, and timed forward + backward steps of micro-batches."""
 
-    def __init__(self, preset: str, device: torch.device, dtype: str = "bf16", seed: int = 0):
-        self.device, self.preset = device, preset
+    def __init__(self, preset: str, device: torch.device, dtype: str = "bf16", seed: int = 0,
+                 clock: Callable[[], float] = time.perf_counter):  # fmt: skip
+        """``clock``: what times a CPU step (wall-clock; ``time.process_time`` counts the CPU
+        seconds of the process alone, which another process on a shared CPU does not add to)."""
+        self.device, self.preset, self.clock = device, preset, clock
         self.cuda = device.type == "cuda"
         # bf16 autocast on the GPU; the CPU runs fp32 (its bf16 is an emulation, not a smoke test)
         self.dtype = torch.bfloat16 if dtype == "bf16" and self.cuda else torch.float32
@@ -119,9 +138,11 @@ class Stepper:
         new_step: Sequence[bool] | None = None,
         reps: int = 1,
         deadline: float | None = None,
+        reduce: Callable[[Iterable[float]], float] = statistics.median,
     ) -> np.ndarray:
-        """Seconds of each micro-batch's step (the median of ``reps`` passes over the list; no
-        pass after the first starts past ``deadline``, a ``time.perf_counter`` value).
+        """Seconds of each micro-batch's step (the median of ``reps`` passes over the list, or
+        what ``reduce`` makes of them; no pass after the first starts past ``deadline``, a
+        ``time.perf_counter`` value).
 
         ``new_step[i]``: gradients are dropped before micro-batch ``i`` (outside the timing), as
         at the start of an optimizer step; by default before every one.
@@ -130,7 +151,7 @@ class Stepper:
         passes = [self._pass(batches, fresh)]
         while len(passes) < reps and (deadline is None or time.perf_counter() < deadline):
             passes.append(self._pass(batches, fresh))
-        return np.array([statistics.median(p[i] for p in passes) for i in range(len(batches))])
+        return np.array([reduce(p[i] for p in passes) for i in range(len(batches))])
 
     def _pass(self, batches: Sequence[PackedBatch], fresh: list[bool]) -> list[float]:
         if not self.cuda:
@@ -138,9 +159,9 @@ class Stepper:
             for b, new in zip(batches, fresh, strict=True):
                 if new:
                     self.model.zero_grad(set_to_none=True)
-                t = time.perf_counter()
+                t = self.clock()
                 self.step(b)
-                out.append(time.perf_counter() - t)
+                out.append(self.clock() - t)
             return out
         events = []
         for b, new in zip(batches, fresh, strict=True):

@@ -63,6 +63,11 @@ def test_quick_run_on_cpu(tmp_path) -> None:
     assert lines[0] == "tokens,samples,flops,step_time" and len(lines) == report["rows"] + 1
     table = out.with_suffix(".md").read_text()
     assert "| a*flops + b + c*samples |" in table and "CPU smoke run" in table
+    assert f"| {bench.TIMEFIT} |" in table and f"| {bench.TIMEFIT_LINE} |" in table
+    four = report["fits"][bench.TIMEFIT]
+    assert set(four["coef"]) == {"time_per_linear_flop", "time_per_attention_flop",
+                                 "time_per_sequence", "time_per_micro_batch"}  # fmt: skip
+    assert set(four["by_kind"]) == set(bench.KINDS)
 
 
 def _law(monkeypatch, per_sample: float) -> None:
@@ -110,7 +115,8 @@ def test_a_cost_per_sample_is_found(tmp_path, monkeypatch) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
 def test_without_cuda_it_says_so(tmp_path, capsys) -> None:
     assert bench.main(["--out", str(tmp_path / "x")]) == 0
-    assert "no CUDA device" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "no CUDA device" in said and "not yet measured" in said
     assert not (tmp_path / "x.csv").exists()
 
 
