@@ -57,3 +57,11 @@ def test_plan_times_are_plan_json_figures(k: int, sync: str) -> None:
     assert got == pytest.approx(want, rel=1e-9)
     assert got[sync] > 1.0  # a real plan waits a little: the figure is not the ideal itself
 
+
+def test_targets() -> None:
+    assert plan_balance.target(4, 1.0099, 2.0) == "ok"
+    assert plan_balance.target(16, 1.0101, 1.0) == "MISS"
+    assert plan_balance.target(1, 1.04, 1.03) == "MISS"  # slower than the old formula's plan
+    assert plan_balance.target(1, 1.051, 1.2) == "MISS"
+    assert plan_balance.target(1, 1.03, 1.03) == "ok"
+    assert plan_balance.target(2, 1.5, 1.0) == "-"
