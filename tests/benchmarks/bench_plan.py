@@ -1,6 +1,7 @@
 """Benchmark of `varpack plan`: throughput (1M/10M/100M samples) and plan quality vs peers.
 
     python tests/benchmarks/bench_plan.py [--quick] [--only throughput|quality|balance|shapes|mix|where|scale]
+        [--model NAME_OR_CONFIG ...]
 
 (a) Throughput: synthetic long-tail lengths (pre-sorted, as `varpack sort` delivers them), planned
     and written (dp 8, grad-accum 4, 16K budget, flops cost of Qwen2.5-0.5B). Each size runs in its
@@ -10,8 +11,13 @@
     flops cost of Qwen2.5-0.5B, all strategies scored by the same functions
     (varpack.plan.kernels.micro.summarize / stats): padding ratio, estimated time / ideal,
     imbalance, mixing; the peers and the scorer are in plan_peers.py.
-(b2) Shuffled balance at grad-accum 1, 2, 4, 16 on long-tail, bimodal and heavy-bodied data, with
-    the yardstick (shuffle + LPT on cost) and a lower bound (plan_balance.py).
+(b2) Shuffled balance at grad-accum 1, 2, 4, 16 (dp 16 and 32: 8) on the long-SFT tail, a heavy
+    tail at 32 K and RL rollouts, planned with ``--cost flops`` for real models (``--model``: a
+    preset's name or a config.json, repeatable; default plan_balance.MODELS) and scored by an
+    independent count of each model's FLOPs (real_cost.py), beside the same data balanced by the
+    old formula; then (b2'') the padded layout, ``--pp 4``, bounds and mixing on more sets for
+    Qwen2.5-0.5B (plan_balance.layouts) and RL rollout batches against peers (rl_peers.py), both
+    left out when ``--model`` names the models.
 (c) Shapes, all through the real planner (make_plan) with its own stats: padding vs --max-shapes K
     on synth long-tail data (padded layout, and packed for contrast; "floor" = the DP optimum
     sum(bucket - len), a lower bound for any padded plan with K lengths); the cost of --pp 4;
@@ -253,6 +259,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--child", nargs=2)
+    ap.add_argument("--model", action="append", help="balance: a preset's name or a config.json")
     ap.add_argument(
         "--only", choices=["throughput", "quality", "balance", "shapes", "mix", "where", "scale"]
     )
@@ -269,7 +276,7 @@ def main() -> None:
     if args.quick:
         "throughput" in run and throughput([1_000_000], [2_000, 4_000])
         "quality" in run and quality(50_000, [1, 8, 64])
-        "balance" in run and balance(30_000)
+        "balance" in run and balance(30_000, args.model)
         if "shapes" in run:
             shapes_vs_k(200_000)
             pipeline_cost(200_000)
@@ -279,7 +286,7 @@ def main() -> None:
             [1_000_000, 10_000_000, 100_000_000], [10_000, 20_000, 40_000]
         )
         "quality" in run and quality(400_000, [1, 2, 4, 8, 32, 128, 1024])
-        "balance" in run and balance(400_000)
+        "balance" in run and balance(400_000, args.model)
         if "shapes" in run:
             shapes_vs_k(2_000_000)
             pipeline_cost(2_000_000)

@@ -1,34 +1,47 @@
-"""Shuffled balance across grad-accum, layouts and synchronisation models: section (b2) of
-bench_plan.py (`--only balance`).
+"""Shuffled balance, section (b2) of bench_plan.py (``--only balance``), in the real models' cost.
 
-Budget 16K (bimodal: 128K; documents: 8K, split; heavy tail: 32K), dp 8 (heavy tail: 32, RL
-rollouts: 16), flops cost of Qwen2.5-0.5B (hidden 896, kv 128, 24 layers), shuffled order (window
-8), grad-accum 1, 2, 4, 16 (dp 16 and 32: 1, 2, 4, 8), in the packed layout, the padded layout
-and with ``--pp 4`` (packed, ``--sync step``; grad-accum 4 and 16, which ``--pp 4`` needs), each
-plan made for ``--sync step`` and for ``--sync micro`` (at grad-accum 1 they are one plan). Sets:
+**(b2)** :func:`balance`: plans made with ``--cost flops`` for real models (:data:`MODELS`, or
+``--model NAME_OR_CONFIG``: a preset's name or a Hugging Face config.json), ``--order shuffle``
+(window 8), packed, at grad-accum 1, 2, 4, 16 (dp 16 and 32: 1, 2, 4, 8), each made for
+``--sync step`` and for ``--sync micro`` (at grad-accum 1 they are one plan), on three sets
+(:func:`real_sets`):
 
 * **long-SFT tail** (:func:`sft_tail`, our own generator of the Llama 3 SFT statistic): 99.89 %
   chat-like samples (log-normal, median 450 tokens, sigma 0.9: mean about 690, 82 % under 1K)
-  and 0.11 % near the budget (uniform in 75–100 % of it); 400K samples, and 30K, where a window
-  holds fewer long samples;
-* bimodal (synth), heavy-bodied 10K and 30K (log-normal, median 450, sigma 1.45, capped);
-* **real documents** (``data/doc_lengths.csv``: 11.6K files of four sources tokenized by a
-  byte-level BPE, ``make_doc_lengths.py``), 8K budget, ``--oversize split``;
-* **heavy tail** (:func:`heavy_tail`): chat-like samples with 0.5 % at 20–32K, budget 32K, dp 32;
+  and 0.11 % near the budget (uniform in 75–100 % of it); 400K samples, budget 16K, dp 8;
+* **heavy tail** (:func:`heavy_tail`): chat-like samples with 0.5 % at 20–32K, budget 32K,
+  dp 32, 200K samples;
 * **RL rollouts** (:func:`rollouts`): prompt + response, 25 % of responses cut at an 8K
-  generation cap, budget 16K, dp 16.
+  generation cap, budget 16K, dp 16, 60K samples.
 
-Every row is a real plan (``make_plan``) scored by plan.json's own stats under the plan's model:
-time vs ideal, the per-plan lower bound (``time_vs_ideal_bound``: no composition of the plan's
-windows does better), the fill given up (mean and max over steps, below the median step), mixing,
-padding; *other* is its time under the other model, and *check* recomputes both times with the
-independent scorer of :mod:`rl_peers`. Section (b2') compares RL rollout batches planned by peers
-(Karmarkar-Karp by tokens, ROLL) and by varpack (:func:`rl_peers.rollout_table`).
+Every plan is scored by :mod:`real_cost` (each sample's training FLOPs counted from the model's
+config fields, not by varpack's cost code; pad tokens cost their matmuls) under the plan's own
+synchronisation model and the other one, checked against plan.json's own figures, and set
+beside the same data balanced by the old formula (Skrull's, ``--hidden --kv-hidden --layers``
+of the same model), scored by the formula and by the model. *mb* is the plan's micro-batches per
+rank and step against the fewest that hold each step under the budget. The targets: grad-accum
+>= 4 at most 1.01x; grad-accum 1 at most 1.05x and no slower than the old formula's plan.
+``--quick``: 30K, 50K and 20K samples.
 
-The full run takes long on a few cores; to run a part of it, set (comma-separated)
-``VARPACK_BALANCE_SETS`` (words the set's name starts with, e.g. ``bimodal,heavy-bodied 30K``),
-``VARPACK_BALANCE_K`` (grad-accums, e.g. ``1``) and ``VARPACK_BALANCE_LAYOUTS`` (``packed,padded``);
-with any of them set the peers' table (b2') is skipped.
+**(b2')** RL rollout batches planned by peers (Karmarkar-Karp by tokens, ROLL) and by varpack
+(:func:`rl_peers.rollout_table`), scored by Qwen2.5-0.5B's FLOPs.
+
+**(b2'')** :func:`layouts`, run before (b2') and not with ``--model``: the flops cost of
+Qwen2.5-0.5B on more sets, in the packed layout, the padded layout and with ``--pp 4``
+(packed, ``--sync step``; grad-accum 4 and 16, which ``--pp 4`` needs), budget 16K (bimodal: 128K; documents: 8K, split; heavy tail:
+32K), dp 8 (heavy tail: 32, RL rollouts: 16). Sets beside the three above: the long-SFT tail at
+30K (a window holds fewer long samples); bimodal (synth), heavy-bodied 10K and 30K (log-normal,
+median 450, sigma 1.45, capped); **real documents** (``data/doc_lengths.csv``: 11.6K files of
+four sources tokenized by a byte-level BPE, ``make_doc_lengths.py``), 8K budget, ``--oversize
+split``. Every row is a real plan (``make_plan``) scored by plan.json's own stats under the
+plan's model: time vs ideal, the per-plan lower bound (``time_vs_ideal_bound``: no composition
+of the plan's windows does better), the fill given up (mean and max over steps, below the
+median step), mixing, padding; *other* is its time under the other model, and *check*
+recomputes both times with :mod:`real_cost`.
+
+To run a part, set (comma-separated) ``VARPACK_BALANCE_SETS`` (words the set's name starts
+with, e.g. ``heavy tail,bimodal``), ``VARPACK_BALANCE_K`` (grad-accums, e.g. ``1``) and, for
+(b2''), ``VARPACK_BALANCE_LAYOUTS`` (``packed,padded``); with the first two set (b2') is skipped.
 """
 
 from __future__ import annotations
@@ -113,16 +126,13 @@ def make(lens: np.ndarray, budget: int, dp: int, **kw: object) -> tuple:  # type
     return arrays, meta["stats"]
 
 
-def checked(arrays: object, stats: dict, dp: int) -> str:  # type: ignore[type-arg]
-    """The plan's times scored again by the independent scorer of ``rl_peers``: ``ok`` when
-    both models agree with plan.json's figures (to 1e-6)."""
-    from rl_peers import Micro, independent_times
+def checked(arrays: object, stats: dict, model: str = MODEL) -> str:  # type: ignore[type-arg]
+    """The plan's times scored again by the independent scorer of :mod:`real_cost` (the
+    model's FLOPs from its config fields): ``ok`` when both synchronisation models agree with
+    plan.json's figures (to 1e-6)."""
+    from real_cost import RealModel, times
 
-    p = arrays
-    sl = p.lens[p.stream] if p.stream_lens is None else p.stream_lens  # type: ignore[attr-defined]
-    m = Micro(np.split(sl, p.offsets[1:-1]), p.micro.pad_to, p.cfg.layout == "padded",  # type: ignore[attr-defined]
-              p.step, p.rank, p.micro_index)  # type: ignore[attr-defined]  # fmt: skip
-    got = independent_times(m, dp)
+    got = times(arrays, RealModel.of(model))
     want = stats["time_vs_ideal_by_sync"]
     return "ok" if all(abs(got[k] - want[k]) < 1e-6 * want[k] for k in got) else f"{got}"
 
@@ -178,11 +188,11 @@ def _only(var: str) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
-def balance(n: int) -> None:
+def layouts(n: int) -> None:
     quick = n < 400_000
-    sets, ks_only, layouts = (_only(f"VARPACK_BALANCE_{v}") for v in ("SETS", "K", "LAYOUTS"))
+    sets, ks_only, only_layouts = (_only(f"VARPACK_BALANCE_{v}") for v in ("SETS", "K", "LAYOUTS"))
     print(
-        f"\n(b2) shuffled balance: flops cost of {MODEL}, window 8; each plan balanced for --sync "
+        f"\n(b2'') shuffled balance by layout: flops cost of {MODEL}, window 8; each plan balanced for --sync "
         "step (ranks meet once a step: DDP, Megatron) or micro (at every micro-batch: FSDP, "
         "ZeRO-3), scored under its own model: time / ideal, bound (no composition of the plan's "
         "windows does better under that model), gap; 'other' = its time under the other model; "
@@ -191,7 +201,7 @@ def balance(n: int) -> None:
         "padded: the best mixing of steps of sorted padded micro-batches taken stratified "
         "(band_floor_mixing: one length range a micro-batch; under micro, one a slot); "
         "check = both "
-        "times recomputed by an independent scorer (rl_peers.independent_times)"
+        "times recomputed by an independent scorer (real_cost.times)"
     )
     head = (f"{'layout':<7} {'K':>3} {'sync':<5} {'time':>6} {'bound':>6} {'gap':>6} {'other':>6} "
             f"{'fill up':>12} {'mixing':>7} {'floor':>6} {'padding':>8} {'check':>6}")  # fmt: skip
@@ -208,7 +218,12 @@ def balance(n: int) -> None:
                 ("padded", {"layout": "padded"}),
                 ("pp 4", {"pp": 4}),
             ):
-                if layout == "pp 4" and k % 4 or layouts is not None and layout not in layouts:
+                if (
+                    layout == "pp 4"
+                    and k % 4
+                    or only_layouts is not None
+                    and layout not in only_layouts
+                ):
                     continue
                 syncs = ["step"] if layout == "pp 4" else ["step", "micro"] if k > 1 else ["step"]
                 for sync in syncs:
@@ -225,10 +240,132 @@ def balance(n: int) -> None:
                         f"{s['time_vs_ideal'] - s['time_vs_ideal_bound']:>+6.3f} {other:>6.3f} "
                         f"{100 * f['mean']:>5.1f}/{100 * f['max']:>5.1f}% {s['mixing']:>7.3f} "
                         f"{floor:>6.3f} "
-                        f"{100 * s['padding_ratio']:>7.2f}% {checked(arrays, s, dp):>6}"
+                        f"{100 * s['padding_ratio']:>7.2f}% {checked(arrays, s):>6}"
                     )
-    if sets is not None or ks_only is not None or layouts is not None:
+
+
+# ------------------------------------------------ (b2) the real models' cost ---------------------
+
+#: the models ``--only balance`` plans for: a small one, two 7B-class ones (Mistral's 4 K window
+#: on every layer) and Gemma-2 (a 4 K window on every other layer)
+MODELS = ("qwen2.5-0.5b", "qwen2.5-7b", "mistral-7b-v0.1", "gemma-2-2b")
+
+
+def real_sets(quick: bool) -> dict[str, Set]:
+    """name -> (lengths, budget, dp, extra options, grad-accums) of the real-model table."""
+    sft, heavy, rl = (30_000, 50_000, 20_000) if quick else (400_000, 200_000, 60_000)
+    return {
+        f"long-SFT tail {sft // 1000}K, 16K, dp 8": (
+            sft_tail(sft, np.random.default_rng(0)), 16384, DP, {}, GRAD_ACCUM),
+        f"heavy tail {heavy // 1000}K, 32K, dp 32": (
+            heavy_tail(heavy, np.random.default_rng(0)), 32768, 32, {}, (1, 2, 4, 8)),
+        f"RL rollouts {rl // 1000}K, 16K, dp 16": (
+            rollouts(rl, np.random.default_rng(0)), 16384, 16, {}, (1, 2, 4, 8)),
+    }  # fmt: skip
+
+
+def model_options(name: str, real: object) -> tuple[dict[str, object], dict[str, object]]:
+    """PlanConfig options of the model (a preset's name, or a config.json's fields) and of
+    the old formula with the same model's dimensions (``--hidden --kv-hidden --layers``)."""
+    from real_cost import load
+
+    from varpack.plan.models.presets import PRESET_CONFIGS
+
+    key, fields = load(name)
+    model: dict[str, object] = {"model_preset": key} if key in PRESET_CONFIGS else {"model": fields}
+    dims = {"hidden": real.hidden, "kv_hidden": real.kv_dim, "layers": real.layers}  # type: ignore[attr-defined]
+    return model, dims
+
+
+def fewest(arrays: object, budget: int) -> tuple[float, float]:
+    """Micro-batches per rank and step (mean) and the fewest that hold each step's tokens
+    under the budget, ``ceil(step tokens / (dp x budget))`` (mean over steps)."""
+    p = arrays
+    dp = p.cfg.dp  # type: ignore[attr-defined]
+    per = len(p.offsets) - 1  # type: ignore[attr-defined]
+    steps = p.num_steps  # type: ignore[attr-defined]
+    least = -(-np.asarray(p.step_tokens, dtype=np.int64) // (dp * budget))  # type: ignore[attr-defined]
+    return per / (steps * dp), float(least.mean())
+
+
+def target(k: int, real: float, old: float) -> str:
+    """The balance targets: grad-accum >= 4 at most 1.01x under the plan's sync; grad-accum 1
+    at most 1.05x and no slower than the same data balanced by the old formula."""
+    if k >= 4:
+        return "ok" if real <= 1.01 else "MISS"
+    if k == 1:
+        return "ok" if real <= 1.05 and real <= old else "MISS"
+    return "-"
+
+
+def balance(n: int, models: list[str] | None = None) -> None:
+    """Section (b2): plans made with ``--cost flops`` for each real model, scored by the
+    model's own FLOPs (:mod:`real_cost`), beside the same data balanced by the old formula;
+    then, unless ``models`` are named, (b2'') by layout and (b2') the RL peers."""
+    from real_cost import RealModel, times
+
+    quick = n < 400_000
+    sets, ks_only = _only("VARPACK_BALANCE_SETS"), _only("VARPACK_BALANCE_K")
+    chosen = [(m, RealModel.of(m)) for m in models or MODELS]  # a bad name stops here
+    print(
+        "\n(b2) shuffled balance in the real models' FLOPs: --cost flops --model M --order "
+        "shuffle (window 8), packed; each plan scored by an independent per-sample cost of M "
+        "(real_cost.py: causal attention with M's windows, its matmuls and LM head; pad tokens "
+        "cost their matmuls) under the plan's --sync: step = sum over steps of the slowest "
+        "rank's step (DDP, Megatron), micro = sum over micro-batch slots of the slowest rank "
+        "(FSDP, ZeRO-3); time / ideal (samples' cost / dp). other = the same plan under the "
+        "other sync; check = plan.json's own figures equal the scorer's; old: the same data "
+        "balanced by Skrull's formula with M's --hidden/--kv-hidden/--layers, scored by the "
+        "formula / by M; mb = micro-batches per rank and step / the fewest that hold the "
+        "step, ceil(step tokens / (dp x budget)); target: K >= 4 <= 1.01x, K = 1 <= 1.05x "
+        "and <= old"
+    )
+    head = (f"{'K':>3} {'sync':<5} {'time':>6} {'other':>6} {'check':>5} | {'old':>6} "
+            f"{'old M':>6} | {'mb':>5} {'fewest':>6} {'steps':>6} | target")  # fmt: skip
+    missed: list[str] = []
+    for name, (lens, budget, dp, extra, ks) in real_sets(quick).items():
+        if sets is not None and not any(name.startswith(w) for w in sets):
+            continue
+        q50, q99 = np.percentile(lens, [50, 99])
+        for m, real in chosen:
+            model, dims = model_options(m, real)
+            print(f"\n{name}: {len(lens):,} samples, p50 {q50:.0f}, p99 {q99:.0f}; {real.name} "
+                  f"({real.describe()})")  # fmt: skip
+            print(head)
+            for k in ks if ks_only is None else [k for k in ks if str(k) in ks_only]:
+                for sync in ("step", "micro") if k > 1 else ("step",):
+                    kw = dict(grad_accum=k, sync=sync, **extra)
+                    arrays, s = make_for(lens, budget, dp, model, **kw)
+                    got = times(arrays, real)
+                    want = s["time_vs_ideal_by_sync"]
+                    ok = all(abs(got[x] - want[x]) < 1e-6 * want[x] for x in got)
+                    old_arrays, old_s = make_for(lens, budget, dp, dims, **kw)
+                    old = times(old_arrays, real)[sync]
+                    mb, least = fewest(arrays, budget)
+                    verdict = target(k, got[sync], old)
+                    if verdict == "MISS":
+                        missed.append(f"{name}, {real.name}, K={k} {sync}: {got[sync]:.3f}")
+                    print(
+                        f"{k:>3} {sync if k > 1 else 'both':<5} {got[sync]:>6.3f} "
+                        f"{got['micro' if sync == 'step' else 'step']:>6.3f} "
+                        f"{'ok' if ok else 'DIFF':>5} | {old_s['time_vs_ideal']:>6.3f} "
+                        f"{old:>6.3f} | {mb:>5.2f} {least:>6.2f} {arrays.num_steps:>6} | {verdict}"
+                    )
+    print("\nmissed targets: " + ("; ".join(missed) if missed else "none"))
+    if models:
+        return
+    layouts(n)
+    if sets is not None or ks_only is not None:
         return
     from rl_peers import rollout_table
 
     rollout_table(2 if quick else 8, quick)
+
+
+def make_for(lens: np.ndarray, budget: int, dp: int, model: dict[str, object],
+             **kw: object) -> tuple:  # type: ignore[type-arg]  # fmt: skip
+    """A shuffled plan with the flops cost of ``model`` (PlanConfig's model options)."""
+    srt = np.sort(lens, kind="stable")
+    cfg = PlanConfig(max_tokens=budget, dp=dp, cost="flops", order="shuffle", **model, **kw)  # type: ignore[arg-type]
+    arrays, meta, _ = make_plan(np.arange(len(srt)), srt, cfg)
+    return arrays, meta["stats"]

@@ -21,9 +21,11 @@ micro-batch at most, FLOPs cost of Qwen2.5-0.5B. Planned three ways:
   ``--sync step`` and ``--sync micro``.
 
 :func:`independent_times` scores every plan from its micro-batches alone (lengths, shape, step,
-rank, place in the rank's step), with its own FLOPs formula: time under ``step`` (each step's
-slowest rank's sum) and ``micro`` (each slot's slowest rank, summed) over the ideal (the samples'
-cost over dp).
+rank, place in the rank's step): time under ``step`` (each step's slowest rank's sum) and
+``micro`` (each slot's slowest rank, summed) over the ideal (the samples' cost over dp), each
+micro-batch priced by a cost written outside varpack: the table's, Qwen2.5-0.5B's own FLOPs
+(:mod:`real_cost`, what ``--model-preset qwen2.5-0.5b`` balances); without a model (as
+``bench_online.py`` calls it), Skrull's estimate of its dimensions (:func:`flops`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
+from real_cost import RealModel
 
 HIDDEN, KV_HIDDEN, LAYERS = 896, 128, 24  # Qwen2.5-0.5B
 DP, BUDGET, BATCH, MINI = 8, 16384, 8192, 4
@@ -57,14 +60,19 @@ class Micro:
     index: np.ndarray  # place among its rank's micro-batches of the step
 
 
-def independent_times(m: Micro, dp: int) -> dict[str, float]:
-    """``{"step": .., "micro": ..}``: time over the ideal under each synchronisation model."""
-    real = np.array([flops(x).sum() for x in m.lens])
+def independent_times(m: Micro, dp: int, model: RealModel | None = None) -> dict[str, float]:
+    """``{"step": .., "micro": ..}``: time over the ideal under each synchronisation model;
+    ``model``: priced by that real model's FLOPs (``real_cost``), else by Skrull's estimate."""
+    cost_of = flops if model is None else model.sample_cost
+    real = np.array([cost_of(x).sum() for x in m.lens])
     if m.padded:
-        cost = np.array([len(x) for x in m.lens]) * flops(m.pad_to)
+        cost = np.array([len(x) for x in m.lens]) * cost_of(m.pad_to)
     else:  # pad tokens of a packed row cost their linear part
         pad = m.pad_to - np.array([x.sum() for x in m.lens])
-        cost = real + LAYERS * (20 * HIDDEN**2 + 4 * HIDDEN * KV_HIDDEN) * pad
+        linear = (
+            LAYERS * (20 * HIDDEN**2 + 4 * HIDDEN * KV_HIDDEN) if model is None else model.pad_cost
+        )
+        cost = real + linear * pad
     ideal = real.sum() / dp
     steps, slots = int(m.step.max()) + 1, int(m.index.max()) + 1
     by_rank = np.zeros((steps, dp))
@@ -154,8 +162,10 @@ def rollout_table(batches: int, quick: bool) -> None:
 
     print(
         f"\n(b2') RL rollouts: {batches} batches of {BATCH:,} samples, {MINI} mini-batches (steps) "
-        f"each, dp {DP}, budget {BUDGET:,}, flops cost; time / ideal by one independent scorer"
+        f"each, dp {DP}, budget {BUDGET:,}, flops cost of Qwen2.5-0.5B; time / ideal by one "
+        "independent scorer (real_cost.py: the model's own FLOPs)"
     )
+    real = RealModel.of("qwen2.5-0.5b")
     print(f"{'plan':<28} {'step sync':>10} {'micro sync':>11} {'over budget':>12}")
     rng = np.random.default_rng(0)
     data = [rollouts(BATCH, np.random.default_rng(100 + b)) for b in range(batches)]
@@ -177,7 +187,7 @@ def rollout_table(batches: int, quick: bool) -> None:
             np.concatenate([p.rank for p in parts]),
             np.concatenate([p.index for p in parts]),
         )
-        t = independent_times(m, DP)
+        t = independent_times(m, DP, real)
         rows = np.array([len(v) for v in m.lens])
         over = int(((rows * m.pad_to if m.padded else m.pad_to) > BUDGET).sum())
         print(f"{name:<28} {t['step']:>10.3f} {t['micro']:>11.3f} {over:>12,}")
