@@ -145,6 +145,9 @@ def test_four_term_time_model_from_columns(tmp_path):
     assert set(by_kind) == {"chat", "long"} and [e["rows"] for e in by_kind.values()] == [2, 2]
     assert "by kind chat" in res.stdout and "long" in res.stdout
     assert got["flops_line"]["time_error_held_out"]["mean_pct"] > 0  # the old model, compared
+    cfg = PlanConfig(cost="time", model_preset="qwen2.5-0.5b", max_tokens=8192,
+                     **{t: got[t] for t in terms}).resolved()  # fmt: skip
+    assert cfg.time_terms() == tuple(got[t] for t in terms)
 
 
 def test_four_term_without_samples_or_kind_counts_one_sequence(tmp_path):
