@@ -113,3 +113,72 @@ def test_output_kept_apart(tmp_path):
     assert "exists" in cli("calibrate", src, tmp_path / "o.json", expect=2).stderr
     cli("calibrate", src, src, expect=2)
     assert src.read_text().startswith("tokens")
+
+
+def _four_term_rows(n: int = 12) -> tuple[list[tuple[object, ...]], list[float]]:
+    """Rows of a micro-batch CSV whose seconds are exactly the four-term model's."""
+    coef = [2e-13, 5e-13, 3e-3, 2e-2]
+    rng = np.random.default_rng(5)
+    rows: list[tuple[object, ...]] = []
+    for i in range(n):
+        seqs = int(rng.integers(1, 9))
+        tokens = int(rng.integers(1000, 30000))
+        lin, att = 4e9 * tokens, 1e5 * tokens * tokens / seqs
+        sec = coef[0] * lin + coef[1] * att + coef[2] * seqs + coef[3]
+        rows.append((tokens, 900 * tokens + 5e6, sec, lin, att, seqs, "long" if i % 2 else "chat"))
+    return rows, coef
+
+
+def test_four_term_time_model_from_columns(tmp_path):
+    rows, coef = _four_term_rows()
+    src = _csv(tmp_path / "m.csv", rows,
+               "tokens,peak_memory,step_time,linear_flops,attention_flops,samples,kind")  # fmt: skip
+    out = tmp_path / "o.json"
+    res = cli("calibrate", src, out, "--holdout", "3")
+    got = json.loads(out.read_text())
+    terms = ("time_per_linear_flop", "time_per_attention_flop", "time_per_sequence",
+             "time_per_micro_batch")  # fmt: skip
+    assert [got[t] for t in terms] == pytest.approx(coef, rel=1e-6)
+    assert "time_per_flop" not in got and got["memory_per_token"] == pytest.approx(900)
+    assert got["held_out"] == 4 and got["time_error_held_out"]["max_pct"] < 1e-6
+    by_kind = got["time_error_held_out_by_kind"]
+    assert set(by_kind) == {"chat", "long"} and [e["rows"] for e in by_kind.values()] == [2, 2]
+    assert "by kind chat" in res.stdout and "long" in res.stdout
+    assert got["flops_line"]["time_error_held_out"]["mean_pct"] > 0  # the old model, compared
+    cfg = PlanConfig(cost="time", model_preset="qwen2.5-0.5b", max_tokens=8192,
+                     **{t: got[t] for t in terms}).resolved()  # fmt: skip
+    assert cfg.time_terms() == tuple(got[t] for t in terms)
+
+
+def test_four_term_without_samples_or_kind_counts_one_sequence(tmp_path):
+    rows, _ = _four_term_rows()
+    src = _csv(tmp_path / "m.csv", [(r[0], r[2], r[3], r[4]) for r in rows],
+               "tokens,step_time,linear_flops,attention_flops")  # fmt: skip
+    res = cli("calibrate", src, tmp_path / "o.json", "--holdout", "3")
+    got = json.loads((tmp_path / "o.json").read_text())
+    assert list(got["time_error_held_out_by_kind"]) == ["all"] and "by kind" not in res.stdout
+    assert got["time_per_sequence"] == 0.0 and "time_per_sequence" in got["terms_at_zero"]
+
+
+@pytest.mark.parametrize(
+    ("header", "extra", "message"),
+    [
+        ("tokens,step_time,linear_flops", [], "needs both linear_flops and attention_flops"),
+        ("tokens,step_time,samples", [], "a samples column is for the four-term"),
+        ("tokens,step_time,linear_flops,attention_flops", ["--holdout", "2"],
+         "--holdout 2 leaves 3 rows to fit"),
+        ("tokens,step_time,linear_flops,attention_flops,kind", [], "attention_flops 'x'"),
+    ],
+)  # fmt: skip
+def test_four_term_bad_input_is_one_line(tmp_path, header, extra, message):
+    rows, _ = _four_term_rows(6)
+    if header.endswith("samples"):
+        rows = [(r[0], r[2], r[5]) for r in rows]
+    elif header.endswith("kind"):
+        rows = [(r[0], r[2], r[3], "x", r[6]) for r in rows]
+    else:
+        rows = [(r[0], r[2], r[3], r[4])[: header.count(",") + 1] for r in rows]
+    src = _csv(tmp_path / "a.csv", rows, header)
+    res = cli("calibrate", src, tmp_path / "o.json", *extra, expect=2)
+    assert message in res.stderr and res.stderr.count("\n") == 1
+    assert not (tmp_path / "o.json").exists()

@@ -110,3 +110,35 @@ def test_a_bad_config_json_names_its_file(tmp_path: Path, meta: Path) -> None:
     (d / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64}))
     res = cli("plan", meta, tmp_path / "x", *BASE, "--cost", "flops", "--model", d, expect=2)
     assert f"{d / 'config.json'}: no num_hidden_layers" in res.stderr
+
+
+FOUR = ["--cost", "time", "--time-per-linear-flop", "2e-15", "--time-per-attention-flop",
+        "7e-15", "--time-per-sequence", "4e-4", "--time-per-micro-batch", "3e-3"]  # fmt: skip
+
+
+def test_the_four_term_time_model_plans_validates_and_replays(tmp_path: Path, meta: Path) -> None:
+    out = tmp_path / "p"
+    cli("plan", meta, out, *BASE, "--pad-multiple", 64, "--model-preset", "qwen2.5-0.5b", *FOUR)
+    config = load_plan(out).meta["config"]
+    assert config["time_per_linear_flop"] == 2e-15 and config["time_per_micro_batch"] == 3e-3
+    assert "time_per_flop" not in config and "time_fixed" not in config
+    assert cli("validate", out).stdout.startswith("OK ")
+    replay = cli("validate", out, "--metadata", meta, "--replay")
+    assert replay.stdout.startswith("OK ") and "same rows" in replay.stdout
+    cli("replan", out, tmp_path / "r", "--from-step", 1, "--dp", 4, "-q")
+    assert load_plan(tmp_path / "r").meta["config"]["time_per_sequence"] == 4e-4
+    assert cli("validate", tmp_path / "r", "--parent", out).stdout.startswith("OK ")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model-preset", "qwen2.5-0.5b", *FOUR, "--time-fixed", 1], "conflicts with --time-per-flop"),
+        ([*FOUR, "--hidden", 64, "--kv-hidden", 16, "--layers", 2], "needs the model: --model"),
+        (["--model-preset", "qwen2.5-0.5b", "--cost", "time", "--time-per-sequence", 1],
+         "needs both --time-per-linear-flop"),
+    ],
+)  # fmt: skip
+def test_four_term_mistakes_are_one_line(tmp_path: Path, meta: Path, args, message) -> None:  # type: ignore[no-untyped-def]
+    res = cli("plan", meta, tmp_path / "x", *BASE, *args, expect=2)
+    assert message in res.stderr and res.stderr.count("\n") == 1

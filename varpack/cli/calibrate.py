@@ -1,4 +1,5 @@
-"""``varpack calibrate``: fit the memory model (A, B) and the time model (a, b) from a CSV."""
+"""``varpack calibrate``: fit the memory model (A, B) and the time model (a, b, or the four terms
+of :mod:`varpack.plan.timefit`) from a CSV."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from varpack.plan.models import PRESETS, ModelDims, ModelSpec, preset_spec
 from varpack.plan.models.flops import sample_train_flops
 
 _NEEDED = ("tokens",)
-_OPTIONAL = ("peak_memory", "step_time", "flops")
+_OPTIONAL = ("peak_memory", "step_time", "flops", "linear_flops", "attention_flops", "samples")
+_TEXT = "kind"  # the one text column: each row's kind, for the time model's errors per kind
 
 
-def _read(path: Path) -> dict[str, np.ndarray]:
-    """The CSV's numeric columns (a header row names them)."""
+def _read(path: Path) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """The CSV's numeric columns (a header row names them) and its kinds (None without)."""
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             rows = list(csv.DictReader(fh))
@@ -33,6 +35,11 @@ def _read(path: Path) -> dict[str, np.ndarray]:
     if not rows:
         raise InputError(f"{path}: no rows; write a header (tokens,peak_memory,step_time) and rows")
     cols = {k.strip(): [] for k in rows[0] if k is not None}  # type: dict[str, list[float]]
+    kinds = None
+    if _TEXT in cols:
+        del cols[_TEXT]
+        key = next(k for k in rows[0] if k is not None and k.strip() == _TEXT)
+        kinds = np.array([(r.get(key) or "").strip() for r in rows], dtype=str)
     for name in _NEEDED:
         if name not in cols:
             raise InputError(f"{path}: no '{name}' column; the header needs tokens and "
@@ -48,7 +55,24 @@ def _read(path: Path) -> dict[str, np.ndarray]:
             if not np.isfinite(v) or v < 0:
                 raise InputError(f"{path}:{i}: {key.strip()} {value!r} must be finite and >= 0")
             cols[key.strip()].append(v)
-    return {k: np.array(v) for k, v in cols.items() if k in _NEEDED + _OPTIONAL}
+    return {k: np.array(v) for k, v in cols.items() if k in _NEEDED + _OPTIONAL}, kinds
+
+
+def _terms(
+    cols: dict[str, np.ndarray], path: Path
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Each row's (linear FLOPs, attention FLOPs, sequences) for the four-term time model."""
+    has = [k in cols for k in ("linear_flops", "attention_flops")]
+    if not any(has):
+        if "samples" in cols:
+            raise InputError(f"{path}: a samples column is for the four-term time model; add "
+                             "linear_flops and attention_flops columns, or remove it")  # fmt: skip
+        return None
+    if not all(has):
+        raise InputError(f"{path}: the four-term time model needs both linear_flops and "
+                         "attention_flops columns; add the other one")  # fmt: skip
+    ones = np.ones(len(cols["tokens"]))
+    return cols["linear_flops"], cols["attention_flops"], cols.get("samples", ones)
 
 
 def _model(
@@ -114,18 +138,23 @@ def calibrate(csv_path: Path, out: Path, model_config: str | None, model_preset:
     CSV has a header and one row per measured step: tokens, peak_memory (bytes) and/or
     step_time (seconds), optionally flops. OUT (JSON) holds the plan options to use:
     --memory-per-token, --memory-fixed (and --bucket-size with --memory-capacity),
-    --time-per-flop, --time-fixed, with the fit's error in percent. Example:
+    --time-per-flop, --time-fixed, with the fit's error in percent. With linear_flops and
+    attention_flops columns (optionally samples, the sequences of each row, and kind, a text
+    label) the time fit is the four-term model instead: --time-per-linear-flop,
+    --time-per-attention-flop, --time-per-sequence, --time-per-micro-batch, with the held-out
+    error per kind. Example:
 
         varpack calibrate steps.csv calib.json --model-preset qwen2.5-0.5b --holdout 4
     """
     from varpack.atomic import atomic_file
     from varpack.plan.calibrate import calibrate as fit
 
-    cols = _read(csv_path)
+    cols, kinds = _read(csv_path)
     model = _model(model_config, model_preset, hidden, kv_hidden, layers)
     seconds = cols.get("step_time")
     flops = cols.get("flops")
-    if seconds is not None and flops is None:
+    terms = _terms(cols, csv_path)
+    if seconds is not None and flops is None and terms is None:
         if model is None:
             raise InputError("calibrate: step_time needs a flops column, --model, --model-preset "
                              "or --hidden --kv-hidden --layers")  # fmt: skip
@@ -136,8 +165,11 @@ def calibrate(csv_path: Path, out: Path, model_config: str | None, model_preset:
     if seconds is None and cols.get("peak_memory") is None:
         raise InputError(f"{csv_path}: neither peak_memory nor step_time; nothing to fit")
     result: dict[str, Any] = {"varpack_calibration": 1, "source": str(csv_path)}
-    result.update(fit(cols["tokens"], cols.get("peak_memory"), seconds, flops,
+    line = None if terms is not None else seconds  # a * flops + b, or the four terms
+    result.update(fit(cols["tokens"], cols.get("peak_memory"), line, flops,
                       memory_capacity, holdout))  # fmt: skip
+    if seconds is not None and terms is not None:
+        result.update(_fit_terms(terms, seconds, kinds, holdout, result["rows"]))
     try:  # strict JSON: a figure that overflowed is refused, not written as NaN or Infinity
         text = json.dumps(result, indent=2, allow_nan=False) + "\n"
     except ValueError:
@@ -146,6 +178,33 @@ def calibrate(csv_path: Path, out: Path, model_config: str | None, model_preset:
     with atomic_file(out, overwrite, [csv_path], owned=_is_calibration) as tmp:
         tmp.write_text(text)
     click.echo(_summary(out, result))
+
+
+def _fit_terms(
+    terms: tuple[np.ndarray, np.ndarray, np.ndarray],
+    seconds: np.ndarray,
+    kinds: np.ndarray | None,
+    holdout: int,
+    rows: int,
+) -> dict[str, Any]:
+    """The four-term time model's keys (:func:`~varpack.plan.timefit.fit_time`'s, its
+    ``objective`` as ``time_objective``), refusals in calibrate's words."""
+    from varpack.plan.timefit import TERMS, Features, fit_time
+
+    if rows < len(TERMS):
+        raise InputError(
+            f"calibrate: the time model has {len(TERMS)} terms and "
+            + (f"--holdout {holdout} leaves " if holdout else "the CSV has ")
+            + f"{rows} rows to fit; measure more steps"
+            + (" or hold out fewer (0: none)" if holdout else "")
+        )
+    try:
+        got = fit_time(Features(*terms), seconds, kinds, holdout)
+    except InputError as exc:
+        raise InputError(str(exc).replace("fit_time: ", "calibrate: ", 1)) from None
+    del got["rows"], got["held_out"]
+    got["time_objective"] = got.pop("objective")
+    return got
 
 
 def _is_calibration(path: Path) -> bool:
@@ -165,6 +224,26 @@ def _summary(out: Path, r: dict[str, Any]) -> str:
         parts.append(f"time {r['time_per_flop']:.4g} s/FLOP + {r['time_fixed']:.4g} s (error mean "
                      f"{r['time_error']['mean_pct']:.2f}%"
                      + (f", held out {held['mean_pct']:.2f}%" if held else "") + ")")  # fmt: skip
+    if "time_per_linear_flop" in r:
+        parts.append(_four_terms(r))
     if "bucket_size" in r:
         parts.append(f"bucket size {r['bucket_size']} tokens")
     return "; ".join(parts)
+
+
+def _four_terms(r: dict[str, Any]) -> str:
+    from varpack.plan.timefit import TERMS
+
+    line = "time " + " + ".join(f"{r[t]:.4g} {u}" for t, u in zip(
+        TERMS, ("s/linear FLOP", "s/attention FLOP", "s/sequence", "s/micro-batch"), strict=True
+    )) + f" (error mean {r['time_error']['mean_pct']:.2f}%"  # fmt: skip
+    held = r["time_error_held_out"]
+    if held:
+        kinds = r["time_error_held_out_by_kind"]
+        line += f", held out {held['mean_pct']:.2f}% max {held['max_pct']:.2f}%"
+        if len(kinds) > 1 or next(iter(kinds)) != "all":
+            line += ", by kind " + ", ".join(
+                f"{k} {e['mean_pct']:.2f}% max {e['max_pct']:.2f}%" if e else f"{k} none held out"
+                for k, e in kinds.items()
+            )
+    return line + ")"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from varpack.errors import ConfigError
-from varpack.plan.context import ContextOptions, option, unused
+from varpack.plan.context import ContextOptions, check_terms_model, option, unused
 from varpack.plan.cost import CostModel
 from varpack.plan.kernels.micro import MicroRule
 from varpack.plan.kernels.pack import PackRule
@@ -200,7 +200,8 @@ class PlanConfig(ContextOptions):
             return CostModel(self.cost, self.layout, None, self.time_model())
         if self.model is not None:
             span = self.max_tokens or self.block_len
-            return CostModel(self.cost, self.layout, None, self.time_model(), self.model, span)
+            return CostModel(self.cost, self.layout, None, self.time_model(), self.model, span,
+                             self.time_terms())  # fmt: skip
         assert self.hidden is not None and self.kv_hidden is not None and self.layers is not None
         dims = ModelDims(self.hidden, self.kv_hidden, self.layers)
         return CostModel(self.cost, self.layout, dims, self.time_model())
@@ -384,6 +385,7 @@ class PlanConfig(ContextOptions):
 
     def _resolve_model(self) -> PlanConfig:
         cfg: PlanConfig = resolve_model(self)  # the model's spec and digest (model_choice.py)
+        check_terms_model(cfg)
         return cfg
 
     def _resolve_lr(self) -> PlanConfig:

@@ -9,7 +9,9 @@ plan options like any other, kept here so the config module stays one screenful 
   --memory-capacity BYTES`` with activation bytes ``A * S + B`` (so ``C = (BYTES - B) // A``);
   a micro-batch then holds at most ``C * N`` tokens (the default ``--max-tokens``);
 * ``--cost time`` turns FLOPs into seconds, ``a * flops + b`` (``--time-per-flop``,
-  ``--time-fixed``), as fitted by ``varpack calibrate``; with it ``--comm-bytes-per-s`` and
+  ``--time-fixed``), or with a model the four-term ``a_lin * linear + a_attn * attention + c *
+  samples + b`` (``--time-per-linear-flop`` and the others, :data:`TIME_TERMS`), as fitted by
+  ``varpack calibrate``; with ``a * flops + b``, ``--comm-bytes-per-s`` and
   ``--comm-latency`` price the K/V exchange of distributed samples.
 
 Options of a feature that is not in use are left out of plan.json's config (:func:`unused`), so
@@ -85,6 +87,18 @@ class ContextOptions:
     time_fixed: float | None = option(
         None, "--cost time: fixed seconds b per micro-batch of the time model (default 0)"
     )
+    time_per_linear_flop: float | None = option(
+        None, "--cost time, four-term model: seconds per linear (matmul) FLOP (varpack calibrate)"
+    )
+    time_per_attention_flop: float | None = option(
+        None, "--cost time, four-term model: seconds per causal attention FLOP"
+    )
+    time_per_sequence: float | None = option(
+        None, "--cost time, four-term model: seconds per sample (default 0)"
+    )
+    time_per_micro_batch: float | None = option(
+        None, "--cost time, four-term model: seconds per micro-batch (default 0)"
+    )
     comm_bytes_per_s: float | None = option(
         None, "--cp with --cost time: bytes per second of the K/V all-gather of a CP group"
     )
@@ -107,6 +121,12 @@ class ContextOptions:
         if self.time_per_flop is None:
             return None
         return (float(self.time_per_flop), float(self.time_fixed or 0.0))
+
+    def time_terms(self) -> tuple[float, float, float, float] | None:
+        """``(a_lin, a_attn, c, b)`` of the four-term ``--cost time``, else None."""
+        if self.time_per_linear_flop is None and self.time_per_attention_flop is None:
+            return None
+        return tuple(float(getattr(self, k) or 0.0) for k in TIME_TERMS)  # type: ignore[return-value]
 
     def _resolve_context(self) -> Any:
         """Check the long-context options; fill ``--max-tokens`` from the bucket (C x cp)."""
@@ -143,6 +163,8 @@ class ContextOptions:
 def _positive(cfg: Any) -> None:
     for name in ("memory_per_token", "memory_fixed", "time_per_flop", "time_fixed"):
         _number(name, getattr(cfg, name), zero_ok=name in ("memory_fixed", "time_fixed"))
+    for name in TIME_TERMS:
+        _number(name, getattr(cfg, name), zero_ok=True)
     _number("comm_bytes_per_s", cfg.comm_bytes_per_s, zero_ok=False)
     _number("comm_latency", cfg.comm_latency, zero_ok=True)
     if cfg.comm_bytes_per_s is not None and cfg.comm_bytes_per_s < 1:  # times would overflow
@@ -191,14 +213,44 @@ def _check_memory_model(cfg: Any) -> None:
         )
 
 
+#: the four-term time model's options: seconds per linear FLOP, per attention FLOP, per
+#: sample, per micro-batch (:mod:`varpack.plan.timefit`)
+TIME_TERMS = ("time_per_linear_flop", "time_per_attention_flop", "time_per_sequence",
+              "time_per_micro_batch")  # fmt: skip
+
+
 def _check_time_model(cfg: Any) -> None:
-    if cfg.cost == "time":
-        if cfg.time_per_flop is None:
+    terms = [k for k in TIME_TERMS if getattr(cfg, k) is not None]
+    line = cfg.time_per_flop is not None or cfg.time_fixed is not None
+    if cfg.cost != "time" and (line or terms):
+        what = f"--{_flag(terms[0])}" if terms else "--time-per-flop / --time-fixed"
+        raise ConfigError(f"{what} is used by --cost time only; add it or remove it")
+    if terms and line:
+        raise ConfigError(
+            f"--{_flag(terms[0])} (the four-term time model) conflicts with --time-per-flop / "
+            "--time-fixed (a * flops + b); give one model"
+        )
+    if terms:
+        if cfg.time_per_linear_flop is None or cfg.time_per_attention_flop is None:
             raise ConfigError(
-                "--cost time needs --time-per-flop (and --time-fixed); fit them with varpack calibrate"
+                "the four-term time model needs both --time-per-linear-flop and "
+                "--time-per-attention-flop (varpack calibrate fits them)"
             )
-    elif cfg.time_per_flop is not None or cfg.time_fixed is not None:
-        raise ConfigError("--time-per-flop / --time-fixed are used by --cost time only; add it")
+        if cfg.time_per_linear_flop == 0 and cfg.time_per_attention_flop == 0:
+            raise ConfigError(
+                "--time-per-linear-flop and --time-per-attention-flop are both 0: the time "
+                "would not grow with the work; give the fitted values"
+            )
+        if cfg.cp > 1:
+            raise ConfigError(
+                f"--cp {cfg.cp} conflicts with the four-term time model (--{_flag(terms[0])}): "
+                "context parallelism prices with --time-per-flop / --time-fixed"
+            )
+    elif cfg.cost == "time" and cfg.time_per_flop is None:
+        raise ConfigError(
+            "--cost time needs --time-per-flop (and --time-fixed), or the four-term model "
+            "(--time-per-linear-flop, --time-per-attention-flop, ...); fit them with varpack calibrate"
+        )
     comm = cfg.comm_bytes_per_s is not None or cfg.comm_latency is not None
     if comm and (cfg.cost != "time" or cfg.cp < 2):
         raise ConfigError(
@@ -207,6 +259,19 @@ def _check_time_model(cfg: Any) -> None:
         )
     if cfg.comm_latency is not None and cfg.comm_bytes_per_s is None:
         raise ConfigError("--comm-latency needs --comm-bytes-per-s")
+
+
+def check_terms_model(cfg: Any) -> None:
+    """The four-term time model needs the model's FLOPs split (a spec, not Skrull's dimensions)."""
+    if cfg.cost == "time" and cfg.time_terms() is not None and cfg.model is None:
+        raise ConfigError(
+            "the four-term time model (--time-per-linear-flop ...) needs the model: --model "
+            "CONFIG or --model-preset NAME, not --hidden --kv-hidden --layers"
+        )
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def _check_cp_combination(cfg: Any) -> None:

@@ -12,7 +12,12 @@ Chosen by name from :data:`COST_MODELS`:
   Packed: the samples' FLOPs plus the linear part for the pad tokens; padded: every row costs
   ``flops(T)``.
 * ``time`` — seconds, ``a * flops + b`` (``flops`` as above, ``b`` once per micro-batch), with
-  ``(a, b)`` measured by ``varpack calibrate``.
+  ``(a, b)`` measured by ``varpack calibrate``; or, with a model, the four-term model of
+  :mod:`varpack.plan.timefit` (``terms``): a sample costs ``a_lin * linear + a_attn * attention +
+  c``, a packed micro-batch its samples plus ``a_lin`` times the linear FLOPs of its pad tokens
+  plus ``b``, a padded one ``count`` samples of ``T`` tokens plus ``b``. The composer prices
+  samples by the quadratic of the FLOP terms (``c`` and ``b`` as ``b`` is: left out of the
+  balance); everything summed or scored counts all four.
 
 The *ideal* of a plan is the cost of its real samples alone, ``sum(sample_cost) / dp``: the time a
 perfectly balanced, padding-free schedule would take. Plans are scored against it.
@@ -46,6 +51,7 @@ from varpack.plan.models.flops import (
     full_attention_coefficients,
     linear_per_token,
     sample_train_flops,
+    train_flops,
 )
 from varpack.plan.rules import LAYOUT_CODE, PADDED, volume
 
@@ -62,14 +68,17 @@ class CostModel:
     time: tuple[float, float] | None = None  # (a, b) of "time": seconds = a * flops + b
     spec: ModelSpec | None = None  # the model ("flops" and "time")
     span: int | None = None
+    terms: tuple[float, float, float, float] | None = None  # "time": (a_lin, a_attn, c, b)
 
     def __post_init__(self) -> None:
         if self.kind not in COST_MODELS:
             raise ValueError(f"unknown cost model {self.kind!r}; known: {sorted(COST_MODELS)}")
         if self.kind in ("flops", "time") and (self.dims is None) == (self.spec is None):
             raise ValueError(f"the {self.kind} cost model needs a model or its dimensions")
-        if self.kind == "time" and self.time is None:
+        if self.kind == "time" and (self.time is None) == (self.terms is None):
             raise ValueError("the time cost model needs (seconds per FLOP, fixed seconds)")
+        if self.terms is not None and self.spec is None:
+            raise ValueError("the four-term time model needs a model (its linear FLOPs)")
 
     @property
     def model_dims(self) -> ModelDims:
@@ -92,6 +101,9 @@ def cost_coefficients(model: CostModel) -> tuple[float, float]:
     """
     if model.kind not in ("flops", "time"):  # tokens, and padded: the length
         return 1.0, 0.0
+    if model.terms is not None:
+        assert model.spec is not None
+        return window_fit(model.spec, model.span, model.terms[:2])
     scale = 1.0 if model.time is None else model.time[0]  # time: seconds per FLOP (the fixed
     # seconds per micro-batch are the same on every rank of a step: they do not move the balance)
     if model.spec is not None:
@@ -105,6 +117,9 @@ def bound_coefficients(model: CostModel) -> tuple[float, float]:
     """``(lin, quad)`` whose quadratic is at least every sample's cost, and its cost per token
     at least theirs at every length: :func:`cost_coefficients` where that is exact, else (a
     model with windows) the cost as if no layer had one."""
+    if model.terms is not None:  # the FLOP terms without windows, c per token (x >= 1)
+        lin, quad = _terms_full(model.spec, model.terms[:2])  # type: ignore[arg-type]
+        return lin + model.terms[2], quad
     if model.spec is None or all(w is None for w in model.spec.windows):
         return cost_coefficients(model)
     scale = 1.0 if model.time is None else model.time[0]
@@ -123,6 +138,8 @@ def bound_pricing(model: CostModel) -> dict[str, Any]:
 def exact_quadratic(model: CostModel) -> bool:
     """Whether ``lin * x + quad * x^2`` (:func:`cost_coefficients`) is every sample's cost."""
     spec = model.spec
+    if model.terms is not None and model.terms[2] > 0:  # c per sample: no quadratic has it
+        return False
     return spec is None or model.kind not in ("flops", "time") or _windows_beyond(spec, model.span)
 
 
@@ -136,10 +153,22 @@ FIT_POINTS = 256
 FIT_SPAN = 131072
 
 
-def window_fit(spec: ModelSpec, span: int | None) -> tuple[float, float]:
+def _terms_full(spec: ModelSpec, weights: tuple[float, float]) -> tuple[float, float]:
+    """``full_attention_coefficients`` with the linear FLOPs weighted by ``weights[0]`` and the
+    attention FLOPs by ``weights[1]``."""
+    lin, quad = full_attention_coefficients(spec)
+    per_token = float(TRAIN_PASSES * linear_per_token(spec))
+    return weights[0] * per_token + weights[1] * (lin - per_token), weights[1] * quad
+
+
+def window_fit(
+    spec: ModelSpec, span: int | None, weights: tuple[float, float] | None = None
+) -> tuple[float, float]:
     """``(lin, quad)``: exact when no window is shorter than ``span``; else the non-negative
     least-squares fit, in relative error, of the training FLOPs at :data:`FIT_POINTS` lengths
     evenly spread over ``(0, span]`` (the lengths that carry a micro-batch's tokens).
+    ``weights``: ``(a_lin, a_attn)``, the cost is ``a_lin * linear + a_attn * attention``
+    (the four-term time model's FLOP terms) instead of the FLOPs.
 
     A sum in a fixed order of Python floats, so the fit is the same on every machine.
 
@@ -151,10 +180,14 @@ def window_fit(spec: ModelSpec, span: int | None) -> tuple[float, float]:
     True
     """
     if _windows_beyond(spec, span):
-        return full_attention_coefficients(spec)
+        return full_attention_coefficients(spec) if weights is None else _terms_full(spec, weights)
     top = FIT_SPAN if span is None else span
     s = [max(1.0, float(round(top * (i + 1) / FIT_POINTS))) for i in range(FIT_POINTS)]
-    c = [float(v) for v in sample_train_flops(np.array(s), spec, TRAIN_PASSES)]
+    if weights is None:
+        c = [float(v) for v in sample_train_flops(np.array(s), spec, TRAIN_PASSES)]
+    else:
+        f = train_flops(np.array(s), spec, TRAIN_PASSES)
+        c = [float(v) for v in weights[0] * f.linear + weights[1] * f.attention]
     # minimise sum ((lin s + quad s^2) / c - 1)^2: normal equations of a = s/c, b = s^2/c
     a = [x / y for x, y in zip(s, c, strict=True)]
     b = [x * x / y for x, y in zip(s, c, strict=True)]
@@ -220,18 +253,32 @@ def _padded_micro(
 
 
 def _time_cost(lens: np.ndarray, model: CostModel) -> np.ndarray:
+    if model.terms is not None:
+        assert model.spec is not None
+        a_lin, a_attn, c, _ = model.terms
+        f = train_flops(lens, model.spec)
+        return a_lin * f.linear + a_attn * f.attention + c
     assert model.time is not None
     return model.time[0] * model_flops(lens, model)
+
+
+def time_scale(model: CostModel) -> tuple[float, float]:
+    """``(seconds per linear FLOP, seconds per micro-batch)`` of ``time`` (``(1, 0)`` else): what
+    a pad token's linear FLOPs and the micro-batch itself cost."""
+    if model.terms is not None:
+        return model.terms[0], model.terms[3]
+    return model.time if model.time is not None else (1.0, 0.0)
 
 
 def _time_micro(
     count: np.ndarray, tokens: np.ndarray, padded_len: np.ndarray, flops_sum: Any, m: CostModel
 ) -> np.ndarray:
     # flops_sum holds the samples' time (a * flops): the same shape as flops, scaled
-    assert m.time is not None
-    a, b = m.time
+    a, b = time_scale(m)
     linear = a * pad_token_cost(m)
     if LAYOUT_CODE[m.layout] == PADDED:
+        if m.terms is not None:
+            return count * _time_cost(padded_len, m) + b
         return count * a * model_flops(padded_len, m) + b
     return flops_sum + linear * (padded_len - tokens) + b
 

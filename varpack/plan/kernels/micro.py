@@ -18,6 +18,7 @@ from varpack.plan.cost import (
     micro_cost,
     pad_token_cost,
     segment_cost_sums,
+    time_scale,
 )
 from varpack.plan.kernels.shapes import round_up_to
 from varpack.plan.rules import LAYOUT_CODE, pad_to
@@ -133,7 +134,7 @@ def _cost(
     flops = segment_cost_sums(offsets, lens, model)
     if rule.blocks is not None:
         # Samples never attend across a reset: their own FLOPs plus the linear part of the padding.
-        scale, fixed = model.time if model.time is not None else (1.0, 0.0)
+        scale, fixed = time_scale(model)
         linear = scale * pad_token_cost(model)
         return flops + linear * (rows * padded - tokens) + fixed
     return micro_cost(rows, tokens, padded, flops, model)
