@@ -164,7 +164,6 @@ def test_four_term_without_samples_or_kind_counts_one_sequence(tmp_path):
     ("header", "extra", "message"),
     [
         ("tokens,step_time,linear_flops", [], "needs both linear_flops and attention_flops"),
-        ("tokens,step_time,samples", [], "a samples column is for the four-term"),
         ("tokens,step_time,linear_flops,attention_flops", ["--holdout", "2"],
          "--holdout 2 leaves 3 rows to fit"),
         ("tokens,step_time,linear_flops,attention_flops,kind", [], "attention_flops 'x'"),
@@ -172,9 +171,7 @@ def test_four_term_without_samples_or_kind_counts_one_sequence(tmp_path):
 )  # fmt: skip
 def test_four_term_bad_input_is_one_line(tmp_path, header, extra, message):
     rows, _ = _four_term_rows(6)
-    if header.endswith("samples"):
-        rows = [(r[0], r[2], r[5]) for r in rows]
-    elif header.endswith("kind"):
+    if header.endswith("kind"):
         rows = [(r[0], r[2], r[3], "x", r[6]) for r in rows]
     else:
         rows = [(r[0], r[2], r[3], r[4])[: header.count(",") + 1] for r in rows]

@@ -63,10 +63,7 @@ def _terms(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Each row's (linear FLOPs, attention FLOPs, sequences) for the four-term time model."""
     has = [k in cols for k in ("linear_flops", "attention_flops")]
-    if not any(has):
-        if "samples" in cols:
-            raise InputError(f"{path}: a samples column is for the four-term time model; add "
-                             "linear_flops and attention_flops columns, or remove it")  # fmt: skip
+    if not any(has):  # a samples column alone is carried, as before (a·flops + b ignores it)
         return None
     if not all(has):
         raise InputError(f"{path}: the four-term time model needs both linear_flops and "
