@@ -39,8 +39,9 @@ class _Windows:
 #: stream, starts, carry, held, and for each stream entry whether its window was dealt wide
 _Out = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 #: compose_run's arguments after (lens, alone): coefficients, window and step tokens, dp,
-#: grad-accum, pad multiple, budget, balance fill; and whether windows may be dealt window-wide
-Args = tuple[tuple[float, float], int, int, int, int, int, int, float, bool]
+#: grad-accum, pad multiple, budget, balance fill; whether windows may be dealt window-wide;
+#: whether they are levelled by moves and swaps
+Args = tuple[tuple[float, float], int, int, int, int, int, int, float, bool, bool]
 
 
 def _window(w: _Windows, j: int, carry: np.ndarray, held: np.ndarray) -> _Out | None:
@@ -50,7 +51,7 @@ def _window(w: _Windows, j: int, carry: np.ndarray, held: np.ndarray) -> _Out | 
     before = int(w.before[j])
     run = (len(carry), before, w.total - int(w.before[j + 1]), w.size - w.at - b, held)
     lens, alone = _pick(w.lens, w.extra["lens"], idx), _pick(w.alone, w.extra["alone"], idx)
-    got = compose_run(lens, alone, *w.args[:8], None, run, mix=w.args[8])
+    got = compose_run(lens, alone, *w.args[:8], None, run, level=w.args[9], mix=w.args[8])
     if got is None:
         return None
     wide = got.wide if w.args[8] else np.zeros(len(got.stream), dtype=np.bool_)

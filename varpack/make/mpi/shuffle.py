@@ -36,7 +36,13 @@ from varpack.plan.kernels.pack import pack, pack_steps
 from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.stages.batching import composes_by_cost
 from varpack.plan.stages.batching.common import effective_lengths, order_rule
-from varpack.plan.stages.batching.costed import MIX_SHARE, mix_seed, step_fill, step_tokens
+from varpack.plan.stages.batching.costed import (
+    MIX_SHARE,
+    level_steps,
+    mix_seed,
+    step_fill,
+    step_tokens,
+)
 from varpack.plan.sync import slotted
 
 Epoch = tuple[Rows, np.ndarray, int, int]  # (rows, off, first micro-batch, epoch's count)
@@ -202,7 +208,7 @@ def _costed(
         starts = _starts(window)
         del window
         args = (coeffs, window_tok, step_tok, cfg.dp, cfg.grad_accum // slots, cfg.pad_multiple,
-                cfg.max_tokens, step_fill(cfg), cfg.grad_accum == 1)  # fmt: skip
+                cfg.max_tokens, step_fill(cfg), cfg.grad_accum == 1, level_steps(cfg))  # fmt: skip
         got = compose_share(comm, rows, starts, args)
         if not comm.allreduce(got is not None, op=_land(comm)):
             return None

@@ -14,6 +14,8 @@ Owns, one module each:
 - :mod:`.heavy`: a window's heavy samples, which they are and which wait for the next window;
 - :mod:`.shares`: a blend's shares repaired step by step, by swaps of like-sized samples;
 - :mod:`.level`: a composed window's slots levelled by swaps (grad-accum 1, ``--sync micro``);
+- :mod:`.steplevel`: a composed window's steps levelled by moves and swaps (grad-accum > 1,
+  ``--sync step``);
 - :mod:`.lpt`: a window dealt window-wide, longest-processing-time first (grad-accum 1);
 - :mod:`.bands`: padded-layout windows cut into bands, the bands dealt to steps by cost;
 - :mod:`.bandlevel`: a block's bands levelled by moving rows (padded layout, slots cut by cost);

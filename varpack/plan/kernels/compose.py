@@ -312,8 +312,10 @@ def compose_run(
     ``rest_n`` positions follow them (``rest_n`` 0: the run ends the epoch). Windows must not
     cross runs. None: the epoch's last window could not place every sample (too few samples
     for whole steps); the caller composes by tokens instead.
-    ``level``: lower the runs' tops of windows composed one slot at a time by swaps
-    (:mod:`.level`; False where the plan must be quick rather than levelled: ``plan_batch``).
+    ``level``: lower the runs' tops of windows composed one slot at a time (:mod:`.level`), and
+    each step's costliest rank at grad-accum > 1 (:mod:`.steplevel`), by moves and swaps (False
+    where the plan must be quick rather than levelled, ``plan_batch``, or where a rank's
+    micro-batches are padded alike, ``--pp``).
     """
     if run is None:
         run = (0, 0, 0, 0, np.zeros(0, dtype=np.bool_))

@@ -24,14 +24,14 @@ places a window (see :mod:`varpack.plan.kernels.compose` for the whole algorithm
    cannot catch up (*hungry*) takes the costliest light samples first (the top
    :data:`HUNGRY_SHARE` of them, a bounded price in mixing). Samples that need a micro-batch of
    their own (more than half the budget) are dealt before the others, so one is still empty;
-4. an empty micro-batch takes one sample from a micro-batch of two or more.
+4. an empty micro-batch takes one sample from a micro-batch of two or more;
+5. moves and swaps lower each step's costliest slot (:mod:`.steplevel`; grad-accum 1: :mod:`.level`).
 
 State: ``bin_tok``/``bin_cnt`` tokens and samples of each micro-batch; ``load``/``stok`` cost
 and tokens of each slot, ``reach`` the cost it reaches filled at the light density; ``least``
 each slot's micro-batch with the fewest tokens; ``spare`` each step's fewest tokens in a
 micro-batch (a step none of whose micro-batches can take a sample is passed over at once);
-``ceil``, ``peak``, ``due``, ``room`` each step's ceiling, costliest slot, next due position in
-the deal and the tokens it can take.
+``ceil``, ``peak``, ``due``, ``room`` each step's ceiling, costliest slot, next due position, room.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from numba import njit
 from varpack.plan.kernels.heavy import cost, strided
 from varpack.plan.kernels.level import level_window
 from varpack.plan.kernels.shares import repair_shares
+from varpack.plan.kernels.steplevel import STEP_MOVES, level_steps
 
 CLOSED = np.int64(1) << 62  # tokens of a micro-batch that takes nothing more (oversize alone)
 #: The share of a window's light samples, costliest first, that hungry steps take before the deal,
@@ -442,6 +443,8 @@ def compose_window(
     ok = fill_empty(order, where[:m], bin_cnt, k)
     if ok and k == 1 and not blend:  # slots cut by cost later: lower the runs' tops
         level_window(buf, m, where, lens, alone, slots, dp, cap, lin, quad, passes)
+    if ok and k > 1 and not blend:  # a step lasts its costliest slot: lower it
+        level_steps(buf, m, where, lens, alone, p, dp, k, cap, lin, quad, STEP_MOVES * (passes > 0))
     if ok and blend:
         repair_shares(buf, m, where, lens, alone, src, wshare, p, dp, k, cap, tol, lin, quad)
     return ok

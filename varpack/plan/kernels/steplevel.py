@@ -1,0 +1,135 @@
+"""Levelling a composed window's steps by moves and swaps (grad-accum > 1, ``--sync step``).
+
+Under ``--sync step`` (DDP ``no_sync``, Megatron) a step lasts its costliest rank's sum over
+its ``grad_accum`` micro-batches. The deal (:mod:`.window`) fills each rank to a level with
+whole samples, and where a rank holds a few chunky samples (RL rollouts: ten samples of
+1-12 K tokens) the last one it took leaves it up to a sample's cost above the others: every
+step about 1 % above its ideal, however many steps. :func:`level_steps` lowers each step's
+costliest rank by moving one of its samples to the least-loaded rank of the step that lowers
+the pair's higher sum (into that rank's emptiest micro-batch with room), or by swapping it for
+a cheaper sample of that rank; every move is checked exactly on the two sums, so a step's time
+never rises, and samples stay in their step (mixing and the shuffle window are untouched).
+Micro-batch counts and the budget hold; a sample that must train alone never moves and
+no micro-batch is emptied.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from varpack.plan.kernels.heavy import cost
+
+#: Moves per step at most: each lowers the step's costliest rank, and a step of ``dp`` ranks
+#: needs about ``dp`` of them to level every rank once (RL rollouts, dp 16, grad-accum 4: all
+#: moves made within 32; 64 leaves room for dp 32). Bounds the work on steps of many samples.
+STEP_MOVES = 64
+
+
+@njit(cache=True)
+def _by_step(where, m, p, dp, k):  # type: ignore[no-untyped-def]
+    """``(first, members)``: the window's placed samples grouped by step (``members`` from
+    ``first[s]`` to ``first[s + 1]``), in window order inside each step."""
+    first = np.zeros(p + 1, dtype=np.int64)
+    for i in range(m):
+        if where[i] >= 0:
+            first[where[i] // (dp * k) + 1] += 1
+    for s in range(p):
+        first[s + 1] += first[s]
+    fill = first[:-1].copy()
+    members = np.empty(first[p], dtype=np.int64)
+    for i in range(m):
+        if where[i] >= 0:
+            s = where[i] // (dp * k)
+            members[fill[s]] = i
+            fill[s] += 1
+    return first, members
+
+
+@njit(cache=True)
+def _emptiest(r, k, x, tk, closed, cap):  # type: ignore[no-untyped-def]
+    """Rank slot ``r``'s micro-batch of fewest tokens that can take ``x`` more (-1: none)."""
+    best = -1
+    for j in range(r * k, r * k + k):
+        if not closed[j] and tk[j] + x <= cap and (best < 0 or tk[j] < tk[best]):
+            best = j
+    return best
+
+
+@njit(cache=True)
+def _best_move(mem, a, b, k, where, lens, alone, cw, load, tk, cnt, closed, cap):  # type: ignore[no-untyped-def]
+    """``(new, s, t, j)``: the move of sample ``s`` from rank slot ``a`` to ``b`` (into micro-
+    batch ``j``; ``t`` -1) or its swap for ``t`` of ``b`` that makes the pair's higher sum
+    ``new`` least (``new`` is ``load[a]`` where nothing lowers it)."""
+    best, bs, bt, bj = load[a], -1, -1, -1
+    for s in mem:
+        if where[s] // k != a or alone[s]:
+            continue
+        cs, xs, own = cw[s], lens[s], where[s]
+        if cnt[own] > 1:  # a plain move leaves a micro-batch behind
+            new = max(load[a] - cs, load[b] + cs)
+            if new < best:
+                j = _emptiest(b, k, xs, tk, closed, cap)
+                if j >= 0:
+                    best, bs, bt, bj = new, s, -1, j
+        for t in mem:
+            if where[t] // k != b or alone[t]:
+                continue
+            d = cs - cw[t]  # the cost grows with the length: d > 0 is a shorter sample
+            if d <= 0.0:
+                continue
+            new = max(load[a] - d, load[b] + d)
+            if new < best and tk[where[t]] - lens[t] + xs <= cap:
+                best, bs, bt, bj = new, s, t, where[t]
+    return best, bs, bt, bj
+
+
+@njit(cache=True)
+def level_steps(buf, m, where, lens, alone, p, dp, k, cap, lin, quad, moves):  # type: ignore[no-untyped-def]
+    """Lower each step's costliest rank of a window composed at grad-accum ``k`` > 1
+    (``where[:m]``: each sample's micro-batch ``(step * dp + rank) * k + j``, -1: moved on) by
+    at most ``moves`` moves or swaps a step (0: not levelled)."""
+    if moves <= 0 or k < 2 or dp < 2 or quad <= 0:
+        return
+    nb = p * dp * k
+    tk = np.zeros(nb, dtype=np.int64)
+    cnt = np.zeros(nb, dtype=np.int64)
+    closed = np.zeros(nb, dtype=np.bool_)
+    load = np.zeros(p * dp)
+    x = np.empty(m, dtype=np.int64)  # the window's samples' lengths, costs and alone flags
+    cw = np.empty(m)
+    lone = np.empty(m, dtype=np.bool_)
+    for i in range(m):
+        x[i] = lens[buf[i]]
+        cw[i] = cost(x[i], lin, quad)
+        lone[i] = alone[buf[i]]
+        b = where[i]
+        if b >= 0:
+            tk[b] += x[i]
+            cnt[b] += 1
+            closed[b] = closed[b] or lone[i]
+            load[b // k] += cw[i]
+    first, members = _by_step(where, m, p, dp, k)
+    for s in range(p):
+        mem = members[first[s] : first[s + 1]]
+        lo = s * dp
+        for _ in range(moves):
+            a = lo + np.argmax(load[lo : lo + dp])
+            b = lo + np.argmin(load[lo : lo + dp])
+            new, i, t, j = _best_move(mem, a, b, k, where, x, lone, cw, load, tk, cnt, closed,
+                                      cap)  # fmt: skip
+            if i < 0 or new >= load[a] * (1.0 - 1e-12):
+                break
+            d = cw[i] - (cw[t] if t >= 0 else 0.0)
+            dx = x[i] - (x[t] if t >= 0 else 0)
+            own = where[i]
+            load[a] -= d
+            load[b] += d
+            tk[own] -= dx
+            tk[j] += dx
+            where[i] = j
+            if t >= 0:
+                where[t] = own
+            else:
+                cnt[own] -= 1
+                cnt[j] += 1
