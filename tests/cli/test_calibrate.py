@@ -179,3 +179,59 @@ def test_four_term_bad_input_is_one_line(tmp_path, header, extra, message):
     res = cli("calibrate", src, tmp_path / "o.json", *extra, expect=2)
     assert message in res.stderr and res.stderr.count("\n") == 1
     assert not (tmp_path / "o.json").exists()
+
+
+def test_four_term_from_each_rows_lengths_and_a_model(tmp_path):
+    """A lengths column costed by the model's config gives the same fit as the FLOP columns
+    counted by hand, sample by sample."""
+    from varpack.plan.models.flops import train_flops
+
+    spec = preset_spec("qwen2.5-0.5b")
+    coef = [2e-13, 5e-13, 3e-3, 2e-2]
+    rng = np.random.default_rng(3)
+    by_lengths, by_columns = [], []
+    for i in range(12):
+        lens = rng.integers(1, 9000, int(rng.integers(1, 7)))
+        f = train_flops(lens, spec)
+        lin, att = float(f.linear.sum()), float(f.attention.sum())
+        sec = coef[0] * lin + coef[1] * att + coef[2] * len(lens) + coef[3]
+        tokens = int(lens.sum()) + 16 * (i % 3)  # padding counts as tokens
+        kind = "long" if i % 2 else "chat"
+        by_lengths.append((tokens, sec, " ".join(map(str, lens)), kind))
+        by_columns.append((tokens, sec, lin, att, len(lens), kind))
+    a = _csv(tmp_path / "a.csv", by_lengths, "tokens,step_time,lengths,kind")
+    b = _csv(tmp_path / "b.csv", by_columns,
+             "tokens,step_time,linear_flops,attention_flops,samples,kind")  # fmt: skip
+    cli("calibrate", a, tmp_path / "a.json", "--model-preset", "qwen2.5-0.5b", "--holdout", "3")
+    cli("calibrate", b, tmp_path / "b.json", "--holdout", "3")
+    got, want = (json.loads((tmp_path / f"{x}.json").read_text()) for x in "ab")
+    terms = ("time_per_linear_flop", "time_per_attention_flop", "time_per_sequence",
+             "time_per_micro_batch")  # fmt: skip
+    assert [got[t] for t in terms] == pytest.approx(coef, rel=1e-6)
+    assert {k: v for k, v in got.items() if k != "source"} == {
+        k: v for k, v in want.items() if k != "source"
+    }
+
+
+@pytest.mark.parametrize(
+    ("header", "row", "extra", "message"),
+    [
+        ("tokens,step_time,lengths", (900, 1.0, "400 x"), ["--model-preset", "qwen2.5-0.5b"],
+         "lengths '400 x' must be the row's sample lengths"),
+        ("tokens,step_time,lengths", (900, 1.0, "0 5"), ["--model-preset", "qwen2.5-0.5b"],
+         "lengths '0 5' must be"),
+        ("tokens,step_time,lengths", (300, 1.0, "400 100"), ["--model-preset", "qwen2.5-0.5b"],
+         "tokens 300 is less than the row's lengths add up to (500)"),
+        ("tokens,step_time,lengths", (900, 1.0, "400 100"), [],
+         "a lengths column is costed by a model's config"),
+        ("tokens,step_time,lengths", (900, 1.0, "400 100"), ["--hidden", "8", "--kv-hidden", "8",
+         "--layers", "2"], "a lengths column is costed by a model's config"),
+        ("tokens,step_time,lengths,flops", (900, 1.0, "400 100", 5.0),
+         ["--model-preset", "qwen2.5-0.5b"], "drop the flops, linear_flops"),
+    ],
+)  # fmt: skip
+def test_lengths_column_bad_input_is_one_line(tmp_path, header, row, extra, message):
+    src = _csv(tmp_path / "a.csv", [row, row], header)
+    res = cli("calibrate", src, tmp_path / "o.json", *extra, expect=2)
+    assert message in res.stderr and res.stderr.count("\n") == 1
+    assert not (tmp_path / "o.json").exists()

@@ -18,11 +18,17 @@ from varpack.plan.models.flops import sample_train_flops
 
 _NEEDED = ("tokens",)
 _OPTIONAL = ("peak_memory", "step_time", "flops", "linear_flops", "attention_flops", "samples")
-_TEXT = "kind"  # the one text column: each row's kind, for the time model's errors per kind
+_TEXT = "kind"  # a text column: each row's kind, for the time model's errors per kind
+#: a text column: the lengths of each row's samples, separated by spaces ("812 4096 77"); with a
+#: model's config they give the row's linear and attention FLOPs and its sequences
+_LENGTHS = "lengths"
 
 
-def _read(path: Path) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-    """The CSV's numeric columns (a header row names them) and its kinds (None without)."""
+def _read(
+    path: Path,
+) -> tuple[dict[str, np.ndarray], np.ndarray | None, list[np.ndarray] | None]:
+    """The CSV's numeric columns (a header row names them), its kinds and each row's sample
+    lengths (None without)."""
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             rows = list(csv.DictReader(fh))
@@ -40,6 +46,11 @@ def _read(path: Path) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
         del cols[_TEXT]
         key = next(k for k in rows[0] if k is not None and k.strip() == _TEXT)
         kinds = np.array([(r.get(key) or "").strip() for r in rows], dtype=str)
+    lengths = None
+    if _LENGTHS in cols:
+        del cols[_LENGTHS]
+        key = next(k for k in rows[0] if k is not None and k.strip() == _LENGTHS)
+        lengths = [_row_lengths(r.get(key), path, i) for i, r in enumerate(rows, start=2)]
     for name in _NEEDED:
         if name not in cols:
             raise InputError(f"{path}: no '{name}' column; the header needs tokens and "
@@ -55,7 +66,52 @@ def _read(path: Path) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
             if not np.isfinite(v) or v < 0:
                 raise InputError(f"{path}:{i}: {key.strip()} {value!r} must be finite and >= 0")
             cols[key.strip()].append(v)
-    return {k: np.array(v) for k, v in cols.items() if k in _NEEDED + _OPTIONAL}, kinds
+    got = {k: np.array(v) for k, v in cols.items() if k in _NEEDED + _OPTIONAL}
+    if lengths is not None:
+        _check_lengths(lengths, got["tokens"], path)
+    return got, kinds, lengths
+
+
+def _row_lengths(text: str | None, path: Path, line: int) -> np.ndarray:
+    """One row's sample lengths from ``"812 4096 77"``."""
+    words = (text or "").split()
+    if not words or not all(w.isdigit() and 0 < int(w) < 2**31 for w in words):
+        raise InputError(
+            f"{path}:{line}: lengths {text!r} must be the row's sample lengths, positive "
+            'integers separated by spaces (e.g. "812 4096 77")'
+        )
+    return np.array([int(w) for w in words], dtype=np.int64)
+
+
+def _check_lengths(lengths: list[np.ndarray], tokens: np.ndarray, path: Path) -> None:
+    """A row's tokens hold its samples (padding may add more)."""
+    short = np.flatnonzero(np.array([x.sum() for x in lengths]) > tokens)
+    if len(short):
+        i = int(short[0])
+        raise InputError(
+            f"{path}:{i + 2}: tokens {tokens[i]:.0f} is less than the row's lengths add up to "
+            f"({int(lengths[i].sum())}); tokens counts every token of the micro-batch"
+        )
+
+
+def _lengths_terms(
+    lengths: list[np.ndarray], model: ModelSpec | ModelDims | None, path: Path
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's (linear FLOPs, attention FLOPs, sequences) counted from its samples' lengths
+    by the model's config: every sample alone, as the plan costs it."""
+    if not isinstance(model, ModelSpec):
+        raise InputError(f"{path}: a lengths column is costed by a model's config; give --model "
+                         "CONFIG or --model-preset NAME")  # fmt: skip
+    from varpack.plan.models.flops import train_flops
+
+    count = np.array([len(x) for x in lengths], dtype=np.int64)
+    f = train_flops(np.concatenate(lengths), model)
+    starts = np.concatenate(([0], np.cumsum(count)[:-1]))
+    return (
+        np.add.reduceat(f.linear, starts),
+        np.add.reduceat(f.attention, starts),
+        count.astype(np.float64),
+    )
 
 
 def _terms(
@@ -137,7 +193,8 @@ def calibrate(csv_path: Path, out: Path, model_config: str | None, model_preset:
     --memory-per-token, --memory-fixed (and --bucket-size with --memory-capacity),
     --time-per-flop, --time-fixed, with the fit's error in percent. With linear_flops and
     attention_flops columns (optionally samples, the sequences of each row, and kind, a text
-    label) the time fit is the four-term model instead: --time-per-linear-flop,
+    label), or with a lengths column (each row's sample lengths separated by spaces, costed by
+    --model or --model-preset) the time fit is the four-term model instead: --time-per-linear-flop,
     --time-per-attention-flop, --time-per-sequence, --time-per-micro-batch, with the held-out
     error per kind. Example:
 
@@ -146,11 +203,17 @@ def calibrate(csv_path: Path, out: Path, model_config: str | None, model_preset:
     from varpack.atomic import atomic_file
     from varpack.plan.calibrate import calibrate as fit
 
-    cols, kinds = _read(csv_path)
+    cols, kinds, lengths = _read(csv_path)
     model = _model(model_config, model_preset, hidden, kv_hidden, layers)
     seconds = cols.get("step_time")
     flops = cols.get("flops")
     terms = _terms(cols, csv_path)
+    if lengths is not None:
+        if terms is not None or flops is not None or "samples" in cols:
+            raise InputError(f"{csv_path}: a lengths column gives each row's FLOPs and samples; "
+                             "drop the flops, linear_flops, attention_flops and samples "
+                             "columns, or the lengths column")  # fmt: skip
+        terms = _lengths_terms(lengths, model, csv_path)
     if seconds is not None and flops is None and terms is None:
         if model is None:
             raise InputError("calibrate: step_time needs a flops column, --model, --model-preset "
