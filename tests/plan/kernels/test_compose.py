@@ -266,24 +266,37 @@ def test_other_layouts_are_composed_by_cost_too(layout, pp):
     assert cost["padding_ratio"] <= tokens["stats"]["padding_ratio"] + 0.01
 
 
+#: the cost of the rank-fairness cases: Skrull's formula, and real models' own FLOPs (a full-
+#: attention one and one whose every layer slides over 4 K keys)
+REAL = dict(cost="flops", model_preset="qwen2.5-0.5b")
+WINDOWED = dict(cost="flops", model_preset="mistral-7b-v0.1")
+
+
 @pytest.mark.parametrize(
-    "split, layout, sync, k",
+    "split, layout, sync, k, model",
     [
-        (False, "packed", "step", 2),
-        (True, "packed", "step", 2),
-        (False, "packed", "micro", 1),
-        (False, "packed", "micro", 4),
-        (False, "padded", "micro", 1),  # pairs of blocks pooled, then cut by cost
-        (False, "padded", "micro", 2),
+        (False, "packed", "step", 2, FLOPS),
+        (True, "packed", "step", 2, FLOPS),
+        (False, "packed", "micro", 1, FLOPS),
+        (False, "packed", "micro", 4, FLOPS),
+        (False, "padded", "micro", 1, FLOPS),  # pairs of blocks pooled, then cut by cost
+        (False, "padded", "micro", 2, FLOPS),
+        (False, "packed", "step", 4, REAL),
+        (True, "packed", "step", 4, WINDOWED),
+        (False, "packed", "micro", 4, REAL),
+        (False, "packed", "micro", 1, WINDOWED),
+        (False, "padded", "micro", 2, REAL),
+        (False, "padded", "step", 4, WINDOWED),
     ],
 )
-def test_no_rank_is_the_slowest_step_after_step(split, layout, sync, k):
+def test_no_rank_is_the_slowest_step_after_step(split, layout, sync, k, model):
     # balancing hands a step's costliest share to the lowest rank on ties; steps (and under
-    # micro sync, slots) are rotated: what ranks wait on is counted under the plan's own model
+    # micro sync, slots) are rotated: what ranks wait on is counted under the plan's own model,
+    # in the plan's own cost (a real model's FLOPs where it has one)
     rng = np.random.default_rng(3)
     lens = _sorted(rng.integers(20, 30_000 if split else 8192, 3000))
     cfg = PlanConfig(max_tokens=8192, dp=4, grad_accum=k, order="shuffle", layout=layout,
-                     sync=sync, oversize="split" if split else "error", **FLOPS)  # fmt: skip
+                     sync=sync, oversize="split" if split else "error", **model)  # fmt: skip
     p = plan_arrays(np.arange(len(lens)), lens, cfg)
     meet = p.step * k + p.micro_index if sync == "micro" else p.step  # one wait per meeting
     loads = np.bincount(meet * 4 + p.rank, weights=p.micro.cost, minlength=(meet.max() + 1) * 4)
