@@ -240,6 +240,24 @@ def test_balanced_under_its_sync_model_and_figures_agree(sync) -> None:
         assert fig["time_vs_ideal_by_sync"]["step"] < 1.0005
 
 
+def test_slots_levelled_in_the_models_flops_under_micro_sync() -> None:
+    """Under ``sync="micro"`` a slot waits for its costliest micro-batch: moves and swaps
+    between a slot's micro-batches lower it (RL rollouts, Qwen2.5-0.5B's FLOPs, 2,048 samples:
+    1.0029x composed and cut by cost alone, 1.0013x levelled), every sample once and the
+    budget kept."""
+    from varpack.plan.models import preset_spec
+    from varpack.plan.models.flops import sample_train_flops
+
+    lens = rollout(2048, seed=3)
+    plan = plan_batch(lens, dp=8, max_tokens=16384, mini_batches=4, sync="micro", cost="flops",
+                      model="qwen2.5-0.5b")  # fmt: skip
+    cost = sample_train_flops(lens, preset_spec("qwen2.5-0.5b"))
+    assert _time(plan, cost, "micro") < 1.002
+    seen = np.concatenate([mb for ranks in plan.steps for mbs in ranks for mb in mbs])
+    assert np.array_equal(np.sort(seen), np.arange(len(lens)))
+    assert max(int(lens[mb].sum()) for ranks in plan.steps for mbs in ranks for mb in mbs) <= 16384
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.integers(1, 6), st.integers(1, 12), st.integers(1, 3), st.integers(0, 99))
 def test_levelled_ranks_differ_by_at_most_one_slot_spread(dp, k, steps, seed) -> None:

@@ -47,6 +47,7 @@ from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete, oversize_mask, pack
 from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.kernels.split import alone_volume, fit_len, unit_count
+from varpack.plan.kernels.steplevel import level_slots
 from varpack.plan.lr import step_totals
 from varpack.plan.oversize import ALONE_BOUND, alone_bound
 from varpack.plan.rules import capacity
@@ -296,9 +297,15 @@ def _whole_steps(
         starts,
         slot_order(cost, cfg.dp, cfg.grad_accum, 1),
     )
+    stream, slens = stream[pos], slens[pos]
+    if slotted(cfg.sync, cfg.grad_accum) and chosen.group is None and cfg.layout == "packed":
+        pos, starts = level_slots(slens, starts, chosen.alone[stream], cfg.dp,
+                                  capacity(cfg.pad_multiple, cfg.max_tokens or 0),
+                                  cost_coefficients(cfg.cost_model()))  # fmt: skip
+        stream, slens = stream[pos], slens[pos]
     step = algo.steps_in_order(len(starts) - 1, per_step)
     epochs = [{"epoch": 0, "first_step": 0, "num_steps": steps}]
-    return Batches(stream[pos], starts, step, epochs, stream_lens=slens[pos])
+    return Batches(stream, starts, step, epochs, stream_lens=slens)
 
 
 def batch_figures(p: PlanArrays) -> dict[str, Any]:
