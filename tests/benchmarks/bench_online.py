@@ -10,8 +10,10 @@
 (b) Quality: rollout batches of 8,192 samples (prompt + response, a quarter of the responses cut
     at the generation cap), dp 8, budget 16 K, 4 mini-batches: ``rl`` (cap 4 K), ``grpo`` (512
     prompts x 16 responses, each group kept in one mini-batch), ``cap8k`` (cap 8 K) and
-    ``short`` (cap 1 K, 64 samples a micro-batch). Two peers built here from their
-    descriptions: ``kk`` (verl: each mini-batch's ranks by Karmarkar-Karp on tokens with equal
+    ``short`` (cap 1 K, 64 samples a micro-batch). Planned and scored in Qwen2.5-0.5B's own
+    FLOPs (``real_cost.py``). A plain baseline, ``lpt`` (costliest first into the least loaded
+    of the fewest micro-batches that hold the step, cut into slots by cost), and two peers built
+    here from their descriptions: ``kk`` (verl: each mini-batch's ranks by Karmarkar-Karp on tokens with equal
     counts, then each rank's micro-batches by KK into ceil(tokens / budget) parts, the count the
     most any rank needs, ordered heaviest in the middle) and ``roll`` (ROLL: each mini-batch
     sorted, dealt round robin to the ranks, cut under the budget with lengths rounded to 128,
@@ -37,13 +39,15 @@ from functools import partial
 from statistics import NormalDist
 
 import numpy as np
+from real_cost import RealModel
 from rl_peers import Micro, independent_times, karmarkar_karp
 
 from varpack.online import plan_batch
 
 DP, BUDGET, STEPS = 8, 16384, 4
-H, KV, LAYERS = 896, 128, 24  # Qwen2.5-0.5B-like
-DIMS = {"cost": "flops", "hidden": H, "kv_hidden": KV, "layers": LAYERS}
+MODEL = "qwen2.5-0.5b"
+DIMS = {"cost": "flops", "model": MODEL}  # planned in the model's own FLOPs ...
+REAL = RealModel.of(MODEL)  # ... and scored by an independent count of them
 TARGET_MS = {1024: 5.0, 8192: 30.0, 65536: 250.0}
 FIRST_TARGET_S = 1.0
 
@@ -68,7 +72,7 @@ def rollout(
 
 def score(plan: Plan, lens: np.ndarray, dp: int, round_to: int = 0) -> dict[str, float]:
     """Time vs ideal under both sync models by the benchmarks' one independent scorer
-    (``rl_peers.independent_times``: its own FLOPs formula; ``round_to``: scored as padded
+    (``rl_peers.independent_times`` in Qwen2.5-0.5B's FLOPs, ``real_cost``; ``round_to``: scored as padded
     micro-batches of ``B x T`` rows, ``T`` the longest rounded up to it), micro-batches over the
     budget, micro-batches per rank per step; every sample checked to run exactly once."""
     mlens, pad_to, step, rank, index = [], [], [], [], []
@@ -87,7 +91,7 @@ def score(plan: Plan, lens: np.ndarray, dp: int, round_to: int = 0) -> dict[str,
     assert np.array_equal(seen, np.arange(len(lens))), "a sample missing or twice"
     m = Micro(mlens, np.array(pad_to), bool(round_to), np.array(step), np.array(rank),
               np.array(index))  # fmt: skip
-    return {**independent_times(m, dp), "over": over, "k": float(np.mean(counts)),
+    return {**independent_times(m, dp, REAL), "over": over, "k": float(np.mean(counts)),
             "even": float(len(set(counts)) == 1)}  # fmt: skip
 
 
@@ -148,6 +152,42 @@ def roll_plan(lens: np.ndarray, dp: int, budget: int, steps: int, group: int = 1
     return plan
 
 
+def lpt_plan(lens: np.ndarray, dp: int, budget: int, steps: int, group: int = 1,
+             seed: int = 0) -> Plan:  # fmt: skip
+    """The plain baseline a new user writes: each mini-batch's samples, costliest first, each
+    into the least-loaded (by cost) of the fewest micro-batches that hold its tokens,
+    ``ceil(tokens / (dp x budget))`` per rank (one more a rank while some sample finds no
+    room), then those micro-batches cut into slots of ``dp`` by cost and each slot's dealt to
+    the ranks lightest-first against their sums so far (longest-processing-time throughout)."""
+    plan = []
+    for mb in mini_batches(len(lens), steps, group, seed):
+        x = lens[mb]
+        c = REAL.sample_cost(x)
+        order = np.argsort(-c, kind="stable")
+        k = max(1, -(-int(x.sum()) // (dp * budget)))
+        while True:
+            load, tok = np.zeros(dp * k), np.zeros(dp * k, dtype=np.int64)
+            where = np.full(len(mb), -1)
+            for i in order:
+                room = np.flatnonzero((tok + x[i] <= budget) | (tok == 0))
+                if not len(room):
+                    break
+                b = room[np.argmin(load[room])]
+                where[i], load[b], tok[b] = b, load[b] + c[i], tok[b] + x[i]
+            if (where >= 0).all() and (tok > 0).all():
+                break
+            k += 1
+        bins = [mb[where == b] for b in range(dp * k)]
+        ranks: list[list[np.ndarray]] = [[] for _ in range(dp)]
+        sums = np.zeros(dp)
+        for j, slot in enumerate(np.argsort(-load, kind="stable").reshape(k, dp)):
+            for b, r in zip(slot, np.argsort(sums, kind="stable"), strict=True):
+                ranks[r].append(bins[b])
+                sums[r] += load[b]
+        plan.append(ranks)
+    return plan
+
+
 def varpack_plan(lens: np.ndarray, dp: int, budget: int, steps: int, group: int = 1,
                  seed: int = 0, sync: str = "micro") -> Plan:  # fmt: skip
     plan = plan_batch(lens, dp=dp, max_tokens=budget, mini_batches=steps, sync=sync, seed=seed,
@@ -176,8 +216,8 @@ import numpy as np
 from varpack.online import plan_batch
 t1, c1 = time.perf_counter(), time.process_time()
 lens = np.load(sys.argv[1])
-plan = plan_batch(lens, dp=8, max_tokens=16384, mini_batches=4, cost="flops", hidden=896,
-                  kv_hidden=128, layers=24)
+plan = plan_batch(lens, dp=8, max_tokens=16384, mini_batches=4, cost="flops",
+                  model="qwen2.5-0.5b")
 plan.steps
 t2, c2 = time.perf_counter(), time.process_time()
 print(t1 - t0, c1 - c0, t2 - t1, c2 - c1)
@@ -229,16 +269,19 @@ SHAPES = {
 def quality(quick: bool) -> None:
     n = 2048 if quick else 8192
     print(f"\n(b) balance: {n} samples, dp {DP}, budget {BUDGET}, {STEPS} mini-batches, FLOPs "
-          "scored here (Qwen2.5-0.5B dims); time vs ideal under each sync model")  # fmt: skip
+          "of Qwen2.5-0.5B, planned by varpack and scored here (real_cost.py); time vs ideal "
+          "under each sync model; K = micro-batches per rank and step, least = the fewest that "
+          "hold a step, ceil(tokens / (dp x budget)), mean over steps")  # fmt: skip
     head = (
-        f"{'shape':>6} {'method':>12} {'step':>10} {'micro':>10} {'over':>5} {'K':>6} {'cpu ms':>8}"
+        f"{'shape':>6} {'method':>12} {'step':>10} {'micro':>10} {'over':>5} {'K':>6} {'least':>6} "
+        f"{'cpu ms':>8}"
     )
     print(head)
     for shape, kw in SHAPES.items():
         group = kw.get("group", 1)
         lens = rollout(n, seed=1, group=group, cap=kw["cap"])
         rows = {}
-        for name, fn in (("kk", kk_plan), ("roll", roll_plan)):  # CPU time of one call
+        for name, fn in (("kk", kk_plan), ("roll", roll_plan), ("lpt", lpt_plan)):  # CPU, 1 call
             t = time.process_time()
             plan = fn(lens, DP, BUDGET, STEPS, group)
             took = time.process_time() - t
@@ -250,9 +293,11 @@ def quality(quick: bool) -> None:
             again = partial(varpack_plan, lens, DP, BUDGET, STEPS, group, sync=sync)
             _, took = _timed(again, 3)
             rows[f"varpack-{sync}"] = (score(plan, lens, DP), took / 1e3)  # CPU, median of 3
+        least = np.mean([-(-int(lens[m].sum()) // (DP * BUDGET))
+                         for m in mini_batches(n, STEPS, group, 0)])  # fmt: skip
         for name, (s, took) in rows.items():
             print(f"{shape:>6} {name:>12} {s['step']:>10.6f} {s['micro']:>10.6f} {s['over']:>5} "
-                  f"{s['k']:>6.1f} {1e3 * took:>8.1f}")  # fmt: skip
+                  f"{s['k']:>6.1f} {least:>6.2f} {1e3 * took:>8.1f}")  # fmt: skip
         for model in ("step", "micro"):
             ours = rows[f"varpack-{model}"][0][model]
             best = min(v[0][model] for k, v in rows.items() if not k.startswith("varpack"))
