@@ -180,7 +180,7 @@ def lpt_plan(lens: np.ndarray, dp: int, budget: int, steps: int, group: int = 1,
         bins = [mb[where == b] for b in range(dp * k)]
         ranks: list[list[np.ndarray]] = [[] for _ in range(dp)]
         sums = np.zeros(dp)
-        for j, slot in enumerate(np.argsort(-load, kind="stable").reshape(k, dp)):
+        for slot in np.argsort(-load, kind="stable").reshape(k, dp):
             for b, r in zip(slot, np.argsort(sums, kind="stable"), strict=True):
                 ranks[r].append(bins[b])
                 sums[r] += load[b]
