@@ -59,6 +59,46 @@ def test_the_deal_places_each_sample_once_within_the_budget(lens, lone, held, nb
         assert np.all(where[~wait] >= 0)
 
 
+def _by_scan(lens, alone, wait, nbins, cap):  # type: ignore[no-untyped-def]
+    """The deal written plainly: each sample, costliest first, to the least loaded micro-batch
+    with room, the first of a tie (a lone sample: an empty one, closed after)."""
+    load, tok, closed = np.zeros(nbins), np.zeros(nbins, np.int64), np.zeros(nbins, bool)
+    where = np.full(len(lens), -1)
+    for i in np.argsort(-lens, kind="stable"):
+        if wait[i]:
+            continue
+        room = [j for j in range(nbins) if not closed[j]
+                and (tok[j] == 0 if alone[i] else tok[j] + lens[i] <= cap)]  # fmt: skip
+        if room:
+            j = min(room, key=lambda j: (load[j], j))
+            where[i], load[j], tok[j], closed[j] = (
+                j,
+                load[j] + LIN * lens[i] + QUAD * lens[i] ** 2,
+                tok[j] + lens[i],
+                alone[i],
+            )
+    return where
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 100), min_size=1, max_size=60),
+    lone=st.floats(0, 0.3),
+    nbins=st.integers(1, 12),
+    seed=st.integers(0, 99),
+)
+def test_the_heap_deals_as_a_plain_scan_does(lens, lone, nbins, seed):
+    """The micro-batches wait in a heap by load (``log(nbins)`` a sample): the same deal as
+    scanning them all (before ``fill_empty`` gives empty ones a sample)."""
+    x = np.array(lens, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    alone, wait = rng.random(len(x)) < lone, rng.random(len(x)) < 0.1
+    _, where = _deal(x, alone, wait, nbins, 100)
+    want = _by_scan(x, alone, wait, nbins, 100)
+    moved = where != want  # fill_empty moves a sample into each empty micro-batch
+    assert np.all(np.isin(where[moved], np.setdiff1d(np.arange(nbins), want)))
+
+
 def test_every_micro_batch_lands_near_the_windows_mean_cost():
     lens = _rollouts(200, 0)  # about three a micro-batch of 16 K
     ok, where = _deal(lens, np.zeros(200, bool), np.zeros(200, bool), 64, 16384)

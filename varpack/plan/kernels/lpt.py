@@ -21,28 +21,81 @@ from varpack.plan.kernels.level import LEVEL_BINS, LEVEL_SAMPLES, level_window, 
 from varpack.plan.kernels.window import CLOSED, fill_empty, has_room
 
 
+@njit(cache=True, inline="always")
+def _before(hl, hb, a, b):  # type: ignore[no-untyped-def]
+    """Heap order: less loaded first, then the lower micro-batch (the first of a tie)."""
+    return hl[a] < hl[b] or (hl[a] == hl[b] and hb[a] < hb[b])
+
+
+@njit(cache=True)
+def _push(hl, hb, n, load, j):  # type: ignore[no-untyped-def]
+    """Add micro-batch ``j`` at ``load`` to the heap of ``n`` entries; returns ``n + 1``."""
+    i = n
+    hl[i], hb[i] = load, j
+    while i > 0:
+        up = (i - 1) // 2
+        if not _before(hl, hb, i, up):
+            break
+        hl[i], hl[up] = hl[up], hl[i]
+        hb[i], hb[up] = hb[up], hb[i]
+        i = up
+    return n + 1
+
+
+@njit(cache=True)
+def _pop(hl, hb, n):  # type: ignore[no-untyped-def]
+    """``(j, n - 1)``: the heap's least loaded micro-batch, taken out."""
+    j = hb[0]
+    n -= 1
+    hl[0], hb[0] = hl[n], hb[n]
+    i = 0
+    while True:
+        a, b, low = 2 * i + 1, 2 * i + 2, i
+        if a < n and _before(hl, hb, a, low):
+            low = a
+        if b < n and _before(hl, hb, b, low):
+            low = b
+        if low == i:
+            return j, n
+        hl[i], hl[low] = hl[low], hl[i]
+        hb[i], hb[low] = hb[low], hb[i]
+        i = low
+
+
 @njit(cache=True)
 def lpt_window(buf, order, wait, lens, alone, lin, quad, nbins, cap, where, last):  # type: ignore[no-untyped-def]
     """Deal ``buf[:m]`` (``order``: costliest first) to ``nbins`` micro-batches, each sample to
     the least loaded one with room (a sample that needs a micro-batch of its own: to an empty
-    one). Samples flagged in ``wait``, and those that fit nowhere, move on (``where`` -1).
-    Returns False when a micro-batch stays empty or, in the epoch's ``last`` window, a sample
-    would move on."""
+    one; the first of a tie). Samples flagged in ``wait``, and those that fit nowhere, move on
+    (``where`` -1). Returns False when a micro-batch stays empty or, in the epoch's ``last``
+    window, a sample would move on. The micro-batches wait in a heap by load: those without
+    room for a sample are set aside for it and put back (a micro-batch of a lone sample, for
+    good), so a sample costs about ``log(nbins)``, not ``nbins``."""
     m = len(order)
     load = np.zeros(nbins)
     tok = np.zeros(nbins, dtype=np.int64)
     cnt = np.zeros(nbins, dtype=np.int64)
+    hl = np.zeros(nbins)
+    hb = np.arange(nbins, dtype=np.int64)  # equal loads in index order: a heap already
+    n = nbins
+    aside = np.empty(nbins, dtype=np.int64)
     where[:m] = -1
     for q in range(m):
         i = order[q]
         if wait[i]:
             continue
         x, lone = lens[buf[i]], alone[buf[i]]
-        best = -1
-        low = np.inf
-        for j in range(nbins):  # the least loaded micro-batch with room (the first of a tie)
-            if load[j] < low and has_room(x, lone, tok, j, cap):
-                best, low = j, load[j]
+        best, na = -1, 0
+        while n > 0:
+            j, n = _pop(hl, hb, n)
+            if has_room(x, lone, tok, j, cap):
+                best = j
+                break
+            if tok[j] != CLOSED:
+                aside[na] = j
+                na += 1
+        for t in range(na):
+            n = _push(hl, hb, n, load[aside[t]], aside[t])
         if best < 0:
             if last:
                 return False
@@ -51,6 +104,8 @@ def lpt_window(buf, order, wait, lens, alone, lin, quad, nbins, cap, where, last
         load[best] += cost(x, lin, quad)
         tok[best] = CLOSED if lone else tok[best] + x
         cnt[best] += 1
+        if not lone:
+            n = _push(hl, hb, n, load[best], best)
     return fill_empty(order, where[:m], cnt, 1)
 
 
