@@ -11,13 +11,19 @@ batches and nothing written:
    pieces of a split sample) are dealt to the steps at random, stratified by cost: of every
    ``steps`` consecutive units in cost order each step draws one, which at random. Every step is
    a random draw of the batch with the same number of units and the batch's length mix;
-3. **order + pack**, per step: its samples, in a random order, composed by cost into *slots* of
-   ``dp`` micro-batches of equal cost (:func:`varpack.plan.kernels.compose.compose_run` at
-   grad-accum 1, in windows of :data:`WINDOW_SLOTS` slots); in the padded layout, sorted and cut
-   under the budget (:func:`varpack.plan.kernels.pack.pack`). Every rank of every step then runs
-   ``K`` micro-batches, the most any step needs, rounded up to a multiple of ``pp``: the other
-   steps split their costliest (:func:`varpack.plan.kernels.pack.complete`), and each step's
-   micro-batches are cut into slots by cost (:func:`varpack.plan.kernels.slots.slot_order`);
+3. **deal + pack**, per step: packed (no ``pp``, no split pieces), its samples, costliest first,
+   each to the least loaded (by cost) of ``dp x K`` micro-batches with room
+   (:func:`varpack.plan.kernels.lpt.lpt_window`), ``K`` the fewest a rank needs for the fullest
+   step's tokens, one more while some step's samples do not fit (:func:`_dealt`); else, in a
+   random order, composed by cost into *slots* of ``dp`` micro-batches of equal cost
+   (:func:`varpack.plan.kernels.compose.compose_run` at grad-accum 1, in windows of
+   :data:`WINDOW_SLOTS` slots), or in the padded layout sorted and cut under the budget
+   (:func:`varpack.plan.kernels.pack.pack`), every rank of every step then running ``K``
+   micro-batches, the most any step needs, rounded up to a multiple of ``pp`` (the other steps
+   split their costliest, :func:`varpack.plan.kernels.pack.complete`). Each step's micro-batches
+   are cut into slots by cost (:func:`varpack.plan.kernels.slots.slot_order`) and, with
+   ``sync="micro"``, each slot's costliest lowered by moves and swaps
+   (:func:`varpack.plan.kernels.steplevel.level_slots`);
 4. **shapes** and **assign** (:mod:`.stages.shaping`, :mod:`.stages.placement`) at grad-accum
    ``K``, as for a plan from files; with ``sync="micro"`` the ranks of each slot are then dealt so
    that each rank's sum over its step is level too (:mod:`.kernels.lanes`);
