@@ -90,19 +90,22 @@ def _emit(buf, order, where, nbins, stream, out, starts, nmb, carry):  # type: i
     return out + first[nbins - 1], nmb + nbins, nc
 
 
-#: Slots composed one by one (grad-accum 1, ``--sync micro``) are as many as the window's cost
-#: fills at the light density when that is below this share of the sorted packing's count: there
-#: heavy samples pack alone in sorted order (responses cut at a generation cap), so sorted
-#: packing's count leaves the cost composer too few light samples to level the slots beside them
-#: (RL rollouts, dp 16, grad-accum 1: 1.051x -> 1.023x; other sets are within 0.9 and keep it)
+#: A window's steps (slots, where they are composed one by one: grad-accum 1, ``--sync micro``)
+#: are as many as the window's cost fills at the light density when that is below this share
+#: of the sorted packing's count: there heavy samples pack alone in sorted order (responses cut
+#: at a generation cap), so sorted packing's count leaves the cost composer too few light
+#: samples to level the slots beside them (RL rollouts, dp 16, grad-accum 1: 1.051x -> 1.023x)
+#: and steps of fewer tokens than their micro-batches hold (grad-accum 4 under ``--sync step``:
+#: 443 steps of 3.00 budgets a rank in 4 micro-batches -> 305-332 steps of 4.00); other sets
+#: are within 0.9 and keep it
 SLOTS_BY_COST = 0.9
 
 
 @njit(cache=True)
 def _slots_by_cost(buf, wait, m, lens, lin, quad, full, p0):  # type: ignore[no-untyped-def]
-    """The window's slot count: ``p0``, or the cost of its samples (those not waiting) over a
-    full slot's (``full``: dp micro-batches filled to the budget at the light density) where
-    that is below :data:`SLOTS_BY_COST` of it."""
+    """The window's step count: ``p0``, or the cost of its samples (those not waiting) over a
+    full step's (``full``: its dp x k micro-batches filled to the budget at the light density)
+    where that is below :data:`SLOTS_BY_COST` of it."""
     wc = 0.0
     for i in range(m):
         if not wait[i]:
@@ -234,8 +237,8 @@ def _compose_epoch(
             if wait[i]:
                 wtok -= lens[buf[i]]
         p0 = max(1, np.int64(wtok / step_tok + 0.5))
-        if k == 1 and quad > 0:  # slots: as many as the window's cost fills, where far fewer
-            p0 = _slots_by_cost(buf, wait, m, lens, lin, quad, dp * cap * density, p0)
+        if quad > 0:  # steps: as many as the window's cost fills, where far fewer
+            p0 = _slots_by_cost(buf, wait, m, lens, lin, quad, dp * k * cap * density, p0)
         p = _steps_of(buf, order, nc, wait, group, density, lens, alone, lin, quad, p0, last, dp,
                       k, cap, where, fill, src, wshare, tol, passes)  # fmt: skip
         dealt = False
