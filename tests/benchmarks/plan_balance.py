@@ -317,11 +317,13 @@ def balance(n: int, models: list[str] | None = None) -> None:
         "other sync; check = plan.json's own figures equal the scorer's; old: the same data "
         "balanced by Skrull's formula with M's --hidden/--kv-hidden/--layers, scored by the "
         "formula / by M; mb = micro-batches per rank and step / the fewest that hold the "
-        "step, ceil(step tokens / (dp x budget)); target: K >= 4 <= 1.01x, K = 1 <= 1.05x "
-        "and <= old"
+        "step, ceil(step tokens / (dp x budget)); lpt = a plain baseline (lpt_baseline: the "
+        "data shuffled, cut into as many steps of equal tokens, each step longest-processing-"
+        "time first into dp x K micro-batches, to ranks or slots by cost) in M's FLOPs under "
+        "the plan's sync; target: K >= 4 <= 1.01x, K = 1 <= 1.05x and <= old"
     )
     head = (f"{'K':>3} {'sync':<5} {'time':>6} {'other':>6} {'check':>5} | {'old':>6} "
-            f"{'old M':>6} | {'mb':>5} {'fewest':>6} {'steps':>6} | target")  # fmt: skip
+            f"{'old M':>6} | {'lpt':>6} | {'mb':>5} {'fewest':>6} {'steps':>6} | target")  # fmt: skip
     missed: list[str] = []
     for name, (lens, budget, dp, extra, ks) in real_sets(quick).items():
         if sets is not None and not any(name.startswith(w) for w in sets):
@@ -342,6 +344,7 @@ def balance(n: int, models: list[str] | None = None) -> None:
                     old_arrays, old_s = make_for(lens, budget, dp, dims, **kw)
                     old = times(old_arrays, real)[sync]
                     mb, least = fewest(arrays, budget)
+                    lpt = lpt_baseline(lens, arrays.num_steps, dp, k, budget, real, sync)
                     verdict = target(k, got[sync], old)
                     if verdict == "MISS":
                         missed.append(f"{name}, {real.name}, K={k} {sync}: {got[sync]:.3f}")
@@ -349,7 +352,8 @@ def balance(n: int, models: list[str] | None = None) -> None:
                         f"{k:>3} {sync if k > 1 else 'both':<5} {got[sync]:>6.3f} "
                         f"{got['micro' if sync == 'step' else 'step']:>6.3f} "
                         f"{'ok' if ok else 'DIFF':>5} | {old_s['time_vs_ideal']:>6.3f} "
-                        f"{old:>6.3f} | {mb:>5.2f} {least:>6.2f} {arrays.num_steps:>6} | {verdict}"
+                        f"{old:>6.3f} | {lpt:>6.3f} | {mb:>5.2f} {least:>6.2f} {arrays.num_steps:>6} "
+                        f"| {verdict}"
                     )
     print("\nmissed targets: " + ("; ".join(missed) if missed else "none"))
     if models:
@@ -360,6 +364,56 @@ def balance(n: int, models: list[str] | None = None) -> None:
     from rl_peers import rollout_table
 
     rollout_table(2 if quick else 8, quick)
+
+
+def lpt_baseline(lens: np.ndarray, steps: int, dp: int, k: int, budget: int, real: object,
+                 sync: str, seed: int = 0) -> float:  # fmt: skip
+    """The plain baseline a new user writes, scored in ``real``'s FLOPs under ``sync``: the
+    data shuffled, cut into ``steps`` steps of equal tokens (the plan's own count); each step's
+    samples, costliest first, to the least loaded of ``dp x k`` micro-batches with room (where
+    none has room, the one of fewest tokens: counted over the budget); then under ``step`` the
+    micro-batches, costliest first, to the least loaded rank still short of ``k`` of them, under
+    ``micro`` cut into slots of ``dp`` by cost. Time over the ideal (samples' cost / dp)."""
+    import heapq
+
+    x = lens[np.random.default_rng(seed).permutation(len(lens))]
+    c = real.sample_cost(x)  # type: ignore[attr-defined]
+    cut = np.searchsorted(np.cumsum(x), np.arange(1, steps) * x.sum() / steps)
+    total = 0.0
+    for part in np.split(np.arange(len(x)), cut):
+        nb = dp * k
+        load, tok = np.zeros(nb), np.zeros(nb, dtype=np.int64)
+        heap = [(0.0, j) for j in range(nb)]
+        for i in part[np.argsort(-c[part], kind="stable")]:
+            aside, j = [], -1
+            while heap:
+                lj, b = heapq.heappop(heap)
+                if tok[b] + x[i] <= budget:
+                    j = b
+                    break
+                aside.append((lj, b))
+            for e in aside:
+                heapq.heappush(heap, e)
+            if j < 0:  # no room anywhere: over the budget, in the emptiest (still in the heap)
+                j = int(np.argmin(tok))
+                load[j] += c[i]
+                tok[j] += x[i]
+                heap = [(load[b], b) for _, b in heap]
+                heapq.heapify(heap)
+                continue
+            load[j] += c[i]
+            tok[j] += x[i]
+            heapq.heappush(heap, (load[j], j))
+        if sync == "micro":
+            total += np.sort(load)[::-1][::dp].sum()
+        else:
+            ranks, count = np.zeros(dp), np.zeros(dp, dtype=np.int64)
+            for b in np.argsort(-load, kind="stable"):
+                r = min((r for r in range(dp) if count[r] < k), key=lambda r: (ranks[r], r))
+                ranks[r] += load[b]
+                count[r] += 1
+            total += ranks.max()
+    return total / (c.sum() / dp)
 
 
 def make_for(lens: np.ndarray, budget: int, dp: int, model: dict[str, object],
