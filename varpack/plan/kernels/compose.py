@@ -19,7 +19,8 @@ micro-batches each) so that every rank of a step carries the same cost:
    take, so every step gets a stratified share of every length range (its mix follows the
    window's); inside its step a sample goes to the rank with the least cost that has room
    (longest-processing-time first under the budget) (:mod:`.window`);
-4. what fits nowhere moves on to the next window, where it is placed first; the epoch's last
+4. what fits nowhere moves on to the next window, where it is placed first, whatever the
+   step's ceiling (it moves on again only where no micro-batch has room); the epoch's last
    window gets as many steps as it needs.
 
 A sample trains within about one window of its random position (two for a heavy sample that

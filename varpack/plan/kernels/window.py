@@ -429,7 +429,7 @@ def compose_window(
                     step_due = share_due
                 s, r = _choose(x, c, lone, p, dp, cap, bin_tok, load, reach, least, spare, ceil,
                                peak, step_due, lv)  # fmt: skip
-            if r < 0 and last:  # the epoch's last window places every sample
+            if r < 0 and (last or i < carried):  # last window, or carried in: placed whatever
                 s, r = _choose(x, c, lone, p, dp, cap, bin_tok, load, reach, least, spare, free,
                                peak, due, 0.0)  # fmt: skip
             if r >= 0:
