@@ -13,53 +13,14 @@ not pay (most samples short beside a few long ones) keep the composer's.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.heavy import cost
 from varpack.plan.kernels.level import LEVEL_BINS, LEVEL_SAMPLES, level_window, slot_cut_time
 from varpack.plan.kernels.window import CLOSED, fill_empty, has_room
-
-
-@njit(cache=True, inline="always")
-def _before(hl, hb, a, b):  # type: ignore[no-untyped-def]
-    """Heap order: less loaded first, then the lower micro-batch (the first of a tie)."""
-    return hl[a] < hl[b] or (hl[a] == hl[b] and hb[a] < hb[b])
-
-
-@njit(cache=True)
-def _push(hl, hb, n, load, j):  # type: ignore[no-untyped-def]
-    """Add micro-batch ``j`` at ``load`` to the heap of ``n`` entries; returns ``n + 1``."""
-    i = n
-    hl[i], hb[i] = load, j
-    while i > 0:
-        up = (i - 1) // 2
-        if not _before(hl, hb, i, up):
-            break
-        hl[i], hl[up] = hl[up], hl[i]
-        hb[i], hb[up] = hb[up], hb[i]
-        i = up
-    return n + 1
-
-
-@njit(cache=True)
-def _pop(hl, hb, n):  # type: ignore[no-untyped-def]
-    """``(j, n - 1)``: the heap's least loaded micro-batch, taken out."""
-    j = hb[0]
-    n -= 1
-    hl[0], hb[0] = hl[n], hb[n]
-    i = 0
-    while True:
-        a, b, low = 2 * i + 1, 2 * i + 2, i
-        if a < n and _before(hl, hb, a, low):
-            low = a
-        if b < n and _before(hl, hb, b, low):
-            low = b
-        if low == i:
-            return j, n
-        hl[i], hl[low] = hl[low], hl[i]
-        hb[i], hb[low] = hb[low], hb[i]
-        i = low
 
 
 @njit(cache=True)
@@ -75,9 +36,7 @@ def lpt_window(buf, order, wait, lens, alone, lin, quad, nbins, cap, where, last
     load = np.zeros(nbins)
     tok = np.zeros(nbins, dtype=np.int64)
     cnt = np.zeros(nbins, dtype=np.int64)
-    hl = np.zeros(nbins)
-    hb = np.arange(nbins, dtype=np.int64)  # equal loads in index order: a heap already
-    n = nbins
+    heap = [(0.0, j) for j in range(nbins)]  # (load, micro-batch): equal loads, in order
     aside = np.empty(nbins, dtype=np.int64)
     where[:m] = -1
     for q in range(m):
@@ -86,8 +45,8 @@ def lpt_window(buf, order, wait, lens, alone, lin, quad, nbins, cap, where, last
             continue
         x, lone = lens[buf[i]], alone[buf[i]]
         best, na = -1, 0
-        while n > 0:
-            j, n = _pop(hl, hb, n)
+        while len(heap) > 0:
+            j = heapq.heappop(heap)[1]
             if has_room(x, lone, tok, j, cap):
                 best = j
                 break
@@ -95,7 +54,7 @@ def lpt_window(buf, order, wait, lens, alone, lin, quad, nbins, cap, where, last
                 aside[na] = j
                 na += 1
         for t in range(na):
-            n = _push(hl, hb, n, load[aside[t]], aside[t])
+            heapq.heappush(heap, (load[aside[t]], aside[t]))
         if best < 0:
             if last:
                 return False
@@ -105,7 +64,7 @@ def lpt_window(buf, order, wait, lens, alone, lin, quad, nbins, cap, where, last
         tok[best] = CLOSED if lone else tok[best] + x
         cnt[best] += 1
         if not lone:
-            n = _push(hl, hb, n, load[best], best)
+            heapq.heappush(heap, (load[best], best))
     return fill_empty(order, where[:m], cnt, 1)
 
 
