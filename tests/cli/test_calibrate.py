@@ -235,3 +235,15 @@ def test_lengths_column_bad_input_is_one_line(tmp_path, header, row, extra, mess
     res = cli("calibrate", src, tmp_path / "o.json", *extra, expect=2)
     assert message in res.stderr and res.stderr.count("\n") == 1
     assert not (tmp_path / "o.json").exists()
+
+
+def test_lengths_beside_memory_alone_need_no_model(tmp_path):
+    rows = [
+        (1000, 9e5 + 5e6, "600 400"),
+        (3000, 2.7e6 + 5e6, "3000"),
+        (2000, 1.8e6 + 5e6, "1 1999"),
+    ]
+    src = _csv(tmp_path / "m.csv", rows, "tokens,peak_memory,lengths")
+    cli("calibrate", src, tmp_path / "o.json")
+    got = json.loads((tmp_path / "o.json").read_text())
+    assert got["memory_per_token"] == pytest.approx(900) and "time_per_linear_flop" not in got

@@ -213,7 +213,8 @@ def calibrate(csv_path: Path, out: Path, model_config: str | None, model_preset:
             raise InputError(f"{csv_path}: a lengths column gives each row's FLOPs and samples; "
                              "drop the flops, linear_flops, attention_flops and samples "
                              "columns, or the lengths column")  # fmt: skip
-        terms = _lengths_terms(lengths, model, csv_path)
+        if seconds is not None:  # the lengths price the time fit; memory needs only tokens
+            terms = _lengths_terms(lengths, model, csv_path)
     if seconds is not None and flops is None and terms is None:
         if model is None:
             raise InputError("calibrate: step_time needs a flops column, --model, --model-preset "
