@@ -220,6 +220,8 @@ def test_four_term_from_each_rows_lengths_and_a_model(tmp_path):
          "lengths '400 x' must be the row's sample lengths"),
         ("tokens,step_time,lengths", (900, 1.0, "0 5"), ["--model-preset", "qwen2.5-0.5b"],
          "lengths '0 5' must be"),
+        ("tokens,step_time,lengths", (900, 1.0, "40 \u00b2"), ["--model-preset", "qwen2.5-0.5b"],
+         "must be the row's sample lengths"),
         ("tokens,step_time,lengths", (300, 1.0, "400 100"), ["--model-preset", "qwen2.5-0.5b"],
          "tokens 300 is less than the row's lengths add up to (500)"),
         ("tokens,step_time,lengths", (900, 1.0, "400 100"), [],

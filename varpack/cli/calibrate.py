@@ -75,7 +75,7 @@ def _read(
 def _row_lengths(text: str | None, path: Path, line: int) -> np.ndarray:
     """One row's sample lengths from ``"812 4096 77"``."""
     words = (text or "").split()
-    if not words or not all(w.isdigit() and 0 < int(w) < 2**31 for w in words):
+    if not words or not all(w.isascii() and w.isdigit() and 0 < int(w) < 2**31 for w in words):
         raise InputError(
             f"{path}:{line}: lengths {text!r} must be the row's sample lengths, positive "
             'integers separated by spaces (e.g. "812 4096 77")'

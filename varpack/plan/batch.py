@@ -257,9 +257,10 @@ def _dealt(
     """Each step's samples dealt, costliest first, to the least loaded of ``dp x K``
     micro-batches with room (:func:`~varpack.plan.kernels.lpt.lpt_window`): ``K`` the fewest a
     rank needs for the fullest step's tokens, one more while some step's samples do not all fit
-    (at most :data:`MORE_MICRO` of them, and one). Every micro-batch of a step then costs about the same, so
-    the slots cut from them by cost (and under ``sync="micro"`` levelled) wait on little. None
-    where it does not apply (the padded layout, ``pp``, split pieces) or no ``K`` fits."""
+    (at most :data:`MORE_MICRO` of them, and one). Every micro-batch of a step then costs about
+    the same, so the slots cut from them by cost (and under ``sync="micro"`` levelled) wait on
+    little. None where it does not apply (the padded layout, ``pp``, split pieces) or no ``K``
+    fits."""
     if cfg.layout != "packed" or cfg.pp > 1 or chosen.group is not None:
         return None
     cap = capacity(cfg.pad_multiple, cfg.max_tokens or 0)

@@ -6,8 +6,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from varpack.plan import PlanConfig, make_plan
+from varpack.plan import PlanConfig, plan_arrays
 from varpack.plan.kernels.steplevel import STEP_MOVES, level_steps
+from varpack.plan.models import preset_spec
+from varpack.plan.models.flops import sample_train_flops
 
 
 def _loads(where, lens, p, dp, k, lin, quad):  # type: ignore[no-untyped-def]
@@ -79,10 +81,22 @@ def test_steps_only_get_faster_and_every_rule_holds(lens, shape, seed, coeffs, l
     assert np.array_equal(got[alone], where[alone])
 
 
+def test_a_step_within_its_tolerance_is_left_as_it_is():
+    # dp 2, grad-accum 2, a cost nearly linear: rank 0 holds 100,000 | 3 + 1, rank 1 100,000 |
+    # 1 + 1; moving a 1 over would even them (100,003 each), but the top is within LEVEL of the
+    # ranks' mean (1e-5): nothing is left worth a move
+    lens = np.array([100_000, 3, 1, 100_000, 1, 1])
+    where = np.array([0, 1, 1, 2, 3, 3])
+    level_steps(np.arange(6), 6, where, lens, np.zeros(6, np.bool_), 1, 2, 2, 10**6, 1.0, 1e-12,
+                STEP_MOVES)  # fmt: skip
+    assert where.tolist() == [0, 1, 1, 2, 3, 3]
+
+
 def test_rollouts_at_grad_accum_4_under_step_sync_are_level():
     """RL rollouts (ten samples of 1-12 K tokens a rank and step) composed for ``--sync step``:
-    the deal alone leaves every step about 1 % above its ideal (1.011x on 60 K samples); the
-    moves bring the plan within its bound's reach."""
+    the deal alone leaves every step about 1 % above its ideal (1.011x on 60 K samples; 1.0085x
+    here); the moves bring the plan within its bound's reach. The time is computed here from
+    the plan's arrays and each sample's training FLOPs."""
     rng = np.random.default_rng(0)
     n = 6000
     prompt = np.clip(np.rint(np.exp(rng.normal(np.log(350), 0.7, n))), 16, 4096)
@@ -90,5 +104,9 @@ def test_rollouts_at_grad_accum_4_under_step_sync_are_level():
     lens = np.sort((prompt + response).astype(np.int64))
     cfg = PlanConfig(max_tokens=16384, dp=8, grad_accum=4, sync="step", cost="flops",
                      model_preset="qwen2.5-0.5b", order="shuffle")  # fmt: skip
-    _, meta, _ = make_plan(np.arange(n), lens, cfg)
-    assert meta["stats"]["time_vs_ideal"] <= 1.004
+    p = plan_arrays(np.arange(n), lens, cfg)
+    cost = sample_train_flops(p.lens[p.stream], preset_spec("qwen2.5-0.5b"))
+    mb = np.repeat(np.arange(len(p.offsets) - 1), np.diff(p.offsets))
+    loads = np.zeros((p.num_steps, 8))
+    np.add.at(loads, (np.asarray(p.step)[mb], np.asarray(p.rank)[mb]), cost)
+    assert loads.max(axis=1).sum() / (cost.sum() / 8) <= 1.004

@@ -38,7 +38,7 @@ from varpack.plan.stages.batching import composes_by_cost
 from varpack.plan.stages.batching.common import effective_lengths, order_rule
 from varpack.plan.stages.batching.costed import (
     MIX_SHARE,
-    level_steps,
+    levelled,
     mix_seed,
     step_fill,
     step_tokens,
@@ -208,7 +208,7 @@ def _costed(
         starts = _starts(window)
         del window
         args = (coeffs, window_tok, step_tok, cfg.dp, cfg.grad_accum // slots, cfg.pad_multiple,
-                cfg.max_tokens, step_fill(cfg), cfg.grad_accum == 1, level_steps(cfg))  # fmt: skip
+                cfg.max_tokens, step_fill(cfg), cfg.grad_accum == 1, levelled(cfg))  # fmt: skip
         got = compose_share(comm, rows, starts, args)
         if not comm.allreduce(got is not None, op=_land(comm)):
             return None

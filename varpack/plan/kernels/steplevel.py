@@ -7,10 +7,11 @@ whole samples, and where a rank holds a few chunky samples (RL rollouts: ten sam
 step about 1 % above its ideal, however many steps. :func:`level_steps` lowers each step's
 costliest rank by moving one of its samples to the lightest rank of the step that can take
 some of its work (into that rank's emptiest micro-batch with room), or by swapping it for a
-cheaper sample there, the move that lowers the pair's higher sum most; every move is checked exactly on the two sums, so a step's time
-never rises, and samples stay in their step (mixing and the shuffle window are untouched).
-Micro-batch counts and the budget hold; a sample that must train alone never moves and
-no micro-batch is emptied.
+cheaper sample there, the move that lowers the pair's higher sum most. Every move is checked
+exactly on the two sums, so a step's time never rises, and samples stay in their step (mixing
+and the shuffle window are untouched). Micro-batch counts and the budget hold; a sample that
+must train alone never moves and no micro-batch is emptied. :func:`level_slots` does the same
+for slots of ``dp`` micro-batches that meet (``--sync micro``, ``plan_batch``).
 """
 
 from __future__ import annotations

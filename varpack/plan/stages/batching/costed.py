@@ -67,7 +67,7 @@ def step_fill(cfg: PlanConfig) -> float:
     return 1.0 if cfg.pp > 1 else cfg.balance_fill
 
 
-def level_steps(cfg: PlanConfig) -> bool:
+def levelled(cfg: PlanConfig) -> bool:
     """Are composed windows levelled by moves and swaps? Not with ``--pp``: a rank's
     micro-batches are padded to its fullest there, and a move could raise that."""
     return cfg.pp == 1
@@ -107,7 +107,7 @@ def build(
             cfg.max_tokens,
             step_fill(cfg),
             None if blend is None else (blend[0][perm], blend[1], blend[2]),
-            level=level_steps(cfg),
+            level=levelled(cfg),
             mix=cfg.grad_accum == 1 and blend is None,
             threads=threads,
         )
