@@ -19,6 +19,7 @@ import numpy as np
 
 from varpack.make.mpi.moves import Rows, count, relayed
 from varpack.plan.kernels.compose import compose_run
+from varpack.plan.stages.batching.costed import Composing
 
 
 @dataclass
@@ -33,15 +34,11 @@ class _Windows:
     total: int  # tokens of the stream
     size: int  # positions of the stream
     at: int  # positions before this rank's own rows
-    args: Args
+    how: Composing
 
 
 #: stream, starts, carry, held, and for each stream entry whether its window was dealt wide
 _Out = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-#: compose_run's arguments after (lens, alone): coefficients, window and step tokens, dp,
-#: grad-accum, pad multiple, budget, balance fill; whether windows may be dealt window-wide;
-#: whether they are levelled by moves and swaps
-Args = tuple[tuple[float, float], int, int, int, int, int, int, float, bool, bool]
 
 
 def _window(w: _Windows, j: int, carry: np.ndarray, held: np.ndarray) -> _Out | None:
@@ -51,10 +48,11 @@ def _window(w: _Windows, j: int, carry: np.ndarray, held: np.ndarray) -> _Out | 
     before = int(w.before[j])
     run = (len(carry), before, w.total - int(w.before[j + 1]), w.size - w.at - b, held)
     lens, alone = _pick(w.lens, w.extra["lens"], idx), _pick(w.alone, w.extra["alone"], idx)
-    got = compose_run(lens, alone, *w.args[:8], None, run, level=w.args[9], mix=w.args[8])
+    how = w.how
+    got = compose_run(lens, alone, *how.run_args(), None, run, level=how.level, mix=how.mix)
     if got is None:
         return None
-    wide = got.wide if w.args[8] else np.zeros(len(got.stream), dtype=np.bool_)
+    wide = got.wide if how.mix else np.zeros(len(got.stream), dtype=np.bool_)
     return idx[got.stream], got.starts, idx[got.carry], got.held, wide
 
 
@@ -117,13 +115,13 @@ class _Found:
 
 
 def compose_share(
-    comm: Any, rows: Rows, starts: list[int], args: Args
+    comm: Any, rows: Rows, starts: list[int], how: Composing
 ) -> tuple[Rows, np.ndarray] | None:
     """This rank's windows (``starts``: where each starts, and the end; whole on this rank)
     composed by cost: ``(rows, starts)`` in the composed order (with a column ``_wide``: was
     the row's window dealt window-wide), or None on the rank whose last window could not be
-    composed. ``args``: :func:`compose_run`'s arguments after
-    ``(lens, alone)``."""
+    composed. ``how``: the epoch's composition (:func:`~varpack.plan.stages.batching.costed.
+    composing`, the one-process planner's rule)."""
     n, lens = count(rows), rows["lens"].astype(np.int64, copy=False)
     sizes = comm.allgather((n, int(lens.sum())))
     at = sum(c for c, _ in sizes[: comm.Get_rank()])
@@ -133,7 +131,7 @@ def compose_share(
     before = cum0 + np.cumsum(np.concatenate(([0], sums)), dtype=np.int64)  # per window start
     assert len(before) == len(starts) and (not n or ends[-1] == n)
     w = _Windows(lens, rows["alone"], {k: v[:0] for k, v in rows.items()}, starts, before,
-                 sum(t for _, t in sizes), sum(c for c, _ in sizes), at, args)  # fmt: skip
+                 sum(t for _, t in sizes), sum(c for c, _ in sizes), at, how)  # fmt: skip
     found = _Found(w)  # as if nothing were carried in: at once on every rank
     none = np.zeros(0, np.int64), np.zeros(0, bool)
 

@@ -28,21 +28,14 @@ from varpack.make.mpi.moved import Tally, moved_tally
 from varpack.make.mpi.moves import Rows, count, join_into, move_rows, relay_pack, relayed
 from varpack.make.mpi.permute import permuted_share
 from varpack.plan import PlanConfig
-from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.cuts import next_cuts
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.order import OrderRule, regroup
 from varpack.plan.kernels.pack import pack, pack_steps
-from varpack.plan.kernels.slots import move_micro, slot_order
+from varpack.plan.kernels.slots import move_micro
 from varpack.plan.stages.batching import composes_by_cost
 from varpack.plan.stages.batching.common import effective_lengths, order_rule
-from varpack.plan.stages.batching.costed import (
-    MIX_SHARE,
-    levelled,
-    mix_seed,
-    step_fill,
-    step_tokens,
-)
+from varpack.plan.stages.batching.costed import composing, slot_cut
 from varpack.plan.sync import slotted
 
 Epoch = tuple[Rows, np.ndarray, int, int]  # (rows, off, first micro-batch, epoch's count)
@@ -192,30 +185,25 @@ def _costed(
 ) -> tuple[list[Epoch], list[Tally] | None] | None:
     """Every epoch by the ``costed`` batcher; None where an epoch's last window could not be
     composed (the plan is composed by tokens then, as one process does)."""
-    assert cfg.max_tokens is not None
     base = held["rows"]
     orule = order_rule(cfg, _sorted_micro(comm, base, cfg, base["lens"]))
     del base
-    coeffs = cost_coefficients(cfg.cost_model())
-    slots = cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) else 1  # as costed.build
+    how = composing(cfg, orule, blend=False)  # the one-process planner's rule
     epochs, tallies = [], []
     for epoch in range(cfg.epochs):
         rows = _draw(comm, held, cfg, epoch)
-        window_tok, step_tok = orule.window * orule.step, step_tokens(orule.step, cfg) // slots
-        per = cfg.micro_per_step // slots  # micro-batches the kernel composes as a step
-        rows["_window"] = _cost_windows(comm, rows["lens"], window_tok, step_tok, per)
+        rows["_window"] = _cost_windows(comm, rows["lens"], how.window_tokens, how.step_tokens,
+                                        how.dp * how.k)  # fmt: skip
         rows, window = _whole_windows(comm, rows)
         starts = _starts(window)
         del window
-        args = (coeffs, window_tok, step_tok, cfg.dp, cfg.grad_accum // slots, cfg.pad_multiple,
-                cfg.max_tokens, step_fill(cfg), cfg.grad_accum == 1, levelled(cfg))  # fmt: skip
-        got = compose_share(comm, rows, starts, args)
+        got = compose_share(comm, rows, starts, how)
         if not comm.allreduce(got is not None, op=_land(comm)):
             return None
         assert got is not None
         rows, off = got
-        if per == cfg.dp:  # slots (steps at grad-accum 1) cut by cost, as whole_steps does
-            rows, off = _slots_by_cost(comm, rows, off, cfg, epoch)
+        if how.cut:  # slots (steps at grad-accum 1) cut by cost, as whole_steps does
+            rows, off = _cut_slots(comm, rows, off, cfg, epoch)
         del rows["_wide"]
         epochs.append(_numbered(comm, rows, off))
         tallies.append(moved_tally(comm, epochs[-1], cfg.micro_per_step))
@@ -235,7 +223,7 @@ def _land(comm: Any) -> Any:
     return MPI.LAND
 
 
-def _slots_by_cost(
+def _cut_slots(
     comm: Any, rows: Rows, off: np.ndarray, cfg: PlanConfig, epoch: int
 ) -> tuple[Rows, np.ndarray]:
     """Slots cut by cost, as :func:`~varpack.plan.stages.batching.costed.build` cuts them, under
@@ -245,10 +233,7 @@ def _slots_by_cost(
     rows, off = complete_tail(comm, rows, off, cfg, f"epoch {epoch}")
     rows, off = whole_units(comm, rows, off, cfg.shuffle_window * cfg.micro_per_step)
     cost = summarize(off, rows["lens"], cfg.micro_rule()).cost
-    mix = None
-    if cfg.grad_accum == 1:
-        mix = (MIX_SHARE, mix_seed(cfg.seed, epoch), rows["_wide"][off[:-1]])
-    order = slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window, mix)
+    order = slot_cut(cost, rows["_wide"][off[:-1]], cfg, epoch)
     (idx,), off = move_micro((np.arange(count(rows), dtype=np.int64),), off, order)
     return take_index(rows, idx), off
 

@@ -16,13 +16,15 @@ whole steps need), the plan is composed by tokens (:mod:`.greedy`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.compose_threads import compose_threaded, default_threads
-from varpack.plan.kernels.order import MovedTally
+from varpack.plan.kernels.order import MovedTally, OrderRule
 from varpack.plan.kernels.permute import permuted
 from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.mix import blend_sources
@@ -73,6 +75,64 @@ def levelled(cfg: PlanConfig) -> bool:
     return cfg.pp == 1
 
 
+class Composing(NamedTuple):
+    """How an epoch is composed by cost: the one rule of the one-process planner
+    (:func:`build`) and the MPI planner (:mod:`varpack.make.mpi.shuffle`).
+    :func:`~varpack.plan.kernels.compose.compose_run`'s arguments (:meth:`run_args`, ``k``:
+    the micro-batches a rank takes in each step the kernel composes), then, where ``cut``, the
+    composed micro-batches cut into slots by cost (:func:`slot_cut`)."""
+
+    coeffs: tuple[float, float]
+    window_tokens: int
+    step_tokens: int
+    dp: int
+    k: int
+    multiple: int
+    budget: int
+    fill: float
+    level: bool
+    mix: bool
+    cut: bool
+
+    def run_args(self) -> tuple[tuple[float, float], int, int, int, int, int, int, float]:
+        """compose_run's positional arguments after the lengths and lone flags."""
+        return (self.coeffs, self.window_tokens, self.step_tokens, self.dp, self.k,
+                self.multiple, self.budget, self.fill)  # fmt: skip
+
+
+def composing(cfg: PlanConfig, orule: OrderRule, blend: bool) -> Composing:
+    """The composition of ``cfg``'s epochs (``orule``: its order rule; ``blend``: a blend
+    keeps its sources' weights in every step). With ``--sync micro`` (and at grad-accum 1)
+    the windows are composed as steps of one micro-batch a rank (slots) and cut into slots by
+    cost after; a blend's steps are composed whole (a slot of dp micro-batches is too small to
+    hold the weights) and the assign stage cuts each step into slots."""
+    assert cfg.max_tokens is not None
+    slots = cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) and not blend else 1
+    return Composing(
+        cost_coefficients(cfg.cost_model()),
+        orule.window * orule.step,
+        step_tokens(orule.step, cfg) // slots,
+        cfg.dp,
+        cfg.grad_accum // slots,
+        cfg.pad_multiple,
+        cfg.max_tokens,
+        step_fill(cfg),
+        levelled(cfg),
+        cfg.grad_accum == 1 and not blend,
+        (slots > 1 or cfg.grad_accum == 1) and not blend,
+    )
+
+
+def slot_cut(cost: np.ndarray, dealt: np.ndarray, cfg: PlanConfig, epoch: int) -> np.ndarray:
+    """The order of an epoch's micro-batches (whole steps, ``cost`` each) cut into slots by
+    cost (:func:`~varpack.plan.kernels.slots.slot_order`); ``dealt``: whether each one's
+    window was dealt window-wide (grad-accum 1: such windows' alike micro-batches mix)."""
+    mix = None
+    if cfg.grad_accum == 1:
+        mix = (MIX_SHARE, mix_seed(cfg.seed, epoch), dealt)
+    return slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window, mix)
+
+
 def build(
     lens: np.ndarray,
     alone: np.ndarray,
@@ -81,55 +141,39 @@ def build(
     group: np.ndarray | None = None,  # unused: only full-budget pieces are composed by cost
 ) -> Batches:
     """Micro-batches and steps of all epochs, composed by cost."""
-    assert cfg.max_tokens is not None
     rule = cfg.pack_rule()
     orule = order_rule(cfg, tokens_per_micro(lens, alone, cfg, rule))
-    coeffs = cost_coefficients(cfg.cost_model())
     joined, slens, tally = EpochJoiner(), [], MovedTally()
     per_step = cfg.micro_per_step
     blend = blend_sources()  # a blend (--mix): every step keeps its sources' weights
-    # --sync micro: slots composed one by one and cut by cost, but a blend's steps are
-    # composed whole (a slot of dp micro-batches is too small to hold the weights) and the
-    # assign stage cuts each step into slots
-    slots = cfg.grad_accum if slotted(cfg.sync, cfg.grad_accum) and blend is None else 1
+    how = composing(cfg, orule, blend is not None)
     threads = default_threads()  # the plan is the same whatever their number
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)  # the shuffle order's permutation
         got = compose_threaded(
             plens,
             alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
-            coeffs,
-            orule.window * orule.step,
-            step_tokens(orule.step, cfg) // slots,
-            cfg.dp,
-            cfg.grad_accum // slots,
-            cfg.pad_multiple,
-            cfg.max_tokens,
-            step_fill(cfg),
+            *how.run_args(),
             None if blend is None else (blend[0][perm], blend[1], blend[2]),
-            level=levelled(cfg),
-            mix=cfg.grad_accum == 1 and blend is None,
+            level=how.level,
+            mix=how.mix,
             threads=threads,
         )
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
         pos, off, wide = got.stream, got.starts, got.wide
         del got
-        if (slots > 1 or cfg.grad_accum == 1) and blend is None:  # slots cut by cost
+        if how.cut:  # slots cut by cost
             sl = plens[pos]
             off, cost = whole_steps(off, sl, cfg, epoch)
             del sl
-            mix = None
-            if cfg.grad_accum == 1:  # each micro-batch's window dealt window-wide or not
-                dealt = wide[off[:-1]] if len(wide) else np.zeros(len(off) - 1, np.bool_)
-                mix = (MIX_SHARE, mix_seed(cfg.seed, epoch), dealt)
-            order = slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window, mix)
-            (pos,), off = move_micro((pos,), off, order)
+            dealt = wide[off[:-1]] if len(wide) else np.zeros(len(off) - 1, np.bool_)
+            (pos,), off = move_micro((pos,), off, slot_cut(cost, dealt, cfg, epoch))
         joined.add(epoch, perm[pos], off, per_step)
         tally.add_epoch(pos, off, plens, per_step)
         slens.append(plens[pos])
         del perm, plens, pos, wide
-    batches = Batches(*joined.join(), joined.epochs, group=cfg.grad_accum // slots)
+    batches = Batches(*joined.join(), joined.epochs, group=how.k)
     batches.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
     batches.moved = tally.figures(cfg.shuffle_window)
     return batches
