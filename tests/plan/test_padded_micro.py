@@ -15,9 +15,9 @@ from test_sync import FLOPS, _heavy_tail
 
 from varpack.metadata.synth import sample_lengths
 from varpack.plan import PlanConfig, make_plan
-from varpack.plan.kernels.bandlevel import BAND_PASSES
-from varpack.plan.kernels.slots import WIDE_GAIN, pool_pairs, pool_quads
+from varpack.plan.kernels.slots import pool_pairs, pool_quads
 from varpack.plan.stages.batching import banded
+from varpack.plan.tuning import BAND_PASSES, WIDE_GAIN
 from varpack.planfile.format import write_plan
 from varpack.planfile.tables import plan_tables
 from varpack.validate import validate_plan

@@ -63,28 +63,14 @@ from varpack.plan.stages.placement import assign
 from varpack.plan.stages.select import SHOW_IDS, select
 from varpack.plan.stages.shaping import shape
 from varpack.plan.sync import SYNC_MODELS, slotted
+from varpack.plan.tuning import MORE_MICRO, STEP_SHARE, WINDOW_SLOTS
 
-#: Most slots the composer deals at once. Its deal scans every slot of a window per sample: a
-#: window of a whole 64 K-sample step (1,600 slots at dp 8) costs 0.21 s, so a step is composed
-#: in equal windows of at most this many: 0.04 s, the same balance (64 K samples in 4 steps,
-#: time vs ideal under micro sync 1.000108; 1.000103 in windows of 512 slots, 0.09 s). Equal
-#: windows matter: windows of 256 slots and a short remainder gave 1.00031
-WINDOW_SLOTS = 128
-#: Steps are composed from this share of the tokens sorted packing puts in a slot (as offline:
-#: the composer then needs a few more slots rarely, fewer never)
-STEP_SHARE = 0.98
 #: Most pieces ``oversize="split"`` may cut a batch's samples into. A batch is planned in memory
 #: at about 230 bytes and 0.6 us of CPU a unit (1 M pieces: 226 MB traced, 0.6 s), so 16.8 M
 #: pieces take about 4 GB and 10 s: beyond any rollout batch, and a budget far below the
 #: samples' lengths (1e9 pieces raised MemoryError before this bound). Whole samples are not
 #: bounded here: the caller holds them already.
 MAX_PIECES = 1 << 24
-#: Micro-batches a rank may take beyond the fewest that hold the fullest step's tokens, as a
-#: share of them (and one more), before the batch is composed slot by slot instead: dealt
-#: costliest first, a step fits in the fewest, or a few more where many samples of over half
-#: the budget each leave a micro-batch part empty (responses cut at 8 K, 16 K budget: 84-85
-#: where 81 hold the tokens)
-MORE_MICRO = 0.05
 _STREAM = 0x6F6E6C696E65  # the batch planner's random stream, apart from the offline orders'
 
 

@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from varpack.plan.kernels.bandlevel import BAND_PASSES, group_by_band, level_bands
+from varpack.plan.kernels.bandlevel import group_by_band, level_bands
+from varpack.plan.tuning import BAND_PASSES
 
 
 def _bands(e, band, nb, lin, quad):  # type: ignore[no-untyped-def]

@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from varpack.plan.kernels.level import LEVEL_SAMPLES, PASSES, level_window, slot_cut_time
+from varpack.plan.kernels.level import level_window, slot_cut_time
+from varpack.plan.tuning import LEVEL_SAMPLES, PASSES
 
 
 def _state(where, lens, nbins, lin, quad):  # type: ignore[no-untyped-def]

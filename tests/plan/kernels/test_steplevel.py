@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from varpack.plan import PlanConfig, plan_arrays
-from varpack.plan.kernels.steplevel import STEP_MOVES, level_steps
+from varpack.plan.kernels.steplevel import level_steps
 from varpack.plan.models import preset_spec
 from varpack.plan.models.flops import sample_train_flops
+from varpack.plan.tuning import STEP_MOVES
 
 
 def _loads(where, lens, p, dp, k, lin, quad):  # type: ignore[no-untyped-def]

@@ -21,9 +21,6 @@ from numba import njit
 from varpack.plan.kernels.heavy import cost
 from varpack.plan.kernels.level import slot_cut_time
 
-#: Passes over a block's runs' tops (each move lowers a top only down to its run's next band)
-BAND_PASSES = 64
-
 
 @njit(cache=True)
 def _stats(q, buf, where, e, m, out):  # type: ignore[no-untyped-def]

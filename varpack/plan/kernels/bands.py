@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from varpack.plan.kernels.heavy import HEAVY_EXCESS, cost
+from varpack.plan.kernels.heavy import cost
+from varpack.plan.tuning import HEAVY_EXCESS
 
 
 @njit(cache=True, inline="always")

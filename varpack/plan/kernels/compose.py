@@ -36,11 +36,11 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.heavy import cost, grouping, heavy_prefix
-from varpack.plan.kernels.level import PASSES
 from varpack.plan.kernels.lpt import mix_window
 from varpack.plan.kernels.order import sort_by_length
 from varpack.plan.kernels.window import compose_window
 from varpack.plan.rules import capacity
+from varpack.plan.tuning import PASSES, SLOTS_BY_COST
 
 
 @njit(cache=True)
@@ -89,17 +89,6 @@ def _emit(buf, order, where, nbins, stream, out, starts, nmb, carry):  # type: i
             stream[out + first[b]] = buf[i]
             first[b] += 1
     return out + first[nbins - 1], nmb + nbins, nc
-
-
-#: A window's steps (slots, where they are composed one by one: grad-accum 1, ``--sync micro``)
-#: are as many as the window's cost fills at the light density when that is below this share
-#: of the sorted packing's count: there heavy samples pack alone in sorted order (responses cut
-#: at a generation cap), so sorted packing's count leaves the cost composer too few light
-#: samples to level the slots beside them (RL rollouts, dp 16, grad-accum 1: 1.051x -> 1.023x)
-#: and steps of fewer tokens than their micro-batches hold (grad-accum 4 under ``--sync step``:
-#: 443 steps of 3.00 budgets a rank in 4 micro-batches -> 305-332 steps of 4.00); other sets
-#: are within 0.9 and keep it
-SLOTS_BY_COST = 0.9
 
 
 @njit(cache=True)

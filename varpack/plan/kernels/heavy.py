@@ -18,12 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-#: A sample is heavy when its cost exceeds its tokens at the light density by more than this
-#: share of a full micro-batch (measured on long-tail, heavy-bodied and bimodal lengths: 0.1
-#: groups too many samples at grad-accum 1, 0.3 leaves some long samples ungrouped).
-HEAVY_EXCESS = 0.2
-#: A heavy sample costing less than this share of its group's first starts a new group
-GROUP_RATIO = 0.5
+from varpack.plan.tuning import GROUP_RATIO, HEAVY_EXCESS
 
 
 @njit(cache=True, inline="always")

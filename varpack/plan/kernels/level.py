@@ -18,25 +18,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.heavy import cost
-
-#: Windows of more samples per micro-batch than this are not levelled: there the deal levels
-#: them already (chat lengths: within 0.01 of the bound), and the work grows with the samples
-LEVEL_SAMPLES = 12
-#: Passes over the runs' tops: each lowers a top only down to its run's next micro-batch, so
-#: the windows keep gaining a little for many passes (bimodal lengths at 128 K, grad-accum 1:
-#: 8 passes 1.044x, 32 1.042x, 128 1.040x, 0.029 above the bound)
-PASSES = 128
-#: Windows of more micro-batches than this are levelled in fewer passes: a pass costs about the
-#: bins times the samples; the planner's windows of the default 8 steps stay within it at
-#: grad-accum 1 up to dp 16 (an in-memory rollout batch, ``plan_batch``, is not levelled at
-#: all: it must take milliseconds)
-LEVEL_BINS = 128
-#: ... and windows of more than this not at all; those between take :data:`WIDE_PASSES` (the
-#: slots of ``--sync micro`` at grad-accum 4 on dp 8, 2 on dp 16: bimodal lengths at 128 K,
-#: grad-accum 4, 1.029x -> 1.021x, 0.023 -> 0.016 above the bound; 16 passes 1.4 s for 20 K
-#: samples, 128 passes 3.5 s for 1.019x)
-WIDE_BINS = 256
-WIDE_PASSES = 16
+from varpack.plan.tuning import LEVEL_BINS, LEVEL_SAMPLES, WIDE_BINS, WIDE_PASSES
 
 
 @njit(cache=True)

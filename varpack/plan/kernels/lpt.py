@@ -19,8 +19,9 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.heavy import cost
-from varpack.plan.kernels.level import LEVEL_BINS, LEVEL_SAMPLES, level_window, slot_cut_time
+from varpack.plan.kernels.level import level_window, slot_cut_time
 from varpack.plan.kernels.window import CLOSED, fill_empty, has_room
+from varpack.plan.tuning import LEVEL_BINS, LEVEL_SAMPLES
 
 
 @njit(cache=True)

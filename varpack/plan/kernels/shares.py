@@ -22,18 +22,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.heavy import cost
-
-#: how far (a share of the longer one) a swapped sample's length may be from the other's: the
-#: closest first; a step still outside the tolerance tries the next (measured on long-tail,
-#: bimodal and uniform sources at 430 K-token steps: 1/32 alone leaves twice the steps out)
-LENGTH_SLACK = (1.0 / 32, 1.0 / 8, 1.0 / 4, 1.0 / 2)
-#: how many like-sized samples, on each side in length order, a swap looks at (400 leaves a
-#: third fewer steps outside, at five times the cost)
-NEIGHBOURS = 64
-#: how much a swap may lift a rank above its step's costliest rank (a share of that cost)
-PEAK_SLACK = 0.01
-#: how many swaps one step may take
-MAX_SWAPS = 16
+from varpack.plan.tuning import LENGTH_SLACK, MAX_SWAPS, NEIGHBOURS, PEAK_SLACK
 
 
 @njit(cache=True, inline="always")

@@ -30,11 +30,6 @@ from numba import njit
 from varpack.plan.kernels.level import slot_cut_time
 from varpack.plan.kernels.order import snake
 
-#: A group of four blocks is pooled as one where that lowers its slot time by more than this
-#: share (measured at grad-accum 1: nearly every group gains more; none of a band's extra
-#: moves for less)
-WIDE_GAIN = 0.01
-
 
 def slot_order(
     cost: np.ndarray,

@@ -20,16 +20,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.kernels.heavy import cost
-
-#: Moves per step at most: each lowers the step's costliest rank, and a step of ``dp`` ranks
-#: needs about ``dp`` of them to level every rank once (RL rollouts, dp 16, grad-accum 4: all
-#: moves made within 32; 64 leaves room for dp 32). Bounds the work on steps of many samples.
-STEP_MOVES = 64
-#: A step whose costliest rank is within this share of its ranks' mean is level: what is left
-#: to gain is below any figure's precision, and on steps of hundreds of short samples (the
-#: long-SFT tail) the moves would otherwise go on shaving it (4 M samples, grad-accum 4:
-#: 1.7 s -> 15 s a plan without it, the same 1.000x)
-LEVEL = 1e-4
+from varpack.plan.tuning import LEVEL, STEP_MOVES
 
 
 @njit(cache=True)

@@ -42,14 +42,10 @@ from numba import njit
 from varpack.plan.kernels.heavy import cost, strided
 from varpack.plan.kernels.level import level_window
 from varpack.plan.kernels.shares import repair_shares
-from varpack.plan.kernels.steplevel import STEP_MOVES, level_steps
+from varpack.plan.kernels.steplevel import level_steps
+from varpack.plan.tuning import HUNGRY_SHARE, STEP_MOVES
 
 CLOSED = np.int64(1) << 62  # tokens of a micro-batch that takes nothing more (oversize alone)
-#: The share of a window's light samples, costliest first, that hungry steps take before the deal,
-#: at grad-accum 1 and from 2 up (measured: 0.02 lifts mixing over 0.15 on heavy-bodied lengths at
-#: grad-accum 1, 0 costs 0.01 to 0.02 of time vs ideal there; heavy tail, dp 32, grad-accum 2,
-#: 5 seeds: 0.01 mixes 0.13-0.16 at 1.011-1.014x, 0.005 0.11-0.14 at 1.013-1.016x)
-HUNGRY_SHARE = (0.01, 0.005)
 
 
 @njit(cache=True, inline="always")

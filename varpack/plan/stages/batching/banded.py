@@ -25,11 +25,11 @@ import numpy as np
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import cost_coefficients
-from varpack.plan.kernels.bandlevel import BAND_PASSES, group_by_band, level_bands
+from varpack.plan.kernels.bandlevel import group_by_band, level_bands
 from varpack.plan.kernels.bands import band_items, deal_band_items
 from varpack.plan.kernels.micro import summarize
 from varpack.plan.kernels.pack import complete
-from varpack.plan.kernels.slots import WIDE_GAIN, move_micro, pool_pairs, pool_quads, slot_order
+from varpack.plan.kernels.slots import move_micro, pool_pairs, pool_quads, slot_order
 from varpack.plan.segments import gather_positions, segment_max
 from varpack.plan.stages.batching import greedy, pipeline
 from varpack.plan.stages.batching.common import (
@@ -43,6 +43,7 @@ from varpack.plan.stages.batching.common import (
 from varpack.plan.stages.batching.pipeline import expand_groups
 from varpack.plan.stages.shaping import shape_rows
 from varpack.plan.sync import slotted
+from varpack.plan.tuning import BAND_PASSES, WIDE_GAIN
 
 
 def merge_small(

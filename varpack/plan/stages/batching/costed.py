@@ -37,16 +37,7 @@ from varpack.plan.stages.batching.common import (
     whole_steps,
 )
 from varpack.plan.sync import slotted
-
-#: With ``--pp`` a step is composed from this share of its budget: a rank's micro-batches are all
-#: padded to its fullest, so partly filled ones would cost their padding (measured 0.90: 14 %
-#: padding on heavy-bodied lengths at grad-accum 16; 0.96: under 5 %).
-PP_FILL = 0.96
-#: At grad-accum 1 the slot cut takes the micro-batches of a window dealt window-wide within
-#: this share of their block's mean cost as alike, in a seeded order
-#: (:func:`~varpack.plan.kernels.slots.slot_order`; RL rollouts, dp 16: 0.02 1.017 / 0.198,
-#: 0.04 1.019 / 0.193, 0.06 1.026 / 0.185 time vs ideal / mixing)
-MIX_SHARE = 0.04
+from varpack.plan.tuning import MIX_SHARE, PP_FILL
 
 
 def mix_seed(seed: int, epoch: int) -> np.uint64:
