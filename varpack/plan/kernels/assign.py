@@ -25,21 +25,33 @@ def steps_in_order(num_micro: int, per_step: int) -> np.ndarray:
 
 
 @njit(cache=True)
+def deal_ranks(costs, dp, k, ranks, fill):  # type: ignore[no-untyped-def]
+    """Deal ``dp*k`` micro-batches (``costs``, in the order to deal them: costliest first)
+    to ``dp`` ranks, each to the least loaded rank still short of ``k`` (the first of a tie):
+    longest-processing-time first with a cardinality limit. Writes each one's rank to
+    ``ranks`` and its place in that rank (0..k-1) to ``fill``; returns the ranks' loads."""
+    load = np.zeros(dp)
+    have = np.zeros(dp, dtype=np.int64)
+    for i in range(len(costs)):
+        best = -1
+        for r in range(dp):
+            if have[r] < k and (best < 0 or load[r] < load[best]):
+                best = r
+        ranks[i] = best
+        fill[i] = have[best]
+        load[best] += costs[i]
+        have[best] += 1
+    return load
+
+
+@njit(cache=True)
 def _balance(costs, dp, k, rounds):  # type: ignore[no-untyped-def]
     """``costs``: (steps, dp*k), each row in descending order. Returns the rank of each entry."""
     steps, width = costs.shape
     ranks = np.empty((steps, width), dtype=np.int64)
+    fill = np.empty(width, dtype=np.int64)
     for s in range(steps):
-        load = np.zeros(dp)
-        fill = np.zeros(dp, dtype=np.int64)
-        for i in range(width):
-            best = -1
-            for r in range(dp):
-                if fill[r] < k and (best < 0 or load[r] < load[best]):
-                    best = r
-            ranks[s, i] = best
-            load[best] += costs[s, i]
-            fill[best] += 1
+        load = deal_ranks(costs[s], dp, k, ranks[s], fill)
         # Pairwise swaps out of the slowest rank while one lowers it.
         for _ in range(rounds):
             top = 0

@@ -28,6 +28,7 @@ from numba import njit
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cp.cost import cp_model
+from varpack.plan.kernels.assign import deal_ranks
 from varpack.plan.kernels.inputs import frozen
 from varpack.plan.stages.batching import greedy
 from varpack.plan.sync import slotted
@@ -89,19 +90,11 @@ def _keep(cost, dp, k, first, order):  # type: ignore[no-untyped-def]
     least loaded rank with room (``order`` gets the micro-batches in rank-group order)."""
     w = dp * k
     idx = np.argsort(-cost, kind="mergesort")
-    load = np.zeros(dp)
-    fill = np.zeros(dp, dtype=np.int64)
-    slot = np.empty(w, dtype=np.int64)
-    for i in idx:
-        best = -1
-        for r in range(dp):
-            if fill[r] < k and (best < 0 or load[r] < load[best]):
-                best = r
-        slot[i] = best * k + fill[best]
-        fill[best] += 1
-        load[best] += cost[i]
-    for i in range(w):
-        order[slot[i]] = first + i
+    rank = np.empty(w, dtype=np.int64)
+    fill = np.empty(w, dtype=np.int64)
+    deal_ranks(cost[idx], dp, k, rank, fill)
+    for q in range(w):
+        order[rank[q] * k + fill[q]] = first + idx[q]
 
 
 @njit(cache=True)
