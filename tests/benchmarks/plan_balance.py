@@ -320,10 +320,13 @@ def balance(n: int, models: list[str] | None = None) -> None:
         "step, ceil(step tokens / (dp x budget)); lpt = a plain baseline (lpt_baseline: the "
         "data shuffled, cut into as many steps of equal tokens, each step longest-processing-"
         "time first into dp x K micro-batches, to ranks or slots by cost) in M's FLOPs under "
-        "the plan's sync; target: K >= 4 <= 1.01x, K = 1 <= 1.05x and <= old"
+        "the plan's sync; bound = no composition of the plan's windows does better under its "
+        "sync (plan.json's time_vs_ideal_bound); mixing beside its floor (the same steps "
+        "refilled by a plain random shuffle); target: K >= 4 <= 1.01x, K = 1 <= 1.05x and <= old"
     )
-    head = (f"{'K':>3} {'sync':<5} {'time':>6} {'other':>6} {'check':>5} | {'old':>6} "
-            f"{'old M':>6} | {'lpt':>6} | {'mb':>5} {'fewest':>6} {'steps':>6} | target")  # fmt: skip
+    head = (f"{'K':>3} {'sync':<5} {'time':>6} {'bound':>6} {'other':>6} {'check':>5} | "
+            f"{'old':>6} {'old M':>6} | {'lpt':>6} | {'mb':>5} {'fewest':>6} {'steps':>6} | "
+            f"{'mixing':>6} {'floor':>6} | target")  # fmt: skip
     missed: list[str] = []
     for name, (lens, budget, dp, extra, ks) in real_sets(quick).items():
         if sets is not None and not any(name.startswith(w) for w in sets):
@@ -350,10 +353,11 @@ def balance(n: int, models: list[str] | None = None) -> None:
                         missed.append(f"{name}, {real.name}, K={k} {sync}: {got[sync]:.3f}")
                     print(
                         f"{k:>3} {sync if k > 1 else 'both':<5} {got[sync]:>6.3f} "
+                        f"{s['time_vs_ideal_bound']:>6.3f} "
                         f"{got['micro' if sync == 'step' else 'step']:>6.3f} "
                         f"{'ok' if ok else 'DIFF':>5} | {old_s['time_vs_ideal']:>6.3f} "
                         f"{old:>6.3f} | {lpt:>6.3f} | {mb:>5.2f} {least:>6.2f} {arrays.num_steps:>6} "
-                        f"| {verdict}"
+                        f"| {s['mixing']:>6.3f} {shuffle_mixing(arrays):>6.3f} | {verdict}"
                     )
     print("\nmissed targets: " + ("; ".join(missed) if missed else "none"))
     if models:
