@@ -91,3 +91,55 @@ def test_what_it_cannot_cost_is_one_line(tmp_path: Path, make, args, message) ->
     res = cli("cost", make(tmp_path), *args, expect=2)
     (line,) = res.stderr.strip().splitlines()
     assert line.startswith("varpack: error: ") and message in line, line
+
+
+QWEN2_VL = {
+    "model_type": "qwen2_vl", "hidden_size": 1536, "intermediate_size": 8960,
+    "num_attention_heads": 12, "num_hidden_layers": 28, "num_key_value_heads": 2,
+    "vocab_size": 151936, "tie_word_embeddings": True,
+    "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16,
+                      "in_chans": 3, "hidden_size": 1536, "patch_size": 14,
+                      "spatial_merge_size": 2, "temporal_patch_size": 2},
+}  # fmt: skip
+
+
+def test_patches_give_the_vision_tower_its_part(tmp_path: Path) -> None:
+    from varpack.plan.models import spec_from_config
+    from varpack.plan.models.vision import vision_from_config, vision_train_flops
+
+    path = _write(tmp_path / "vl", QWEN2_VL)
+    got = json.loads(cli("cost", path, "--lengths", "2048", "--patches", "1024,4096",
+                         "--json").stdout)  # fmt: skip
+    vision = vision_from_config(QWEN2_VL)
+    assert vision is not None
+    assert got["spec"] == spec_from_config(QWEN2_VL).to_dict()
+    assert got["vision_spec"] == vision.to_dict()
+    want = vision_train_flops(np.array([1024, 4096]), vision)
+    assert [r["patches"] for r in got["vision"]] == [1024, 4096]
+    assert [r["linear"] for r in got["vision"]] == pytest.approx(want.linear.tolist(), rel=1e-12)
+    assert [r["attention"] for r in got["vision"]] == pytest.approx(want.attention.tolist())
+    text = cli("cost", path, "--lengths", "2048", "--patches", "1024", "--patches", "4096").stdout
+    assert "qwen2_vl vision: 32 blocks, embed 1280" in text
+    assert "the sample (2 image(s), 5,120 patches) at each length:" in text
+    # the sample's total is the text part plus the tower's, and the share is the tower's
+    row = text.strip().splitlines()[-1].split()
+    text_part, tower, total = float(row[1]), float(row[2]), float(row[3])
+    assert total == pytest.approx(text_part + tower, rel=1e-3)
+    assert tower == pytest.approx(float(want.total.sum()), rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("target", "patches", "message"),
+    [
+        ("qwen2.5-0.5b", "100", "has no vision tower varpack costs"),
+        (None, "0", "--patches '0'"),
+        (None, "12,x", "--patches 'x'"),
+        (None, "\u0663", "--patches"),
+    ],
+)
+def test_bad_patches_are_one_line(tmp_path: Path, target: str | None, patches: str,
+                                  message: str) -> None:  # fmt: skip
+    path = target or _write(tmp_path / "vl", QWEN2_VL)
+    res = cli("cost", path, "--patches", patches, expect=2)
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("varpack: error: ") and message in line, line

@@ -142,3 +142,18 @@ def test_the_four_term_time_model_plans_validates_and_replays(tmp_path: Path, me
 def test_four_term_mistakes_are_one_line(tmp_path: Path, meta: Path, args, message) -> None:  # type: ignore[no-untyped-def]
     res = cli("plan", meta, tmp_path / "x", *BASE, *args, expect=2)
     assert message in res.stderr and res.stderr.count("\n") == 1
+
+
+def test_a_vision_language_config_plans_by_its_language_model(tmp_path: Path, meta: Path) -> None:
+    text = {k: v for k, v in PRESET_CONFIGS["qwen2.5-0.5b"][1].items() if k != "model_type"}
+    tower = {"depth": 2, "embed_dim": 32, "hidden_size": 896, "num_heads": 4}
+    d = tmp_path / "vl"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", **text,
+                                               "vision_config": tower}))  # fmt: skip
+    res = cli("plan", meta, tmp_path / "a", *BASE, "--cost", "flops", "--model", d)
+    assert "qwen2_vl: samples are costed by their language model's part" in res.stderr
+    cli("plan", meta, tmp_path / "b", *BASE, "--cost", "flops", "--model-preset", "qwen2.5-0.5b")
+    a, b = load_plan(tmp_path / "a").meta, load_plan(tmp_path / "b").meta
+    assert a["config"]["model"] == {**b["config"]["model"], "model_type": "qwen2_vl"}
+    assert a["stats"] == b["stats"]

@@ -16,13 +16,16 @@ import click
 from varpack.errors import InputError
 from varpack.plan.models import ModelSpec, preset_key, preset_spec, spec_from_config, unknown_note
 from varpack.plan.models.presets import PRESET_CONFIGS
+from varpack.plan.models.vision import VisionSpec, vision_from_config
 
 
 class Model(NamedTuple):
-    """A spec and where it came from (a path, or ``preset NAME (repo)``)."""
+    """A spec and where it came from (a path, or ``preset NAME (repo)``); ``vision``: the
+    vision tower of a vision-language model (None for a language model)."""
 
     spec: ModelSpec
     source: str
+    vision: VisionSpec | None = None
 
 
 def config_path(path: str | Path) -> Path:
@@ -32,7 +35,21 @@ def config_path(path: str | Path) -> Path:
 
 
 def read_config(path: str | Path, flag: str = "--model") -> ModelSpec:
-    """The spec of the config.json at ``path`` (a file, or a directory holding one)."""
+    """The language model's spec of the config.json at ``path`` (a file, or a directory
+    holding one); a vision-language model's tower is said on stderr: plans balance the
+    language model's part (``varpack cost --patches`` shows the tower's)."""
+    spec, vision = _read(path, flag)
+    if vision is not None:
+        click.echo(
+            f"note: {config_path(path)}: {spec.model_type}: samples are costed by their "
+            "language model's part; `varpack cost --patches` shows the vision tower's",
+            err=True,
+        )
+    return spec
+
+
+def _read(path: str | Path, flag: str) -> tuple[ModelSpec, VisionSpec | None]:
+    """The language model's spec of the config.json at ``path``, and its vision tower's."""
     p = config_path(path)
     if not p.is_file():
         what = f"{path} holds no config.json" if Path(path).is_dir() else f"{path}: no such file"
@@ -49,14 +66,15 @@ def read_config(path: str | Path, flag: str = "--model") -> ModelSpec:
     note = unknown_note(spec, str(p))
     if note is not None:
         click.echo(f"note: {note}", err=True)
-    return spec
+    return spec, vision_from_config(config, str(p))
 
 
 def read_model(name: str, flag: str = "CONFIG") -> Model:
     """A config.json path, a directory holding one, or a preset name (a path wins)."""
     p = Path(name)
     if p.exists():
-        return Model(read_config(p, flag), str(config_path(p)))
+        spec, vision = _read(p, flag)
+        return Model(spec, str(config_path(p)), vision)
     key = preset_key(name)
     if key is None:
         raise InputError(

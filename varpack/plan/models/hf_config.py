@@ -18,6 +18,11 @@ and ``modeling_*.py``):
   ``(l + 1) % decoder_sparse_step == 0`` outside ``mlp_only_layers``; qwen2_moe adds a shared
   expert and its gate.
 
+A vision-language model (``qwen2_vl``, ``qwen2_5_vl``) is read as its language model, from its
+``text_config`` (or the top level, as the configs on the Hub have it); its vision tower is
+:func:`~varpack.plan.models.vision.vision_from_config`'s, and a config with a vision tower of
+another type is refused.
+
 A ``model_type`` outside :data:`FAMILIES` whose fields are all present is read as a Llama-style
 decoder (gated MLP, ``layer_types`` or ``sliding_window`` for the windows, experts where it has
 ``num_experts``); :func:`unknown_note` gives the line that says so.
@@ -31,6 +36,7 @@ from typing import Any
 
 from varpack.errors import ConfigError
 from varpack.plan.models.spec import ModelSpec
+from varpack.plan.models.vision import text_config, vision_from_config
 
 Windows = tuple[int | None, ...]
 
@@ -185,6 +191,9 @@ FAMILIES: dict[str, _Family] = {
     "gemma2": _Family(4, 256, _by_type(_even)),
     "gemma3_text": _Family(4, 256, _by_type(_pattern)),
     "phi3": _Family(None, None, _every_layer(None)),
+    # vision-language: the language model's fields (text_config), Qwen2's rules
+    "qwen2_vl": _Family(32, None, _by_type(_from_max_window, switch=True)),
+    "qwen2_5_vl": _Family(32, None, _by_type(_from_max_window, switch=True)),
 }
 _UNKNOWN = _Family(None, None, _unknown_windows, "unknown")
 
@@ -198,6 +207,8 @@ def spec_from_config(config: Mapping[str, Any], where: str = "config") -> ModelS
     """
     if not isinstance(config, Mapping):
         raise ConfigError(f"{where}: not a JSON object of a model's config")
+    vision_from_config(config, where)  # a vision tower varpack does not cost is refused here
+    config = text_config(config)
     f = _Fields(config, where)
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
