@@ -16,7 +16,9 @@ The only part of varpack that imports torch. The pieces:
 - ``rollout``: an RL rollout batch (padded tensors as verl holds them, or a list of token
   tensors) cut into a :class:`varpack.online.BatchPlan`'s micro-batches, outputs put back.
 - ``masks``: block-diagonal masks and FlexAttention block masks; ``model``: a small reference GPT;
-  ``hf``: :func:`~varpack.torch.hf.hf_inputs` for Hugging Face ``transformers`` models.
+  ``hf``: :func:`~varpack.torch.hf.hf_inputs` for Hugging Face ``transformers`` models;
+  ``vlm``: :func:`~varpack.torch.vlm.pack_vlm`, Qwen2-VL / Qwen2.5-VL samples (the processor's
+  outputs) packed into one row with their multimodal RoPE positions, each kept apart.
 - ``launch``: rank, world size and local rank from torchrun or Slurm (``srun``), and the
   rendezvous address under Slurm; ``job``: what ``jobs/train.py`` shares with any trainer (errors
   agreed by all ranks, interruption at a step boundary, ``metrics.jsonl``, the exit);

@@ -1,0 +1,158 @@
+"""pack_vlm: Qwen2-VL and Qwen2.5-VL samples packed into one row give each sample's logits as
+when it runs alone, and a step's loss and gradients as the samples run one by one (tiny random
+models of transformers 5, CPU, fp32)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from varpack.errors import InputError  # noqa: E402
+from varpack.torch.vlm import IGNORE_INDEX, pack_vlm  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+IMAGE, VIDEO, START, END = 120, 121, 122, 123
+PATCH_IN = 3 * 2 * 4 * 4  # channels x temporal x patch^2
+
+
+def _model(kind: str, attn: str) -> Any:
+    text = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 128,
+            "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                "rope_theta": 10000.0}}  # fmt: skip
+    vision = {"depth": 2, "num_heads": 4, "patch_size": 4, "spatial_merge_size": 2,
+              "temporal_patch_size": 2, "in_channels": 3}  # fmt: skip
+    tokens = {"image_token_id": IMAGE, "video_token_id": VIDEO, "vision_start_token_id": START,
+              "vision_end_token_id": END}  # fmt: skip
+    if kind == "qwen2_vl":
+        config = transformers.Qwen2VLConfig(
+            text_config=text, vision_config={**vision, "embed_dim": 32, "hidden_size": 64},
+            **tokens)  # fmt: skip
+        cls = transformers.Qwen2VLForConditionalGeneration
+    else:
+        config = transformers.Qwen2_5_VLConfig(
+            text_config=text,
+            vision_config={**vision, "hidden_size": 32, "intermediate_size": 40,
+                           "out_hidden_size": 64, "window_size": 16,
+                           "fullatt_block_indexes": [1]},
+            **tokens)  # fmt: skip
+        cls = transformers.Qwen2_5_VLForConditionalGeneration
+    torch.manual_seed(0)
+    return cls._from_config(config, attn_implementation=attn, dtype=torch.float32).eval()
+
+
+def _sample(rng: np.random.Generator, text: int, grids: list[tuple[int, int, int]]) -> dict:
+    """Text, then each image between its start and end tokens, then more text."""
+    ids: list[int] = list(rng.integers(0, 100, text))
+    types = [0] * text
+    for t, h, w in grids:
+        n = t * h * w // 4
+        ids += [START] + [IMAGE] * n + [END] + list(rng.integers(0, 100, 3))
+        types += [0] + [1] * n + [0] * 4
+    out: dict[str, Any] = {"input_ids": torch.tensor([ids]),
+                           "mm_token_type_ids": torch.tensor([types])}  # fmt: skip
+    if grids:
+        rows = sum(t * h * w for t, h, w in grids)
+        out["pixel_values"] = torch.tensor(
+            rng.standard_normal((rows, PATCH_IN)), dtype=torch.float32
+        )
+        out["image_grid_thw"] = torch.tensor(grids)
+    return out
+
+
+def _samples(seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [_sample(rng, 5, [(1, 4, 4)]), _sample(rng, 7, []),  # a text-only sample
+            _sample(rng, 3, [(1, 8, 4), (1, 2, 2)]), _sample(rng, 2, [(1, 4, 8)])]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_logits_are_each_samples_alone(kind: str, attn: str) -> None:
+    model = _model(kind, attn)
+    samples = _samples()
+    with torch.no_grad():
+        alone = [model(**s).logits[0] for s in samples]
+        packed = model(**pack_vlm(samples, model, attn, labels=False)).logits[0]
+    at = 0
+    for a in alone:
+        torch.testing.assert_close(packed[at : at + len(a)], a, rtol=0, atol=1e-5)
+        at += len(a)
+    assert at == packed.shape[0]
+
+
+@pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl"])
+def test_a_steps_loss_and_gradients_are_the_unpacked_batchs(kind: str) -> None:
+    model = _model(kind, "sdpa").train()
+    samples = _samples(1)
+    items = sum(
+        int(s["input_ids"].shape[1]) - 1 for s in samples
+    )  # each predicts all but its first
+    packed = model(**pack_vlm(samples, model), num_items_in_batch=items)
+    packed.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    loss = sum(model(**s, labels=s["input_ids"], num_items_in_batch=items).loss for s in samples)
+    loss.backward()  # type: ignore[union-attr]
+    torch.testing.assert_close(packed.loss, loss, rtol=1e-5, atol=0)
+    assert any("visual" in n for n in grads)  # the tower learns from the packed step too
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_positions_restart_with_every_sample_and_labels_skip_first_tokens() -> None:
+    model = _model("qwen2_vl", "sdpa")
+    samples = _samples()
+    got = pack_vlm(samples, model)
+    pos, labels = got["position_ids"], got["labels"][0]
+    at = 0
+    for s in samples:
+        n = s["input_ids"].shape[1]
+        assert pos[0, 0, at : at + n].tolist() == list(range(n))  # the text row
+        assert labels[at] == IGNORE_INDEX and labels[at + 1 : at + n].tolist() == (
+            s["input_ids"][0, 1:].tolist()
+        )
+        at += n
+    assert got["pixel_values"].shape[0] == int(got["image_grid_thw"].prod(-1).sum())
+    assert got["image_grid_thw"].shape == (4, 3)
+    assert got["attention_mask"].shape == (1, 1, at, at)
+    flash = pack_vlm(samples, model, "flash_attention_2")
+    assert "attention_mask" not in flash
+    assert flash["cu_seq_lens_q"].tolist() == np.cumsum([0] + [s["input_ids"].shape[1]
+                                                              for s in samples]).tolist()  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s.pop("image_grid_thw"), "give pixel_values and image_grid_thw together"),
+        (lambda s: s.update(pixel_values=s["pixel_values"][:-1]), "pixel_values has 15 rows"),
+        (lambda s: s.update(image_grid_thw=torch.tensor([[1, 4, 8]]),
+                            pixel_values=torch.zeros(32, PATCH_IN)),
+         "4 placeholder tokens of type 1, its image_grid_thw 32 patches make 8"),
+        (lambda s: s.update(mm_token_type_ids=s["mm_token_type_ids"][:, :-1]),
+         "mm_token_type_ids has"),
+        (lambda s: s.pop("mm_token_type_ids"), "give input_ids and mm_token_type_ids"),
+        (lambda s: s.update(labels=torch.zeros(3, dtype=torch.long)), "labels has 3 tokens"),
+    ],
+)  # fmt: skip
+def test_mismatched_samples_are_one_line(edit: Any, message: str) -> None:
+    model = _model("qwen2_vl", "sdpa")
+    samples = _samples()
+    edit(samples[0])
+    with pytest.raises(InputError) as err:
+        pack_vlm(samples, model)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith("sample 0: ")
+    with pytest.raises(InputError, match="has no get_rope_index"):
+        pack_vlm(_samples(), torch.nn.Linear(2, 2))
