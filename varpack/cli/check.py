@@ -70,6 +70,10 @@ def check(
         table = table.filter(mask)
     extra = {k: table.column(k).to_numpy() for k in keys if k not in (ID, LEN)}
     summary = summarize(table.column(LEN).to_numpy(), len(listing.files), extra)
+    from varpack.metadata.vision import render_vision, vision_summary
+
+    kept_ids = None if selected is None else table.column(ID).to_numpy()
+    vision = vision_summary([str(f) for f in listing.files], kept_ids)
     links = [str(p) for p in listing.links]
     over = None
     if max_tokens is not None:
@@ -82,6 +86,8 @@ def check(
         raise ConfigError("--split-len needs --max-tokens (the budget to preview)")
     if as_json:
         extra = {**({"links": links} if links else {}), **({"oversize": over} if over else {})}
+        if vision is not None:
+            extra["vision"] = vision
         if selected is not None:
             extra["selection"] = selected.entry()
         click.echo(json.dumps({**summary.to_dict(), **extra}, indent=2))
@@ -89,6 +95,8 @@ def check(
         if selected is not None:
             click.echo(selected.line())
         click.echo(render(summary))
+        if vision is not None:
+            click.echo(render_vision(vision))
         if over is not None:
             click.echo("")
             click.echo(render_preview(over))

@@ -1,7 +1,8 @@
 """Sequence-length metadata: locate, read and validate sharded Parquet.
 
 Contract (DESIGN.md): ``sample_id`` integer, unique, >= 0; ``seq_len`` integer, > 0; optional
-numeric key columns; any other column is ignored unless asked for. The unit of reading is a
+numeric key columns; any other column is ignored unless asked for. ``vision_patches``, a list of
+integers (each image's patches; null or empty: no images), is a key by its per-sample total. The unit of reading is a
 :class:`Piece` (one row group of one file) so that MPI ranks can split the input by rows rather
 than by files. Every check is vectorised and names the file, the row (within that file) and the
 sample id of the first offence.
@@ -24,6 +25,7 @@ import pyarrow.types as pat
 
 from varpack.errors import InputError
 from varpack.metadata.footer import footer_rows
+from varpack.metadata.vision import VISION, is_patch_list, patch_totals
 
 ID = "sample_id"
 LEN = "seq_len"
@@ -195,6 +197,8 @@ def check_schema(schema: pa.Schema, where: str, keys: Sequence[str] = ()) -> Non
                 f"{where}: missing key column '{key}' (columns: {', '.join(schema.names)})"
             )
         typ = schema.field(key).type
+        if key == VISION and is_patch_list(typ):
+            continue  # a sample's images: the key is their patches' total
         if not (pat.is_integer(typ) or pat.is_floating(typ)):
             raise InputError(f"{where}: key column '{key}' has type {typ}, expected a numeric type")
 
@@ -223,7 +227,7 @@ def validate_table(
     check_schema(table.schema, where, keys)
     for name in dict.fromkeys([*REQUIRED, *keys]):
         col = table.column(name)
-        if col.null_count:
+        if col.null_count and not (name == VISION and is_patch_list(col.type)):
             row = int(pc.index(pc.is_null(col), True).as_py())
             raise InputError(
                 f"{where}: row {first_row + row}: null in column '{name}'; every row needs a value"
@@ -246,6 +250,9 @@ def validate_table(
     for key in keys:
         if key not in out:
             col = table.column(key)
+            if key == VISION and is_patch_list(col.type):
+                out[key] = patch_totals(col, where, first_row, ids.to_numpy())
+                continue
             if pat.is_floating(col.type):
                 # NaN has no place in a total order: the sort would depend on the NaN convention.
                 what = f"NaN in key column '{key}'; give every row a number"

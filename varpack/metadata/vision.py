@@ -16,8 +16,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.types as pat
 
 from varpack.errors import InputError
+
+#: the metadata column of each sample's images: each one's patches before merging (t x h x w)
+VISION = "vision_patches"
 
 #: transformers' Qwen2-VL image processor defaults
 MIN_PIXELS = 56 * 56
@@ -99,3 +105,87 @@ def image_grids(
     hb = np.where(under, np.ceil(hf * beta / factor) * factor, hb)
     wb = np.where(under, np.ceil(wf * beta / factor) * factor, wb)
     return Grids((hb / patch).astype(np.int64), (wb / patch).astype(np.int64), merge)
+
+
+def is_patch_list(typ: pa.DataType) -> bool:
+    """Is ``typ`` a list of integers (the type of :data:`VISION`)?"""
+    return (pat.is_list(typ) or pat.is_large_list(typ)) and pat.is_integer(typ.value_type)
+
+
+def patch_lists(col: pa.ChunkedArray | pa.Array, where: str, first_row: int, ids: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """``(offsets, patches)`` of a :data:`VISION` column: sample ``i``'s images are
+    ``patches[offsets[i]:offsets[i + 1]]``. A null row or an empty list is a sample without
+    images; an image's patches are an integer >= 1 (a null or smaller one is refused in one
+    line naming the row and sample)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not is_patch_list(arr.type):
+        raise InputError(f"{where}: column '{VISION}' has type {arr.type}, expected a list of "
+                         "integers (each image's patches)")  # fmt: skip
+    arr = arr.cast(pa.large_list(pa.int64())) if not pat.is_large_list(arr.type) else arr
+    counts = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    values = pc.list_flatten(arr)
+    parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+    bad = pc.or_kleene(pc.is_null(values), pc.less(values, 1))
+    if len(values) and pc.any(bad).as_py():
+        k = int(pc.index(bad, True).as_py())
+        row = int(parents[k])
+        raise InputError(
+            f"{where}: row {first_row + row} (sample_id {int(ids[row])}): image "
+            f"{k - int(offsets[row])} has {values[k].as_py()} patches in '{VISION}'; each image "
+            "needs its patches (t x h x w of its grid, >= 1)"
+        )
+    return offsets, values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def patch_totals(col: pa.ChunkedArray | pa.Array, where: str, first_row: int, ids: np.ndarray
+                 ) -> pa.Array:  # fmt: skip
+    """Each sample's patches over all its images (int64; 0 without images): the key a sort
+    by :data:`VISION` orders by."""
+    offsets, patches = patch_lists(col, where, first_row, ids)
+    sums = np.concatenate(([0], np.cumsum(patches)))
+    return pa.array(sums[offsets[1:]] - sums[offsets[:-1]], type=pa.int64())
+
+
+def vision_summary(files: list[str], ids: np.ndarray | None = None) -> dict[str, float] | None:
+    """The images of the metadata ``files`` (their :data:`VISION` column, checked as
+    :func:`patch_lists` does; None where no file has one): samples with images, images, and
+    the patches' total, mean, percentiles and maximum per image. ``ids``: count only these
+    samples (a selection)."""
+    import pyarrow.parquet as pq
+
+    if not any(VISION in pq.read_schema(f).names for f in files):
+        return None
+    parts_val, held = [], []
+    for f in files:
+        table = pq.read_table(f, columns=["sample_id", VISION])
+        sid = table.column("sample_id").to_numpy()
+        offsets, patches = patch_lists(table.column(VISION), f, 0, sid)
+        keep = np.ones(len(sid), dtype=bool) if ids is None else np.isin(sid, ids)
+        counts = np.diff(offsets)
+        held.append(counts[keep])
+        parts_val.append(patches[np.repeat(keep, counts)])
+    counts = np.concatenate(held)
+    patches = np.concatenate(parts_val) if parts_val else np.zeros(0, np.int64)
+    out: dict[str, float] = {"samples_with_images": int((counts > 0).sum()),
+                             "samples": int(len(counts)), "images": int(len(patches)),
+                             "patches": int(patches.sum())}  # fmt: skip
+    if len(patches):
+        p50, p99 = np.percentile(patches, [50, 99])
+        out.update(min=int(patches.min()), p50=float(p50), p99=float(p99),
+                   max=int(patches.max()), most_images=int(counts.max()))  # fmt: skip
+    return out
+
+
+def render_vision(v: dict[str, float]) -> str:
+    """``varpack check``'s lines for the images."""
+    share = v["samples_with_images"] / max(v["samples"], 1)
+    line = (f"images       {int(v['images']):,} in {int(v['samples_with_images']):,} samples "
+            f"({share:.1%}), {int(v['patches']):,} patches")  # fmt: skip
+    if v["images"]:
+        line += (f"\npatches      per image min {int(v['min']):,}  p50 {v['p50']:,.0f}  "
+                 f"p99 {v['p99']:,.0f}  max {int(v['max']):,}; at most {int(v['most_images'])} "
+                 "images a sample")  # fmt: skip
+    return line
