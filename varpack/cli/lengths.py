@@ -43,6 +43,15 @@ from varpack.metadata.lengths import AUTO, DEFAULT_COLUMN, ROWS_PER_SHARD, deriv
     help="Copy this column of the dataset (integer, float, boolean or string: source, lang, "
     "score) into the metadata, for plan --where and --carry (repeatable).",
 )
+@click.option(
+    "--grid-column",
+    "grids",
+    multiple=True,
+    metavar="COL",
+    help="A column of each sample's image (or video) grids, [t, h, w] per image as the "
+    "processor's image_grid_thw: writes vision_patches, each image's t x h x w (repeatable: "
+    "image_grid_thw, video_grid_thw).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT (and --arrow-copy).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or status on stderr.")
 def lengths(
@@ -54,6 +63,7 @@ def lengths(
     rows_per_shard: int,
     arrow_copy: Path | None,
     keep: tuple[str, ...],
+    grids: tuple[str, ...],
     overwrite: bool,
     quiet: bool,
 ) -> None:
@@ -65,13 +75,15 @@ def lengths(
     --number-rows. The reader (varpack.torch) looks for the same columns.
     With --arrow-copy PATH the same pass writes an uncompressed Arrow IPC copy of the tokens keyed
     by the same ids, which varpack.torch.ParquetTokenDataset memory-maps. --keep source copies
-    a column into the metadata (then plan --where and --carry read it there).
+    a column into the metadata (then plan --where and --carry read it there). --grid-column
+    image_grid_thw writes each sample's images by their patches (vision_patches), for a
+    vision-language dataset that holds the processor's outputs.
     """
     if number_rows and id_column != AUTO:
         raise ConfigError(f"--number-rows and --id-column {id_column}: choose one")
     ids = None if number_rows else id_column
     result = derive_lengths(
-        input, output, column, ids, rows_per_shard, overwrite, quiet, arrow_copy, keep
+        input, output, column, ids, rows_per_shard, overwrite, quiet, arrow_copy, keep, grids
     )
     where = "row positions" if result.id_column is None else f"column '{result.id_column}'"
     info(

@@ -45,6 +45,7 @@ from varpack.metadata.contract import (
 from varpack.metadata.footer import check_read, footer_rows
 from varpack.metadata.shards import ShardedWriter, even_sizes
 from varpack.metadata.tokens import TokenCopyWriter, is_token_copy
+from varpack.metadata.vision import PATCH_LIST, VISION, check_grid_schema, grid_patch_lists
 
 TASK = TaskID(0)  # the one task of varpack.console.progress
 DEFAULT_COLUMN = "input_ids"
@@ -127,10 +128,14 @@ def pick_id_column(schema: pa.Schema, id_column: str | None) -> str | None:
 
 
 def list_sources(
-    files: Sequence[Path | str], column: str, id_column: str | None, keep: Sequence[str] = ()
+    files: Sequence[Path | str],
+    column: str,
+    id_column: str | None,
+    keep: Sequence[str] = (),
+    grids: Sequence[str] = (),
 ) -> list[Source]:
     """Read every footer (schema, rows, row groups) and give each file its global row offset;
-    the ``keep`` columns are checked to be there (:mod:`.keep`)."""
+    the ``keep`` columns (:mod:`.keep`) and the ``grids`` columns are checked to be there."""
     sources, offset = [], 0
     for path in files:
         try:
@@ -142,7 +147,8 @@ def list_sources(
             ) from None
         check_token_schema(schema, str(path), column, id_column)
         kept.check_schema(schema, keep, str(path))
-        footer_rows(path, meta, [c for c in (column, id_column, *keep) if c], loaded=1)
+        check_grid_schema(schema, grids, str(path))
+        footer_rows(path, meta, [c for c in (column, id_column, *keep, *grids) if c], loaded=1)
         token_type = schema.field(column).type.value_type
         sources.append(Source(str(path), meta.num_rows, meta.num_row_groups, offset, token_type))
         offset += meta.num_rows
@@ -203,13 +209,17 @@ def row_lengths(tokens: pa.ChunkedArray | pa.Array, where: str, first_row: int) 
 
 
 def iter_row_groups(
-    sources: Sequence[Source], column: str, id_column: str | None, keep: Sequence[str] = ()
+    sources: Sequence[Source],
+    column: str,
+    id_column: str | None,
+    keep: Sequence[str] = (),
+    grids: Sequence[str] = (),
 ) -> Iterator[tuple[Source, pa.Table, pa.ChunkedArray]]:
     """Yield, per row group, its validated metadata table (``sample_id``, ``seq_len``, then the
-    ``keep`` columns) and its token column. The one place that reads the tokens and numbers the
-    samples."""
+    ``keep`` columns, then ``vision_patches`` from the ``grids`` columns) and its token column.
+    The one place that reads the tokens and numbers the samples."""
     columns = [column] if id_column is None or id_column == column else [column, id_column]
-    columns += list(keep)
+    columns += [c for c in (*keep, *grids) if c not in columns]
     for src in sources:
         try:
             reader = pq.ParquetFile(src.path)
@@ -239,6 +249,8 @@ def iter_row_groups(
             meta = validate_table(pa.table({ID: ids, LEN: lens}), src.path, row)
             for name, col in kept.kept_columns(table, keep).items():
                 meta = meta.append_column(name, col)
+            if grids:
+                meta = meta.append_column(VISION, grid_patch_lists(table, grids, src.path, row))
             yield src, meta, tokens
             row += len(lens)
 
@@ -261,11 +273,15 @@ def derive_lengths(
     quiet: bool = True,
     arrow_copy: str | os.PathLike[str] | None = None,
     keep: Sequence[str] = (),
+    grids: Sequence[str] = (),
 ) -> LengthsResult:
     """Write metadata shards for the tokenized dataset ``input`` into ``output`` (atomically).
 
     ``keep`` names columns of the dataset to copy into the metadata, row for row
-    (:mod:`varpack.metadata.keep`).
+    (:mod:`varpack.metadata.keep`). ``grids`` names columns holding each sample's image (or
+    video) grids, ``[t, h, w]`` per image as the processor's ``image_grid_thw``: the metadata
+    then holds ``vision_patches``, each image's ``t x h x w``
+    (:func:`~varpack.metadata.vision.grid_patch_lists`).
     With ``arrow_copy``, the same pass also writes the memory-mappable token copy there
     (:mod:`varpack.metadata.tokens`); either both outputs are published or neither is.
     With ``id_column`` the ids are checked for uniqueness at the end, which keeps all ids in
@@ -282,9 +298,13 @@ def derive_lengths(
         check_output(arrow_copy, overwrite, inputs, is_token_copy)
         check_output(token_index.index_path(arrow_copy), overwrite, inputs, token_index.is_index)
     kept.check_names(keep, column, None if id_column == AUTO else id_column)
-    sources, id_column = _sources(input, column, id_column, files, keep)
+    _check_grids(grids, keep, column, None if id_column == AUTO else id_column)
+    sources, id_column = _sources(input, column, id_column, files, keep, grids)
     keep = kept.check_names(keep, column, id_column)  # the id column "auto" chose
+    _check_grids(grids, keep, column, id_column)
     schema = kept.schema_with(WRITE_SCHEMA, keep, pq.read_schema(sources[0].path))
+    if grids:
+        schema = schema.append(pa.field(VISION, PATCH_LIST))
     total = sum(s.num_rows for s in sources)
     published = False
     try:
@@ -293,7 +313,7 @@ def derive_lengths(
                 atomic_dir(output, overwrite, inputs, marker="metadata") as tmp,
                 ShardedWriter(tmp, even_sizes(total, rows_per_shard), schema) as writer,
             ):
-                tokens = _stream(sources, column, id_column, writer, copy, quiet, keep)
+                tokens = _stream(sources, column, id_column, writer, copy, quiet, keep, grids)
             published = True  # the copy is published last, when this block ends
     except BaseException:
         if published:  # publishing the copy failed: take the metadata back too
@@ -330,13 +350,14 @@ def _sources(
     id_column: str | None,
     files: Sequence[Path] | None = None,
     keep: Sequence[str] = (),
+    grids: Sequence[str] = (),
 ) -> tuple[list[Source], str | None]:
     """The input files and the id column (``"auto"`` resolved on the first file's schema)."""
     files = resolve_files(input) if files is None else files
     if id_column == AUTO:
         list_sources(files[:1], column, None)  # readable, with a token column
         id_column = pick_id_column(pq.read_schema(files[0]), AUTO)
-    sources = list_sources(files, column, id_column, keep)
+    sources = list_sources(files, column, id_column, keep, grids)
     if sum(s.num_rows for s in sources) == 0:
         raise InputError(f"{input}: the dataset holds no rows; nothing to do")
     return sources, id_column
@@ -392,12 +413,13 @@ def _stream(
     copy: TokenCopyWriter | None,
     quiet: bool,
     keep: Sequence[str] = (),
+    grids: Sequence[str] = (),
 ) -> int:
     """One pass over the row groups into the metadata and/or copy writers; returns the tokens."""
     tokens = 0
     seen: list[np.ndarray] = []
     with progress("lengths", sum(s.num_rows for s in sources), quiet) as bar:
-        for src, table, token_lists in iter_row_groups(sources, column, id_column, keep):
+        for src, table, token_lists in iter_row_groups(sources, column, id_column, keep, grids):
             if writer is not None:
                 writer.write(table)
             if copy is not None:
@@ -415,6 +437,19 @@ def _stream(
     if id_column is not None:
         _check_unique(np.concatenate(seen), sources)
     return tokens
+
+
+def _check_grids(grids: Sequence[str], keep: Sequence[str], column: str,
+                 id_column: str | None) -> None:  # fmt: skip
+    """Grid columns named once each, none of them the token, id or a kept column."""
+    seen: set[str] = set()
+    for name in grids:
+        if name in seen:
+            raise ConfigError(f"--grid-column {name}: named twice")
+        if name in (column, id_column, *keep, *kept.OWN, VISION):
+            raise ConfigError(f"--grid-column {name}: also the token, id or a kept column; give "
+                              "the column of each sample's [t, h, w] grids (image_grid_thw)")  # fmt: skip
+        seen.add(name)
 
 
 def _check_unique(ids: np.ndarray, sources: Sequence[Source]) -> None:

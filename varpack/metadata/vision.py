@@ -13,6 +13,7 @@ number of patches.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -189,3 +190,76 @@ def render_vision(v: dict[str, float]) -> str:
                  f"p99 {v['p99']:,.0f}  max {int(v['max']):,}; at most {int(v['most_images'])} "
                  "images a sample")  # fmt: skip
     return line
+
+
+#: the metadata type of :data:`VISION` as ``varpack lengths`` writes it
+PATCH_LIST = pa.list_(pa.int64())
+
+
+def _is_grid_list(typ: pa.DataType) -> bool:
+    """A list of integer lists (each image's ``[t, h, w]``)?"""
+    if not (pat.is_list(typ) or pat.is_large_list(typ)):
+        return False
+    inner = typ.value_type
+    listed = pat.is_list(inner) or pat.is_large_list(inner) or pat.is_fixed_size_list(inner)
+    return listed and pat.is_integer(inner.value_type)
+
+
+def check_grid_schema(schema: pa.Schema, names: Sequence[str], where: str) -> None:
+    """Every grid column is in ``schema`` as a list of integer lists."""
+    for name in names:
+        if schema.get_field_index(name) < 0:
+            raise InputError(f"{where}: --grid-column {name}: no such column (columns: "
+                             f"{', '.join(schema.names)})")  # fmt: skip
+        if not _is_grid_list(schema.field(name).type):
+            raise InputError(_grid_type(where, name, schema.field(name).type))
+
+
+def _grid_type(where: str, name: str, typ: pa.DataType) -> str:
+    return (f"{where}: --grid-column {name} has type {typ}; give each sample's grids as a list "
+            "of [t, h, w] integer lists (the processor's image_grid_thw)")  # fmt: skip
+
+
+def _grid_patches(col: pa.ChunkedArray, name: str, where: str, first_row: int
+                  ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """``(counts, patches)`` of a grid column (each sample's ``[t, h, w]`` per image): images
+    per sample and each image's ``t x h x w``, in order."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not _is_grid_list(arr.type):
+        raise InputError(_grid_type(where, name, arr.type))
+    counts = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+    images = pc.list_flatten(arr)
+    rows = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+    sizes = pc.fill_null(pc.list_value_length(images), 0).to_numpy(zero_copy_only=False)
+    values = pc.list_flatten(images).cast(pa.int64())
+    bad = np.flatnonzero((sizes != 3) | pc.is_null(images).to_numpy(zero_copy_only=False))
+    if len(bad) == 0 and len(values):
+        small = pc.or_kleene(pc.is_null(values), pc.less(values, 1)).to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(small.reshape(-1, 3).any(axis=1))
+    if len(bad):
+        k = int(bad[0])
+        row = int(rows[k])
+        image = k - int(np.cumsum(counts)[row] - counts[row])
+        raise InputError(f"{where}: row {first_row + row}: --grid-column {name}: image {image} is "
+                         f"{images[k].as_py()}; each image's grid is [t, h, w], each >= 1")  # fmt: skip
+    thw = values.to_numpy(zero_copy_only=False).reshape(-1, 3)
+    return counts.astype(np.int64), thw.prod(axis=1)
+
+
+def grid_patch_lists(table: pa.Table, names: Sequence[str], where: str, first_row: int
+                     ) -> pa.Array:  # fmt: skip
+    """The :data:`VISION` column of one row group from its grid columns ``names`` (e.g.
+    ``image_grid_thw``, ``video_grid_thw``): each sample's images of every column, in the
+    order named, by ``t x h x w``."""
+    parts = [_grid_patches(table.column(n), n, where, first_row) for n in names]
+    counts = sum((c for c, _ in parts), np.zeros(table.num_rows, dtype=np.int64))
+    offsets = np.zeros(table.num_rows + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), dtype=np.int64)
+    before = np.zeros(table.num_rows, dtype=np.int64)  # entries of earlier columns a sample has
+    for c, patches in parts:
+        rows = np.repeat(np.arange(table.num_rows), c)
+        within = np.arange(len(patches)) - np.repeat(np.cumsum(c) - c, c)
+        out[offsets[rows] + before[rows] + within] = patches
+        before += c
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(out))
