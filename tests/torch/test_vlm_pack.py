@@ -50,29 +50,35 @@ def _model(kind: str, attn: str) -> Any:
     return cls._from_config(config, attn_implementation=attn, dtype=torch.float32).eval()
 
 
-def _sample(rng: np.random.Generator, text: int, grids: list[tuple[int, int, int]]) -> dict:
-    """Text, then each image between its start and end tokens, then more text."""
+def _sample(rng: np.random.Generator, text: int, grids: list[tuple[int, int, int]],
+            videos: tuple[tuple[int, int, int], ...] = ()) -> dict:  # fmt: skip
+    """Text, then each image (then video) between its start and end tokens, then more text."""
     ids: list[int] = list(rng.integers(0, 100, text))
     types = [0] * text
-    for t, h, w in grids:
-        n = t * h * w // 4
-        ids += [START] + [IMAGE] * n + [END] + list(rng.integers(0, 100, 3))
-        types += [0] + [1] * n + [0] * 4
+    for kind, token, items in ((1, IMAGE, grids), (2, VIDEO, videos)):
+        for t, h, w in items:
+            n = t * h * w // 4
+            ids += [START] + [token] * n + [END] + list(rng.integers(0, 100, 3))
+            types += [0] + [kind] * n + [0] * 4
     out: dict[str, Any] = {"input_ids": torch.tensor([ids]),
                            "mm_token_type_ids": torch.tensor([types])}  # fmt: skip
-    if grids:
-        rows = sum(t * h * w for t, h, w in grids)
-        out["pixel_values"] = torch.tensor(
-            rng.standard_normal((rows, PATCH_IN)), dtype=torch.float32
-        )
-        out["image_grid_thw"] = torch.tensor(grids)
+    for pixels, grid, items in (("pixel_values", "image_grid_thw", grids),
+                                ("pixel_values_videos", "video_grid_thw", videos)):  # fmt: skip
+        if items:
+            rows = sum(t * h * w for t, h, w in items)
+            values = rng.standard_normal((rows, PATCH_IN))
+            out[pixels] = torch.tensor(values, dtype=torch.float32)
+            out[grid] = torch.tensor(list(items))
+    if videos:
+        out["second_per_grid_ts"] = torch.tensor([0.5 + i for i in range(len(videos))])
     return out
 
 
 def _samples(seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     return [_sample(rng, 5, [(1, 4, 4)]), _sample(rng, 7, []),  # a text-only sample
-            _sample(rng, 3, [(1, 8, 4), (1, 2, 2)]), _sample(rng, 2, [(1, 4, 8)])]  # fmt: skip
+            _sample(rng, 3, [(1, 8, 4), (1, 2, 2)]), _sample(rng, 2, [(1, 4, 8)]),
+            _sample(rng, 4, [(1, 2, 4)], videos=((3, 4, 4), (2, 2, 6)))]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl"])
@@ -110,6 +116,24 @@ def test_a_steps_loss_and_gradients_are_the_unpacked_batchs(kind: str) -> None:
             torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
 
 
+@pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl"])
+def test_positions_are_the_models_get_rope_index(kind: str) -> None:
+    model = _model(kind, "sdpa")
+    for seed in range(3):
+        for s in _samples(seed):
+            if "image_grid_thw" not in s and "video_grid_thw" not in s:
+                continue
+            extra = {"second_per_grid_ts": s["second_per_grid_ts"]} if kind == "qwen2_5_vl" and (
+                "second_per_grid_ts" in s) else {}  # fmt: skip
+            want, _ = model.model.get_rope_index(
+                s["input_ids"], mm_token_type_ids=s["mm_token_type_ids"],
+                image_grid_thw=s.get("image_grid_thw"), video_grid_thw=s.get("video_grid_thw"),
+                **extra)  # fmt: skip
+            got = pack_vlm([s], model.config)["position_ids"]
+            assert got[1:].tolist() == want.tolist()
+            assert got[0, 0].tolist() == list(range(s["input_ids"].shape[1]))
+
+
 def test_positions_restart_with_every_sample_and_labels_skip_first_tokens() -> None:
     model = _model("qwen2_vl", "sdpa")
     samples = _samples()
@@ -124,7 +148,7 @@ def test_positions_restart_with_every_sample_and_labels_skip_first_tokens() -> N
         )
         at += n
     assert got["pixel_values"].shape[0] == int(got["image_grid_thw"].prod(-1).sum())
-    assert got["image_grid_thw"].shape == (4, 3)
+    assert got["image_grid_thw"].shape == (5, 3) and got["video_grid_thw"].shape == (2, 3)
     assert got["attention_mask"].shape == (1, 1, at, at)
     flash = pack_vlm(samples, model, "flash_attention_2")
     assert "attention_mask" not in flash
@@ -154,5 +178,5 @@ def test_mismatched_samples_are_one_line(edit: Any, message: str) -> None:
         pack_vlm(samples, model)
     assert message in str(err.value) and "\n" not in str(err.value)
     assert str(err.value).startswith("sample 0: ")
-    with pytest.raises(InputError, match="has no get_rope_index"):
+    with pytest.raises(InputError, match="has no vision_config"):
         pack_vlm(_samples(), torch.nn.Linear(2, 2))

@@ -9,8 +9,9 @@ or the same for videos. :func:`pack_vlm` puts several of them into one packed ro
   says where one ends), so packing changes nothing there;
 * ``position_ids`` are the ``[4, 1, T]`` that transformers 5 takes for packed Qwen2-VL input:
   row 0 the text positions (restarting at 0 with every sample), rows 1-3 the multimodal RoPE
-  positions (temporal, height, width) of each sample alone, from the model's own
-  ``get_rope_index``, so every sample sees the positions it has when it runs alone;
+  positions (temporal, height, width) of each sample alone (:func:`mrope_positions`, the
+  model's ``get_rope_index`` without the model), so every sample sees the positions it has
+  when it runs alone;
 * attention is kept inside each sample as :func:`varpack.torch.hf.hf_inputs` keeps it (a
   block-diagonal causal mask for ``sdpa`` / ``eager``, a ``BlockMask`` for ``flex_attention``,
   ``cu_seq_lens`` for a flash kernel);
@@ -27,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from varpack.errors import InputError
@@ -49,15 +51,61 @@ def _row(x: Any, name: str, i: int) -> torch.Tensor:
     return t
 
 
-def _rope_index(model: Any) -> Any:
-    """The model's ``get_rope_index`` (on the model, or on its inner ``model``)."""
-    for owner in (model, getattr(model, "model", None)):
-        if owner is not None and hasattr(owner, "get_rope_index"):
-            return owner.get_rope_index
-    raise InputError(
-        f"{type(model).__name__} has no get_rope_index: pack_vlm packs Qwen2-VL and Qwen2.5-VL "
-        "models (Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration)"
-    )
+def _vision_settings(model: Any) -> tuple[int, float | None]:
+    """``(spatial_merge_size, tokens_per_second)`` of a Qwen2-VL / Qwen2.5-VL model or config
+    (``tokens_per_second``: Qwen2.5-VL's, which spaces a video's temporal positions)."""
+    config = getattr(model, "config", model)
+    vision = getattr(config, "vision_config", None)
+    if vision is None or not hasattr(vision, "spatial_merge_size"):
+        raise InputError(
+            f"{type(model).__name__} has no vision_config: pack_vlm packs Qwen2-VL and "
+            "Qwen2.5-VL models (give the model or its config)"
+        )
+    tps = getattr(vision, "tokens_per_second", None)
+    return int(vision.spatial_merge_size), None if tps is None else float(tps)
+
+
+def mrope_positions(
+    types: np.ndarray,
+    image_grid: np.ndarray | None,
+    video_grid: np.ndarray | None,
+    merge: int,
+    video_seconds: np.ndarray | None = None,
+    tokens_per_second: float | None = None,
+) -> np.ndarray:
+    """``[3, L]`` multimodal RoPE positions (temporal, height, width) of one sample alone, as
+    the model's ``get_rope_index`` gives them, without the model (so a DataLoader worker can
+    compute them): text tokens count on from the last position on all three rows; an image's
+    (or video's) placeholders take its merged grid's ``(t, h, w)`` indices from the current
+    position, which then moves on by ``max(h, w) / merge``. ``types``: the sample's
+    ``mm_token_type_ids`` (0 text, 1 image, 2 video); a video's temporal index is spaced by
+    ``tokens_per_second x`` its seconds per grid step (Qwen2.5-VL; 1 for Qwen2-VL)."""
+    types = np.asarray(types)
+    out = np.empty((3, len(types)), dtype=np.int64)
+    grids = {1: iter(np.asarray(image_grid if image_grid is not None else np.zeros((0, 3)))),
+             2: iter(np.asarray(video_grid if video_grid is not None else np.zeros((0, 3))))}  # fmt: skip
+    seconds = iter(np.asarray(video_seconds, dtype=np.float64) if video_seconds is not None
+                   else np.ones(len(types)))  # fmt: skip
+    edges = np.flatnonzero(np.diff(types)) + 1
+    starts = np.concatenate(([0], edges))
+    ends = np.concatenate((edges, [len(types)]))
+    pos = 0
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        kind = int(types[a])
+        if kind == 0:
+            out[:, a:b] = np.arange(b - a) + pos
+            pos += b - a
+            continue
+        t, h, w = (int(v) for v in next(grids[kind]))
+        gh, gw = h // merge, w // merge
+        step = 1.0
+        if kind == 2 and tokens_per_second is not None:
+            step = tokens_per_second * float(next(seconds))
+        temporal = (np.arange(t) * step).astype(np.int64) + pos
+        tt, hh, ww = np.meshgrid(temporal, np.arange(gh) + pos, np.arange(gw) + pos, indexing="ij")
+        out[:, a:b] = np.stack([tt.ravel(), hh.ravel(), ww.ravel()])
+        pos += max(h, w) // merge
+    return out
 
 
 def _checked(sample: Mapping[str, Any], i: int, merge: int) -> dict[str, Any]:
@@ -97,18 +145,23 @@ def _checked(sample: Mapping[str, Any], i: int, merge: int) -> dict[str, Any]:
     return out
 
 
-def _positions(s: dict[str, Any], rope: Any) -> torch.Tensor:
+def _positions(s: dict[str, Any], merge: int, tps: float | None) -> torch.Tensor:
     """``[4, 1, L]``: the text positions, then the sample's multimodal RoPE positions alone."""
     ids = s["input_ids"]
     n = ids.numel()
-    text = torch.arange(n, device=ids.device).view(1, 1, n)
+    text = np.arange(n, dtype=np.int64)[None]
     if "image_grid_thw" not in s and "video_grid_thw" not in s:
-        return text.expand(4, 1, n)
-    extra = {"second_per_grid_ts": s["second_per_grid_ts"]} if "second_per_grid_ts" in s else {}
-    mrope, _ = rope(ids.view(1, n), mm_token_type_ids=s["mm_token_type_ids"].view(1, n),
-                    image_grid_thw=s.get("image_grid_thw"), video_grid_thw=s.get("video_grid_thw"),
-                    **extra)  # fmt: skip
-    return torch.cat([text, mrope.to(ids.dtype)], 0)
+        return torch.from_numpy(np.repeat(text, 4, axis=0)).view(4, 1, n)
+    seconds = s.get("second_per_grid_ts")
+    mrope = mrope_positions(
+        s["mm_token_type_ids"].cpu().numpy(),
+        None if "image_grid_thw" not in s else s["image_grid_thw"].cpu().numpy(),
+        None if "video_grid_thw" not in s else s["video_grid_thw"].cpu().numpy(),
+        merge,
+        None if seconds is None else torch.as_tensor(seconds).reshape(-1).cpu().numpy(),
+        tps,
+    )
+    return torch.from_numpy(np.concatenate([text, mrope])).view(4, 1, n)
 
 
 def pack_vlm(
@@ -121,13 +174,12 @@ def pack_vlm(
 ) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)``: ``samples`` (each a processor's output for one
     sample) packed into one row, each kept apart (see the module doc). ``model``: the
-    Qwen2-VL / Qwen2.5-VL model (its ``get_rope_index`` and ``spatial_merge_size`` are read);
+    Qwen2-VL / Qwen2.5-VL model, or its config (its vision config's ``spatial_merge_size`` and
+    ``tokens_per_second`` are read: a DataLoader worker needs no model);
     ``dtype``: the additive mask's for ``eager``; ``labels``: add the packed labels."""
     if not samples:
         raise InputError("pack_vlm: no samples to pack")
-    rope = _rope_index(model)
-    vision = getattr(getattr(model, "config", None), "vision_config", None)
-    merge = int(getattr(vision, "spatial_merge_size", 2))
+    merge, tps = _vision_settings(model)
     kind = hf_attention_kind(attn_implementation)
     parts = [_checked(s, i, merge) for i, s in enumerate(samples)]
     ids = torch.cat([p["input_ids"] for p in parts]).view(1, -1)
@@ -136,7 +188,7 @@ def pack_vlm(
     out: dict[str, Any] = {
         "input_ids": ids,
         "mm_token_type_ids": torch.cat([p["mm_token_type_ids"] for p in parts]).view(1, -1),
-        "position_ids": torch.cat([_positions(p, rope) for p in parts], 2),
+        "position_ids": torch.cat([_positions(p, merge, tps) for p in parts], 2).to(ids.device),
         "use_cache": False,
     }
     for pixels, grid, _ in _VISION:
@@ -164,4 +216,4 @@ def pack_vlm(
     return out
 
 
-__all__ = ["IGNORE_INDEX", "pack_vlm"]
+__all__ = ["IGNORE_INDEX", "mrope_positions", "pack_vlm"]
