@@ -30,7 +30,7 @@ from varpack.atomic import atomic_dir, atomic_file, check_output, remove
 from varpack.console import progress
 from varpack.errors import ConfigError, InputError
 from varpack.metadata import keep as kept
-from varpack.metadata import token_index
+from varpack.metadata import token_index, vision
 from varpack.metadata.contract import (
     ID,
     LEN,
@@ -45,7 +45,6 @@ from varpack.metadata.contract import (
 from varpack.metadata.footer import check_read, footer_rows
 from varpack.metadata.shards import ShardedWriter, even_sizes
 from varpack.metadata.tokens import TokenCopyWriter, is_token_copy
-from varpack.metadata.vision import PATCH_LIST, VISION, check_grid_schema, grid_patch_lists
 
 TASK = TaskID(0)  # the one task of varpack.console.progress
 DEFAULT_COLUMN = "input_ids"
@@ -147,7 +146,7 @@ def list_sources(
             ) from None
         check_token_schema(schema, str(path), column, id_column)
         kept.check_schema(schema, keep, str(path))
-        check_grid_schema(schema, grids, str(path))
+        vision.check_grid_schema(schema, grids, str(path))
         footer_rows(path, meta, [c for c in (column, id_column, *keep, *grids) if c], loaded=1)
         token_type = schema.field(column).type.value_type
         sources.append(Source(str(path), meta.num_rows, meta.num_row_groups, offset, token_type))
@@ -250,7 +249,9 @@ def iter_row_groups(
             for name, col in kept.kept_columns(table, keep).items():
                 meta = meta.append_column(name, col)
             if grids:
-                meta = meta.append_column(VISION, grid_patch_lists(table, grids, src.path, row))
+                meta = meta.append_column(
+                    vision.VISION, vision.grid_patch_lists(table, grids, src.path, row)
+                )
             yield src, meta, tokens
             row += len(lens)
 
@@ -278,10 +279,8 @@ def derive_lengths(
     """Write metadata shards for the tokenized dataset ``input`` into ``output`` (atomically).
 
     ``keep`` names columns of the dataset to copy into the metadata, row for row
-    (:mod:`varpack.metadata.keep`). ``grids`` names columns holding each sample's image (or
-    video) grids, ``[t, h, w]`` per image as the processor's ``image_grid_thw``: the metadata
-    then holds ``vision_patches``, each image's ``t x h x w``
-    (:func:`~varpack.metadata.vision.grid_patch_lists`).
+    (:mod:`varpack.metadata.keep`). ``grids``: columns of each sample's ``[t, h, w]`` image
+    grids (``image_grid_thw``), written as ``vision_patches`` (:mod:`varpack.metadata.vision`).
     With ``arrow_copy``, the same pass also writes the memory-mappable token copy there
     (:mod:`varpack.metadata.tokens`); either both outputs are published or neither is.
     With ``id_column`` the ids are checked for uniqueness at the end, which keeps all ids in
@@ -298,13 +297,13 @@ def derive_lengths(
         check_output(arrow_copy, overwrite, inputs, is_token_copy)
         check_output(token_index.index_path(arrow_copy), overwrite, inputs, token_index.is_index)
     kept.check_names(keep, column, None if id_column == AUTO else id_column)
-    _check_grids(grids, keep, column, None if id_column == AUTO else id_column)
+    vision.check_grid_names(grids, (column, None if id_column == AUTO else id_column, *keep))
     sources, id_column = _sources(input, column, id_column, files, keep, grids)
     keep = kept.check_names(keep, column, id_column)  # the id column "auto" chose
-    _check_grids(grids, keep, column, id_column)
+    vision.check_grid_names(grids, (column, id_column, *keep))
     schema = kept.schema_with(WRITE_SCHEMA, keep, pq.read_schema(sources[0].path))
     if grids:
-        schema = schema.append(pa.field(VISION, PATCH_LIST))
+        schema = schema.append(pa.field(vision.VISION, vision.PATCH_LIST))
     total = sum(s.num_rows for s in sources)
     published = False
     try:
@@ -437,19 +436,6 @@ def _stream(
     if id_column is not None:
         _check_unique(np.concatenate(seen), sources)
     return tokens
-
-
-def _check_grids(grids: Sequence[str], keep: Sequence[str], column: str,
-                 id_column: str | None) -> None:  # fmt: skip
-    """Grid columns named once each, none of them the token, id or a kept column."""
-    seen: set[str] = set()
-    for name in grids:
-        if name in seen:
-            raise ConfigError(f"--grid-column {name}: named twice")
-        if name in (column, id_column, *keep, *kept.OWN, VISION):
-            raise ConfigError(f"--grid-column {name}: also the token, id or a kept column; give "
-                              "the column of each sample's [t, h, w] grids (image_grid_thw)")  # fmt: skip
-        seen.add(name)
 
 
 def _check_unique(ids: np.ndarray, sources: Sequence[Source]) -> None:

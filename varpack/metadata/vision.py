@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
 
-from varpack.errors import InputError
+from varpack.errors import ConfigError, InputError
 
 #: the metadata column of each sample's images: each one's patches before merging (t x h x w)
 VISION = "vision_patches"
@@ -203,6 +203,19 @@ def _is_grid_list(typ: pa.DataType) -> bool:
     inner = typ.value_type
     listed = pat.is_list(inner) or pat.is_large_list(inner) or pat.is_fixed_size_list(inner)
     return listed and pat.is_integer(inner.value_type)
+
+
+def check_grid_names(grids: Sequence[str], taken: Sequence[str | None]) -> None:
+    """Grid columns named once each, none of them a column taken otherwise (the token, id and
+    kept columns, the metadata's own)."""
+    seen: set[str] = set()
+    for name in grids:
+        if name in seen:
+            raise ConfigError(f"--grid-column {name}: named twice")
+        if name in (*taken, "sample_id", "seq_len", VISION):
+            raise ConfigError(f"--grid-column {name}: also the token, id or a kept column; give "
+                              "the column of each sample's [t, h, w] grids (image_grid_thw)")  # fmt: skip
+        seen.add(name)
 
 
 def check_grid_schema(schema: pa.Schema, names: Sequence[str], where: str) -> None:
