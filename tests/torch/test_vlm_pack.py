@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from varpack.errors import InputError  # noqa: E402
-from varpack.torch.vlm import IGNORE_INDEX, pack_vlm  # noqa: E402
+from varpack.torch.vlm import IGNORE_INDEX, mrope_positions, pack_vlm  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -160,10 +160,25 @@ def test_positions_restart_with_every_sample_and_labels_skip_first_tokens() -> N
     ("edit", "message"),
     [
         (lambda s: s.pop("image_grid_thw"), "give pixel_values and image_grid_thw together"),
-        (lambda s: s.update(pixel_values=s["pixel_values"][:-1]), "pixel_values has 15 rows"),
+        (lambda s: s.update(pixel_values=s["pixel_values"][:-1]),
+         "pixel_values has shape (15, 96), its image_grid_thw 16 patches"),
         (lambda s: s.update(image_grid_thw=torch.tensor([[1, 4, 8]]),
                             pixel_values=torch.zeros(32, PATCH_IN)),
-         "4 placeholder tokens of type 1, its image_grid_thw 32 patches make 8"),
+         "image_grid_thw[0] [1, 4, 8] makes 8 placeholder tokens, its run holds 4"),
+        (lambda s: s.update(image_grid_thw=torch.tensor([[1, 3, 4]]),
+                            pixel_values=torch.zeros(12, PATCH_IN)),
+         "image_grid_thw[0] is [1, 3, 4]; each of t, h, w must be >= 1, h and w multiples"),
+        (lambda s: s.update(image_grid_thw=torch.tensor([[1, 4, 4, 1]])), "shape (k, 3)"),
+        (lambda s: s.update(image_grid_thw=torch.tensor([[1.0, 4.0, 4.0]])),
+         "image_grid_thw has dtype torch.float32; give integers"),
+        (lambda s: s.update(input_ids=s["input_ids"].float()), "input_ids has dtype torch.float32"),
+        (lambda s: s.update(input_ids="abc"), "input_ids must be a tensor, an array or a list"),
+        (lambda s: s["mm_token_type_ids"].__setitem__((0, 1), 3),
+         "mm_token_type_ids[1] is 3; token types are 0 (text), 1 (image) and 2 (video)"),
+        (lambda s: s["mm_token_type_ids"].__setitem__((0, 7), 0),
+         "2 runs of type-1 placeholder tokens, 1 grids in image_grid_thw"),
+        (lambda s: s.update(second_per_grid_ts=torch.tensor([1.0])),
+         "second_per_grid_ts without videos"),
         (lambda s: s.update(mm_token_type_ids=s["mm_token_type_ids"][:, :-1]),
          "mm_token_type_ids has"),
         (lambda s: s.pop("mm_token_type_ids"), "give input_ids and mm_token_type_ids"),
@@ -180,3 +195,40 @@ def test_mismatched_samples_are_one_line(edit: Any, message: str) -> None:
     assert str(err.value).startswith("sample 0: ")
     with pytest.raises(InputError, match="has no vision_config"):
         pack_vlm(_samples(), torch.nn.Linear(2, 2))
+
+
+def test_video_seconds_are_checked_and_spaced_in_float32_as_the_model_does() -> None:
+    """0.7 s per grid step at 4 tokens a second: 2.8 in float32 is 2.7999999..., so the frame
+    index x 2.8 truncates as the model's does (0, 2, 5, 8, ...), not as in float64."""
+    model = _model("qwen2_5_vl", "sdpa")
+    rng = np.random.default_rng(5)
+    s = _sample(rng, 3, [], videos=((6, 2, 2), (3, 2, 4)))
+    for seconds in ([0.7, 1 / 0.7], [25 / 100, 2 / 0.7]):
+        s["second_per_grid_ts"] = torch.tensor(seconds)  # float32, as the processor returns it
+        want, _ = model.model.get_rope_index(
+            s["input_ids"], mm_token_type_ids=s["mm_token_type_ids"],
+            video_grid_thw=s["video_grid_thw"], second_per_grid_ts=s["second_per_grid_ts"])  # fmt: skip
+        assert pack_vlm([s], model.config)["position_ids"][1:].tolist() == want.tolist()
+    for bad, message in (([1.0], "gives 1 values for 2 videos"),
+                         ([float("nan"), 1.0], "give finite seconds >= 0")):  # fmt: skip
+        s["second_per_grid_ts"] = torch.tensor(bad)
+        with pytest.raises(InputError, match=message):
+            pack_vlm([s], model.config)
+
+
+def test_stored_token_types_and_shapes_are_taken() -> None:
+    """uint16 token ids (as a token copy stores them), lists, (3,) grids: packed as int64."""
+    model = _model("qwen2_vl", "sdpa")
+    s = _samples()[0]
+    other = {"input_ids": s["input_ids"][0].numpy().astype(np.uint16),
+             "mm_token_type_ids": s["mm_token_type_ids"][0].tolist(),
+             "pixel_values": s["pixel_values"], "image_grid_thw": [1, 4, 4]}  # fmt: skip
+    a, b = pack_vlm([s], model.config), pack_vlm([other], model.config)
+    for key in ("input_ids", "mm_token_type_ids", "position_ids", "image_grid_thw", "labels"):
+        assert b[key].dtype == torch.int64 and b[key].tolist() == a[key].tolist(), key
+    assert mrope_positions(np.zeros(0, np.int64), None, None, 2).shape == (3, 0)
+    with pytest.raises(InputError, match="mask's dtype is a float dtype"):
+        pack_vlm([s], model.config, "eager", dtype=torch.int64)
+    wide = {**s, "pixel_values": torch.zeros(16, PATCH_IN + 1)}
+    with pytest.raises(InputError, match="rows differ in width across samples"):
+        pack_vlm([s, wide], model.config)

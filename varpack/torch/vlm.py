@@ -39,16 +39,48 @@ from varpack.torch.hf import additive_mask, hf_attention_kind
 _VISION = (("pixel_values", "image_grid_thw", 1), ("pixel_values_videos", "video_grid_thw", 2))
 
 
+def _tensor(x: Any, name: str, where: str) -> torch.Tensor:
+    """``x`` as a tensor (a tensor, an array or a list), or one line saying what it is."""
+    try:
+        return torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"{where}: {name} must be a tensor, an array or a list of numbers, "
+                         f"not {type(x).__name__}") from None  # fmt: skip
+
+
+def _integers(t: torch.Tensor, name: str, where: str) -> torch.Tensor:
+    """``t`` as int64, refused where it is not integers (floats, booleans)."""
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise InputError(f"{where}: {name} has dtype {t.dtype}; give integers")
+    return t.to(torch.int64)
+
+
 def _row(x: Any, name: str, i: int) -> torch.Tensor:
-    """A sample's 1-D token tensor (``(L,)`` or ``(1, L)``)."""
-    t = torch.as_tensor(x)
+    """A sample's 1-D token tensor (``(L,)`` or ``(1, L)``), int64."""
+    t = _tensor(x, name, f"sample {i}")
     if t.ndim == 2 and t.shape[0] == 1:
         t = t[0]
     if t.ndim != 1 or t.numel() == 0:
         raise InputError(
             f"sample {i}: {name} must hold one non-empty row, not shape {tuple(t.shape)}"
         )
-    return t
+    return _integers(t, name, f"sample {i}")
+
+
+def _grids(x: Any, name: str, where: str, merge: int) -> np.ndarray:
+    """A sample's grids ``(k, 3)`` int64 (one ``[t, h, w]`` as ``(3,)`` too), each >= 1 with
+    ``h`` and ``w`` multiples of ``merge`` (the merger folds ``merge x merge`` patches)."""
+    g = _integers(_tensor(x, name, where), name, where).cpu().numpy()
+    if g.ndim == 1 and g.size == 3:
+        g = g.reshape(1, 3)
+    if g.ndim != 2 or g.shape[1] != 3:
+        raise InputError(f"{where}: {name} must be one [t, h, w] per image, shape (k, 3), not "
+                         f"{tuple(g.shape)}")  # fmt: skip
+    bad = np.flatnonzero((g < 1).any(axis=1) | (g[:, 1:] % merge != 0).any(axis=1))
+    if len(bad):
+        raise InputError(f"{where}: {name}[{int(bad[0])}] is {g[bad[0]].tolist()}; each of t, h, "
+                         f"w must be >= 1, h and w multiples of the merge size {merge}")  # fmt: skip
+    return g
 
 
 def _vision_settings(model: Any) -> tuple[int, float | None]:
@@ -72,6 +104,7 @@ def mrope_positions(
     merge: int,
     video_seconds: np.ndarray | None = None,
     tokens_per_second: float | None = None,
+    where: str = "sample",
 ) -> np.ndarray:
     """``[3, L]`` multimodal RoPE positions (temporal, height, width) of one sample alone, as
     the model's ``get_rope_index`` gives them, without the model (so a DataLoader worker can
@@ -79,16 +112,42 @@ def mrope_positions(
     (or video's) placeholders take its merged grid's ``(t, h, w)`` indices from the current
     position, which then moves on by ``max(h, w) / merge``. ``types``: the sample's
     ``mm_token_type_ids`` (0 text, 1 image, 2 video); a video's temporal index is spaced by
-    ``tokens_per_second x`` its seconds per grid step (Qwen2.5-VL; 1 for Qwen2-VL)."""
-    types = np.asarray(types)
+    ``tokens_per_second x`` its seconds per grid step (Qwen2.5-VL; 1 for Qwen2-VL), computed
+    in the seconds' dtype as the model does. Each run of image (video) placeholders must hold
+    its grid's ``t x h x w / merge^2`` tokens; a mismatch is one line naming ``where``."""
+    if isinstance(merge, bool) or not isinstance(merge, int | np.integer) or merge < 1:
+        raise InputError(f"{where}: the merge size must be a positive integer, not {merge!r}")
+    kinds = _integers(_tensor(types, "mm_token_type_ids", where), "mm_token_type_ids", where)
+    if kinds.ndim != 1:
+        raise InputError(f"{where}: mm_token_type_ids must be one row, not shape "
+                         f"{tuple(kinds.shape)}")  # fmt: skip
+    types = kinds.cpu().numpy()
     out = np.empty((3, len(types)), dtype=np.int64)
-    grids = {1: iter(np.asarray(image_grid if image_grid is not None else np.zeros((0, 3)))),
-             2: iter(np.asarray(video_grid if video_grid is not None else np.zeros((0, 3))))}  # fmt: skip
-    seconds = iter(np.asarray(video_seconds, dtype=np.float64) if video_seconds is not None
-                   else np.ones(len(types)))  # fmt: skip
+    if len(types) == 0:
+        return out
+    odd = np.flatnonzero((types < 0) | (types > 2))
+    if len(odd):
+        raise InputError(f"{where}: mm_token_type_ids[{int(odd[0])}] is {int(types[odd[0]])}; "
+                         "token types are 0 (text), 1 (image) and 2 (video)")  # fmt: skip
+    none = np.zeros((0, 3), dtype=np.int64)
+    grids = {1: none if image_grid is None else _grids(image_grid, "image_grid_thw", where, merge),
+             2: none if video_grid is None else _grids(video_grid, "video_grid_thw", where, merge)}  # fmt: skip
+    seconds = _seconds(video_seconds, len(grids[2]), where)
     edges = np.flatnonzero(np.diff(types)) + 1
     starts = np.concatenate(([0], edges))
     ends = np.concatenate((edges, [len(types)]))
+    runs = {c: [(a, b) for a, b in zip(starts, ends, strict=True) if types[a] == c] for c in (1, 2)}
+    for code, name in ((1, "image_grid_thw"), (2, "video_grid_thw")):
+        have, want = len(runs[code]), len(grids[code])
+        if have != want:
+            raise InputError(f"{where}: {have} runs of type-{code} placeholder tokens, {want} "
+                             f"grids in {name}; each image (video) is one run between text tokens")  # fmt: skip
+        for k, ((a, b), (t, h, w)) in enumerate(zip(runs[code], grids[code], strict=True)):
+            if b - a != t * h * w // (merge * merge):
+                raise InputError(f"{where}: {name}[{k}] {[int(t), int(h), int(w)]} makes "
+                                 f"{t * h * w // (merge * merge)} placeholder tokens, its run "
+                                 f"holds {b - a}")  # fmt: skip
+    used = {1: 0, 2: 0}
     pos = 0
     for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
         kind = int(types[a])
@@ -96,71 +155,85 @@ def mrope_positions(
             out[:, a:b] = np.arange(b - a) + pos
             pos += b - a
             continue
-        t, h, w = (int(v) for v in next(grids[kind]))
+        j = used[kind]
+        used[kind] += 1
+        t, h, w = (int(v) for v in grids[kind][j])
         gh, gw = h // merge, w // merge
-        step = 1.0
+        frames = np.arange(t)
         if kind == 2 and tokens_per_second is not None:
-            step = tokens_per_second * float(next(seconds))
-        temporal = (np.arange(t) * step).astype(np.int64) + pos
-        tt, hh, ww = np.meshgrid(temporal, np.arange(gh) + pos, np.arange(gw) + pos, indexing="ij")
+            # as get_rope_index: tokens_per_second x the seconds, in the seconds' dtype (the
+            # processor's float32), times the frame index, truncated
+            sec = seconds[j] if seconds is not None else np.float32(1.0)
+            step = np.asarray(tokens_per_second).astype(sec.dtype) * sec
+            frames = (frames.astype(sec.dtype) * step).astype(np.int64)
+        tt, hh, ww = np.meshgrid(frames + pos, np.arange(gh) + pos, np.arange(gw) + pos,
+                                 indexing="ij")  # fmt: skip
         out[:, a:b] = np.stack([tt.ravel(), hh.ravel(), ww.ravel()])
         pos += max(h, w) // merge
     return out
 
 
+def _seconds(x: Any, videos: int, where: str) -> np.ndarray | None:
+    """A sample's ``second_per_grid_ts``: one finite value >= 0 per video (None: not given)."""
+    if x is None:
+        return None
+    sec = _tensor(x, "second_per_grid_ts", where).reshape(-1)
+    if not sec.is_floating_point():
+        sec = sec.to(torch.float32)
+    values = sec.cpu().numpy()
+    if len(values) != videos:
+        raise InputError(f"{where}: second_per_grid_ts gives {len(values)} values for {videos} "
+                         "videos; give one per video")  # fmt: skip
+    if not np.isfinite(values).all() or (values < 0).any():
+        raise InputError(f"{where}: second_per_grid_ts holds {values.tolist()}; give finite "
+                         "seconds >= 0")  # fmt: skip
+    return values
+
+
 def _checked(sample: Mapping[str, Any], i: int, merge: int) -> dict[str, Any]:
-    """One sample's tensors, checked against each other."""
-    ids = _row(sample["input_ids"], "input_ids", i) if "input_ids" in sample else None
-    if ids is None or "mm_token_type_ids" not in sample:
-        raise InputError(f"sample {i}: give input_ids and mm_token_type_ids (the processor's)")
+    """One sample's tensors, checked against each other (token ids, types and grids as int64)."""
+    where = f"sample {i}"
+    if not isinstance(sample, Mapping):
+        raise InputError(f"{where}: a sample is a mapping of the processor's outputs, not "
+                         f"{type(sample).__name__}")  # fmt: skip
+    if sample.get("input_ids") is None or sample.get("mm_token_type_ids") is None:
+        raise InputError(f"{where}: give input_ids and mm_token_type_ids (the processor's)")
+    ids = _row(sample["input_ids"], "input_ids", i)
     types = _row(sample["mm_token_type_ids"], "mm_token_type_ids", i)
     if types.shape != ids.shape:
-        raise InputError(f"sample {i}: mm_token_type_ids has {types.numel()} tokens, input_ids "
+        raise InputError(f"{where}: mm_token_type_ids has {types.numel()} tokens, input_ids "
                          f"{ids.numel()}")  # fmt: skip
     out: dict[str, Any] = {"input_ids": ids, "mm_token_type_ids": types}
-    for pixels, grid, code in _VISION:
-        if (pixels in sample) != (grid in sample):
-            raise InputError(f"sample {i}: give {pixels} and {grid} together")
-        placeholders = int((types == code).sum())
-        if grid not in sample:
-            if placeholders:
-                raise InputError(f"sample {i}: {placeholders} tokens of type {code} but no {grid}")
+    for pixels, grid, _ in _VISION:
+        if (sample.get(pixels) is None) != (sample.get(grid) is None):
+            raise InputError(f"{where}: give {pixels} and {grid} together")
+        if sample.get(grid) is None:
             continue
-        g = torch.as_tensor(sample[grid]).reshape(-1, 3)
-        rows = int(g.prod(-1).sum())
-        if int(torch.as_tensor(sample[pixels]).shape[0]) != rows:
-            raise InputError(f"sample {i}: {pixels} has {sample[pixels].shape[0]} rows, its "
-                             f"{grid} {rows} patches")  # fmt: skip
-        if placeholders * merge * merge != rows:
-            raise InputError(f"sample {i}: {placeholders} placeholder tokens of type {code}, its "
-                             f"{grid} {rows} patches make {rows // (merge * merge)}")  # fmt: skip
-        out[pixels], out[grid] = sample[pixels], g
+        g = _grids(sample[grid], grid, where, merge)
+        values = _tensor(sample[pixels], pixels, where)
+        rows = int(g.prod(axis=1).sum())
+        if values.ndim != 2 or values.shape[0] != rows:
+            raise InputError(f"{where}: {pixels} has shape {tuple(values.shape)}, its {grid} "
+                             f"{rows} patches: give one row per patch")  # fmt: skip
+        out[pixels], out[grid] = values, torch.from_numpy(g)
+    seconds = sample.get("second_per_grid_ts")
+    if seconds is not None and "video_grid_thw" not in out:
+        raise InputError(f"{where}: second_per_grid_ts without videos (video_grid_thw)")
+    out["seconds"] = _seconds(seconds, len(out.get("video_grid_thw", ())), where)
     labels = sample.get("labels")
     out["labels"] = ids if labels is None else _row(labels, "labels", i)
     if out["labels"].shape != ids.shape:
-        raise InputError(f"sample {i}: labels has {out['labels'].numel()} tokens, input_ids "
+        raise InputError(f"{where}: labels has {out['labels'].numel()} tokens, input_ids "
                          f"{ids.numel()}")  # fmt: skip
-    if "second_per_grid_ts" in sample:
-        out["second_per_grid_ts"] = sample["second_per_grid_ts"]
     return out
 
 
-def _positions(s: dict[str, Any], merge: int, tps: float | None) -> torch.Tensor:
+def _positions(s: dict[str, Any], i: int, merge: int, tps: float | None) -> torch.Tensor:
     """``[4, 1, L]``: the text positions, then the sample's multimodal RoPE positions alone."""
-    ids = s["input_ids"]
-    n = ids.numel()
+    n = s["input_ids"].numel()
     text = np.arange(n, dtype=np.int64)[None]
-    if "image_grid_thw" not in s and "video_grid_thw" not in s:
-        return torch.from_numpy(np.repeat(text, 4, axis=0)).view(4, 1, n)
-    seconds = s.get("second_per_grid_ts")
-    mrope = mrope_positions(
-        s["mm_token_type_ids"].cpu().numpy(),
-        None if "image_grid_thw" not in s else s["image_grid_thw"].cpu().numpy(),
-        None if "video_grid_thw" not in s else s["video_grid_thw"].cpu().numpy(),
-        merge,
-        None if seconds is None else torch.as_tensor(seconds).reshape(-1).cpu().numpy(),
-        tps,
-    )
+    mrope = mrope_positions(s["mm_token_type_ids"], s.get("image_grid_thw"),
+                            s.get("video_grid_thw"), merge, s["seconds"], tps, f"sample {i}")  # fmt: skip
     return torch.from_numpy(np.concatenate([text, mrope])).view(4, 1, n)
 
 
@@ -179,6 +252,8 @@ def pack_vlm(
     ``dtype``: the additive mask's for ``eager``; ``labels``: add the packed labels."""
     if not samples:
         raise InputError("pack_vlm: no samples to pack")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InputError(f"pack_vlm: dtype={dtype!r}: the mask's dtype is a float dtype")
     merge, tps = _vision_settings(model)
     kind = hf_attention_kind(attn_implementation)
     parts = [_checked(s, i, merge) for i, s in enumerate(samples)]
@@ -188,17 +263,26 @@ def pack_vlm(
     out: dict[str, Any] = {
         "input_ids": ids,
         "mm_token_type_ids": torch.cat([p["mm_token_type_ids"] for p in parts]).view(1, -1),
-        "position_ids": torch.cat([_positions(p, merge, tps) for p in parts], 2).to(ids.device),
+        "position_ids": torch.cat(
+            [_positions(p, i, merge, tps) for i, p in enumerate(parts)], 2
+        ).to(ids.device),
         "use_cache": False,
     }
     for pixels, grid, _ in _VISION:
-        held = [p for p in parts if grid in p]
+        held = [(i, p) for i, p in enumerate(parts) if grid in p]
         if held:
-            out[pixels] = torch.cat([torch.as_tensor(p[pixels]) for p in held], 0)
-            out[grid] = torch.cat([p[grid] for p in held], 0)
-    seconds = [p["second_per_grid_ts"] for p in parts if "second_per_grid_ts" in p]
-    if seconds:
-        out["second_per_grid_ts"] = torch.cat([torch.as_tensor(x).reshape(-1) for x in seconds])
+            widths = {tuple(p[pixels].shape[1:]) for _, p in held}
+            if len(widths) > 1:
+                raise InputError(f"pack_vlm: {pixels} rows differ in width across samples "
+                                 f"({sorted(widths)}); give one processor's outputs")  # fmt: skip
+            out[pixels] = torch.cat([p[pixels] for _, p in held], 0)
+            out[grid] = torch.cat([p[grid] for _, p in held], 0)
+    if any(p["seconds"] is not None for p in parts):  # one per video, in order (1 s: unsaid)
+        out["second_per_grid_ts"] = torch.cat([
+            torch.from_numpy(p["seconds"]) if p["seconds"] is not None
+            else torch.ones(len(p["video_grid_thw"]))
+            for p in parts if "video_grid_thw" in p
+        ])  # fmt: skip
     if labels:
         packed = torch.cat([p["labels"] for p in parts]).clone()
         packed[cu[:-1]] = IGNORE_INDEX  # no sample predicts its neighbour's first token
