@@ -98,3 +98,21 @@ def test_bad_grids_are_one_line_and_write_nothing(tmp_path: Path, grids: list[An
     (line,) = res.stderr.strip().splitlines()
     assert message in line, line
     assert not (tmp_path / "m").exists()
+
+
+def test_huge_grids_and_a_kept_vision_column_are_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    root.mkdir()
+    grids = pa.array([[[1, 4, 4]], [[2**21, 2**21, 1]], [[2**64 - 1, 1, 1]]],
+                     pa.list_(pa.list_(pa.uint64())))  # fmt: skip
+    pq.write_table(pa.table({"sample_id": [0, 1, 2], "input_ids": [[1, 2]] * 3, "g": grids,
+                             "vision_patches": [1, 2, 3]}), root / "a.parquet")  # fmt: skip
+    for table, message in ((None, "row 1: --grid-column g: image 0 is [2097152, 2097152, 1]"),):
+        del table
+        (line,) = cli("lengths", root, tmp_path / "m", "--grid-column", "g", "-q",
+                      expect=2).stderr.strip().splitlines()  # fmt: skip
+        assert message in line and "at most 2,147,483,647 patches" in line, line
+    res = cli("lengths", root, tmp_path / "m", "--grid-column", "g", "--keep", "vision_patches",
+              "-q", expect=2)  # fmt: skip
+    assert "--keep vision_patches: --grid-column writes vision_patches" in res.stderr
+    assert not (tmp_path / "m").exists()

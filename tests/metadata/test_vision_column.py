@@ -112,3 +112,48 @@ def test_bad_images_are_one_line(tmp_path: Path, images: list[Any], typ: pa.Data
     if typ != pa.list_(pa.float64()):
         with pytest.raises(InputError, match="patches in 'vision_patches'"):
             read_metadata(meta, ["vision_patches"])
+
+
+def test_a_sorted_output_holds_totals_that_check_reads(tmp_path: Path) -> None:
+    images = _images(200, 4)
+    meta = _write(tmp_path / "m", images)
+    cli("sort", meta, tmp_path / "s", "--key", "vision_patches")
+    got = json.loads(cli("check", tmp_path / "s", "--json").stdout)["vision"]
+    totals = _totals(images)
+    assert got["per"] == "sample" and "images" not in got
+    assert got["samples_with_images"] == int((totals > 0).sum())
+    assert got["patches"] == int(totals.sum()) and got["max"] == int(totals.max())
+    assert (
+        "(each sample's total: its images are not told apart)"
+        in cli("check", tmp_path / "s").stdout
+    )
+    # sorted again by its totals: the same order
+    cli("sort", tmp_path / "s", tmp_path / "s2", "--key", "vision_patches")
+    a = pq.read_table(sorted(glob.glob(str(tmp_path / "s" / "*.parquet"))))
+    b = pq.read_table(sorted(glob.glob(str(tmp_path / "s2" / "*.parquet"))))
+    assert a.column("sample_id").to_pylist() == b.column("sample_id").to_pylist()
+
+
+def test_files_without_the_column_hold_text_only_samples(tmp_path: Path) -> None:
+    meta = _write(tmp_path / "m", [[100, 200], None, [5]], shards=1)
+    pq.write_table(
+        pa.table({"sample_id": [50, 51], "seq_len": [3, 4]}), meta / "part-00009.parquet"
+    )
+    got = json.loads(cli("check", meta, "--json").stdout)["vision"]
+    assert got["samples"] == 5 and got["samples_with_images"] == 2 and got["images"] == 3
+
+
+@pytest.mark.parametrize(
+    ("images", "typ", "args", "message"),
+    [
+        ([[2**64 - 1]], pa.list_(pa.uint64()), (), "image 0 has 18446744073709551615 patches"),
+        ([[2**40]], pa.list_(pa.int64()), (), "image 0 has 1099511627776 patches"),
+        ([3.5], pa.float64(), ("--key", "vision_patches"), "expected a list of integers"),
+        ([-3], pa.int64(), ("--key", "vision_patches"), "'vision_patches' is -3"),
+    ],
+)  # fmt: skip
+def test_out_of_range_patches_are_one_line(tmp_path: Path, images: list[Any], typ: pa.DataType,
+                                           args: tuple[str, ...], message: str) -> None:  # fmt: skip
+    meta = _write(tmp_path / "m", images, typ, shards=1)
+    (line,) = cli("check", meta, *args, expect=2).stderr.strip().splitlines()
+    assert message in line, line

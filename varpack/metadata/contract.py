@@ -197,8 +197,11 @@ def check_schema(schema: pa.Schema, where: str, keys: Sequence[str] = ()) -> Non
                 f"{where}: missing key column '{key}' (columns: {', '.join(schema.names)})"
             )
         typ = schema.field(key).type
-        if key == VISION and is_patch_list(typ):
-            continue  # a sample's images: the key is their patches' total
+        if key == VISION:  # a sample's images (or their total): the key is the total
+            if not (is_patch_list(typ) or pat.is_integer(typ)):
+                raise InputError(f"{where}: key column '{key}' has type {typ}, expected a list "
+                                 "of integers (each image's patches) or an integer (their total)")  # fmt: skip
+            continue
         if not (pat.is_integer(typ) or pat.is_floating(typ)):
             raise InputError(f"{where}: key column '{key}' has type {typ}, expected a numeric type")
 
@@ -227,7 +230,7 @@ def validate_table(
     check_schema(table.schema, where, keys)
     for name in dict.fromkeys([*REQUIRED, *keys]):
         col = table.column(name)
-        if col.null_count and not (name == VISION and is_patch_list(col.type)):
+        if col.null_count and name != VISION:  # a null vision_patches: no images
             row = int(pc.index(pc.is_null(col), True).as_py())
             raise InputError(
                 f"{where}: row {first_row + row}: null in column '{name}'; every row needs a value"
@@ -250,7 +253,7 @@ def validate_table(
     for key in keys:
         if key not in out:
             col = table.column(key)
-            if key == VISION and is_patch_list(col.type):
+            if key == VISION:
                 out[key] = patch_totals(col, where, first_row, ids.to_numpy())
                 continue
             if pat.is_floating(col.type):

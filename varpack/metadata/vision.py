@@ -113,32 +113,66 @@ def is_patch_list(typ: pa.DataType) -> bool:
     return (pat.is_list(typ) or pat.is_large_list(typ)) and pat.is_integer(typ.value_type)
 
 
+#: the most patches an image may have (an int32, so a sample's total fits int64 however many
+#: images it holds; Qwen2-VL's default max_pixels gives 5,120)
+MAX_PATCHES = 2**31 - 1
+
+
+def is_patch_totals(typ: pa.DataType) -> bool:
+    """An integer :data:`VISION` column: each sample's total (as ``varpack sort`` writes it)."""
+    return pat.is_integer(typ)
+
+
+def _outside(values: pa.Array, low: float, high: float) -> pa.Array:
+    """Which integers are outside ``[low, high]`` (compared as float64: any integer type, the
+    bounds exact)."""
+    f = values.cast(pa.float64(), safe=False)
+    return pc.or_(pc.less(f, low), pc.greater(f, high))
+
+
 def patch_lists(col: pa.ChunkedArray | pa.Array, where: str, first_row: int, ids: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """``(offsets, patches)`` of a :data:`VISION` column: sample ``i``'s images are
     ``patches[offsets[i]:offsets[i + 1]]``. A null row or an empty list is a sample without
-    images; an image's patches are an integer >= 1 (a null or smaller one is refused in one
-    line naming the row and sample)."""
+    images; an image's patches are an integer in ``[1, MAX_PATCHES]`` (another, or a null, is
+    refused in one line naming the row, sample and image). An integer column holds each
+    sample's total (a sorted output's): one entry per sample with patches, totals >= 0."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if is_patch_totals(arr.type):
+        return _totals_as_lists(arr, where, first_row, ids)
     if not is_patch_list(arr.type):
         raise InputError(f"{where}: column '{VISION}' has type {arr.type}, expected a list of "
                          "integers (each image's patches)")  # fmt: skip
-    arr = arr.cast(pa.large_list(pa.int64())) if not pat.is_large_list(arr.type) else arr
     counts = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     values = pc.list_flatten(arr)
     parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
-    bad = pc.or_kleene(pc.is_null(values), pc.less(values, 1))
+    bad = pc.or_kleene(pc.is_null(values), _outside(values, 1, MAX_PATCHES))
     if len(values) and pc.any(bad).as_py():
         k = int(pc.index(bad, True).as_py())
         row = int(parents[k])
         raise InputError(
             f"{where}: row {first_row + row} (sample_id {int(ids[row])}): image "
             f"{k - int(offsets[row])} has {values[k].as_py()} patches in '{VISION}'; each image "
-            "needs its patches (t x h x w of its grid, >= 1)"
+            f"needs its patches (t x h x w of its grid, 1 to {MAX_PATCHES:,})"
         )
-    return offsets, values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return offsets, values.cast(pa.int64()).to_numpy(zero_copy_only=False)
+
+
+def _totals_as_lists(arr: pa.Array, where: str, first_row: int, ids: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Per-sample totals as lists of one entry (none for a total of 0 or null)."""
+    bad = _outside(arr, 0, float(2**62))
+    if len(arr) and pc.any(bad).as_py():
+        row = int(pc.index(bad, True).as_py())
+        raise InputError(f"{where}: row {first_row + row} (sample_id {int(ids[row])}): "
+                         f"'{VISION}' is {arr[row].as_py()}; a sample's patches are >= 0 (and below 2^62)")  # fmt: skip
+    totals = pc.fill_null(arr, 0).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    held = totals > 0
+    offsets = np.zeros(len(totals) + 1, dtype=np.int64)
+    np.cumsum(held, out=offsets[1:])
+    return offsets, totals[held]
 
 
 def patch_totals(col: pa.ChunkedArray | pa.Array, where: str, first_row: int, ids: np.ndarray
@@ -152,43 +186,60 @@ def patch_totals(col: pa.ChunkedArray | pa.Array, where: str, first_row: int, id
 
 def vision_summary(files: list[str], ids: np.ndarray | None = None) -> dict[str, float] | None:
     """The images of the metadata ``files`` (their :data:`VISION` column, checked as
-    :func:`patch_lists` does; None where no file has one): samples with images, images, and
-    the patches' total, mean, percentiles and maximum per image. ``ids``: count only these
-    samples (a selection)."""
+    :func:`patch_lists` does; a file without it holds text-only samples; None where no file
+    has one): samples with images, images, and the patches' total, percentiles and maximum per
+    image. Where the column holds each sample's total (a sorted output), ``per`` is
+    ``"sample"`` and the figures are per sample. ``ids``: count only these samples."""
     import pyarrow.parquet as pq
 
-    if not any(VISION in pq.read_schema(f).names for f in files):
+    have = [VISION in pq.read_schema(f).names for f in files]
+    if not any(have):
         return None
-    parts_val, held = [], []
-    for f in files:
-        table = pq.read_table(f, columns=["sample_id", VISION])
+    held, parts_val, totals = [], [], False
+    for f, has in zip(files, have, strict=True):
+        table = pq.read_table(f, columns=["sample_id", VISION] if has else ["sample_id"])
         sid = table.column("sample_id").to_numpy()
-        offsets, patches = patch_lists(table.column(VISION), f, 0, sid)
+        if has:
+            col = table.column(VISION)
+            totals = totals or is_patch_totals(col.type)
+            offsets, patches = patch_lists(col, f, 0, sid)
+        else:
+            offsets, patches = np.zeros(len(sid) + 1, np.int64), np.zeros(0, np.int64)
         keep = np.ones(len(sid), dtype=bool) if ids is None else np.isin(sid, ids)
         counts = np.diff(offsets)
         held.append(counts[keep])
         parts_val.append(patches[np.repeat(keep, counts)])
     counts = np.concatenate(held)
-    patches = np.concatenate(parts_val) if parts_val else np.zeros(0, np.int64)
-    out: dict[str, float] = {"samples_with_images": int((counts > 0).sum()),
-                             "samples": int(len(counts)), "images": int(len(patches)),
-                             "patches": int(patches.sum())}  # fmt: skip
+    patches = np.concatenate(parts_val)
+    out: dict[str, float | str] = {"samples_with_images": int((counts > 0).sum()),
+                                   "samples": int(len(counts)), "images": int(len(patches)),
+                                   "patches": int(patches.sum()),
+                                   "per": "sample" if totals else "image"}  # fmt: skip
+    if totals:
+        del out["images"]
     if len(patches):
         p50, p99 = np.percentile(patches, [50, 99])
         out.update(min=int(patches.min()), p50=float(p50), p99=float(p99),
                    max=int(patches.max()), most_images=int(counts.max()))  # fmt: skip
-    return out
+        if totals:
+            del out["most_images"]
+    return out  # type: ignore[return-value]
 
 
 def render_vision(v: dict[str, float]) -> str:
     """``varpack check``'s lines for the images."""
     share = v["samples_with_images"] / max(v["samples"], 1)
-    line = (f"images       {int(v['images']):,} in {int(v['samples_with_images']):,} samples "
-            f"({share:.1%}), {int(v['patches']):,} patches")  # fmt: skip
-    if v["images"]:
-        line += (f"\npatches      per image min {int(v['min']):,}  p50 {v['p50']:,.0f}  "
-                 f"p99 {v['p99']:,.0f}  max {int(v['max']):,}; at most {int(v['most_images'])} "
-                 "images a sample")  # fmt: skip
+    per = v.get("per", "image")
+    held = f"{int(v['images']):,} in " if per == "image" else "in "
+    line = (f"images       {held}{int(v['samples_with_images']):,} samples ({share:.1%}), "
+            f"{int(v['patches']):,} patches")  # fmt: skip
+    if "min" in v:
+        line += (f"\npatches      per {per} min {int(v['min']):,}  p50 {v['p50']:,.0f}  "
+                 f"p99 {v['p99']:,.0f}  max {int(v['max']):,}")  # fmt: skip
+        if per == "image":
+            line += f"; at most {int(v['most_images'])} images a sample"
+        else:
+            line += " (each sample's total: its images are not told apart)"
     return line
 
 
@@ -208,6 +259,9 @@ def _is_grid_list(typ: pa.DataType) -> bool:
 def check_grid_names(grids: Sequence[str], taken: Sequence[str | None]) -> None:
     """Grid columns named once each, none of them a column taken otherwise (the token, id and
     kept columns, the metadata's own)."""
+    if grids and VISION in taken:
+        raise ConfigError(f"--keep {VISION}: --grid-column writes {VISION} from the grids; keep "
+                          "one or the other")  # fmt: skip
     seen: set[str] = set()
     for name in grids:
         if name in seen:
@@ -244,18 +298,21 @@ def _grid_patches(col: pa.ChunkedArray, name: str, where: str, first_row: int
     images = pc.list_flatten(arr)
     rows = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
     sizes = pc.fill_null(pc.list_value_length(images), 0).to_numpy(zero_copy_only=False)
-    values = pc.list_flatten(images).cast(pa.int64())
+    values = pc.list_flatten(images)
     bad = np.flatnonzero((sizes != 3) | pc.is_null(images).to_numpy(zero_copy_only=False))
     if len(bad) == 0 and len(values):
-        small = pc.or_kleene(pc.is_null(values), pc.less(values, 1)).to_numpy(zero_copy_only=False)
-        bad = np.flatnonzero(small.reshape(-1, 3).any(axis=1))
+        out = _outside(values, 1, MAX_PATCHES)
+        small = pc.or_kleene(pc.is_null(values), out).to_numpy(zero_copy_only=False)
+        wide = values.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False).reshape(-1, 3)
+        bad = np.flatnonzero(small.reshape(-1, 3).any(axis=1) | (wide.prod(axis=1) > MAX_PATCHES))
     if len(bad):
         k = int(bad[0])
         row = int(rows[k])
         image = k - int(np.cumsum(counts)[row] - counts[row])
         raise InputError(f"{where}: row {first_row + row}: --grid-column {name}: image {image} is "
-                         f"{images[k].as_py()}; each image's grid is [t, h, w], each >= 1")  # fmt: skip
-    thw = values.to_numpy(zero_copy_only=False).reshape(-1, 3)
+                         f"{images[k].as_py()}; each image's grid is [t, h, w], each >= 1, "
+                         f"t x h x w at most {MAX_PATCHES:,} patches")  # fmt: skip
+    thw = values.cast(pa.int64()).to_numpy(zero_copy_only=False).reshape(-1, 3)
     return counts.astype(np.int64), thw.prod(axis=1)
 
 
