@@ -135,6 +135,7 @@ def test_patches_give_the_vision_tower_its_part(tmp_path: Path) -> None:
         (None, "0", "--patches '0'"),
         (None, "12,x", "--patches 'x'"),
         (None, "\u0663", "--patches"),
+        (None, "1024,6", "--patches 6: an image's patches are a multiple of 4"),
     ],
 )
 def test_bad_patches_are_one_line(tmp_path: Path, target: str | None, patches: str,

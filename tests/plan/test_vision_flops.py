@@ -152,12 +152,31 @@ def test_a_hub_qwen2_5_vl_tower_has_its_windows_and_full_blocks() -> None:
         ({"model_type": "qwen2_5_vl",
           "vision_config": {**TOWERS["qwen2_5_vl"], "fullatt_block_indexes": [9]}},
          "full_blocks must list blocks in [0, 4)"),
+        ({"model_type": "qwen2_5_vl",
+          "vision_config": {**TOWERS["qwen2_5_vl"], "fullatt_block_indexes": [True]}},
+         "fullatt_block_indexes is [True]; must list blocks"),
+        ({"model_type": "qwen2_5_vl", "vision_config": {**TOWERS["qwen2_5_vl"], "window_size": 7}},
+         "window_size 7 is smaller than a merged patch (8 pixels)"),
+        ({"model_type": "qwen2_vl", "text_config": "x", "vision_config": TOWERS["qwen2_vl"]},
+         "text_config is 'x'; give the language model's fields as a table"),
     ],
 )  # fmt: skip
 def test_a_tower_it_cannot_cost_is_refused_in_one_line(
     config: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(ConfigError) as err:
-        vision_from_config(config, "cfg.json")
+    with pytest.raises(ConfigError) as err:  # the whole config: its tower, then its text part
+        spec_from_config(config, "cfg.json")
     assert message in str(err.value) and "\n" not in str(err.value)
     assert str(err.value).startswith("cfg.json: ")
+
+
+def test_a_shallow_tower_keeps_the_default_full_blocks_it_has() -> None:
+    tower = {k: v for k, v in TOWERS["qwen2_5_vl"].items() if k != "fullatt_block_indexes"}
+    v = vision_from_config({"model_type": "qwen2_5_vl", "vision_config": {**tower, "depth": 16}})
+    assert v is not None and v.full_blocks == (7, 15) and v.windowed_blocks == 14
+    v = vision_from_config({"model_type": "qwen2_5_vl", "vision_config": tower})  # depth 4
+    assert v is not None and v.full_blocks == () and v.windowed_blocks == 4
+    with pytest.raises(ConfigError, match="not a JSON object"):
+        vision_from_config([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="full_blocks must list blocks"):
+        VisionSpec("qwen2_5_vl", 8, 2, 2, 12, 16, True, 2, 8, 4, (True,))  # type: ignore[arg-type]

@@ -84,6 +84,13 @@ def cost(config: str, lengths: tuple[str, ...], patches: tuple[str, ...], as_jso
             f"--patches: {model.source} has no vision tower varpack costs "
             "(give a qwen2_vl or qwen2_5_vl config.json)"
         )
+    merge = model.vision.merge if model.vision is not None else 1
+    odd = [n for n in images if n % (merge * merge)]
+    if odd:
+        raise ConfigError(
+            f"--patches {odd[0]}: an image's patches are a multiple of {merge * merge} (the "
+            f"merger folds {merge} x {merge} patches into one token)"
+        )
     f = train_flops(np.array(sizes, dtype=np.int64), model.spec)
     cross = crossover(model.spec)
     rows = [

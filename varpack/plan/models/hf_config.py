@@ -36,7 +36,7 @@ from typing import Any
 
 from varpack.errors import ConfigError
 from varpack.plan.models.spec import ModelSpec
-from varpack.plan.models.vision import text_config, vision_from_config
+from varpack.plan.models.vision import VISION_TYPES, text_config, vision_from_config
 
 Windows = tuple[int | None, ...]
 
@@ -208,8 +208,12 @@ def spec_from_config(config: Mapping[str, Any], where: str = "config") -> ModelS
     if not isinstance(config, Mapping):
         raise ConfigError(f"{where}: not a JSON object of a model's config")
     vision_from_config(config, where)  # a vision tower varpack does not cost is refused here
-    config = text_config(config)
-    f = _Fields(config, where)
+    if isinstance(config.get("text_config"), Mapping) and "model_type" in config:
+        inner = f"{where}: text_config"
+    else:
+        inner = where
+    config = text_config(config, where)
+    f = _Fields(config, inner if config.get("model_type") in VISION_TYPES else where)
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise f.fail("no model_type; give a Hugging Face config.json (it names its model_type)")

@@ -66,7 +66,9 @@ class VisionSpec:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
             raise ConfigError(f"vision model: window must be an integer >= 0, not {self.window!r}")
         blocks = self.full_blocks
-        if not all(isinstance(i, int) and 0 <= i < self.depth for i in blocks):
+        if not isinstance(blocks, tuple) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.depth for i in blocks
+        ):
             raise ConfigError(
                 f"vision model: full_blocks must list blocks in [0, {self.depth}), not {blocks!r}"
             )
@@ -153,6 +155,8 @@ def vision_from_config(config: Mapping[str, Any], where: str = "config") -> Visi
     """The vision tower of a parsed ``qwen2_vl`` / ``qwen2_5_vl`` config.json (None for a
     model without one); the tower's sizes are required, its structure defaults as in
     transformers 5."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{where}: not a JSON object of a model's config")
     model_type = config.get("model_type")
     vc = config.get("vision_config")
     if model_type not in VISION_TYPES:
@@ -183,7 +187,11 @@ def vision_from_config(config: Mapping[str, Any], where: str = "config") -> Visi
         out = _int(vc, where, "out_hidden_size", None)
         size = _int(vc, where, "window_size", 112)
         window, gated = size // merge // patch * merge, True  # as get_vision_window_index
-        listed = vc.get("fullatt_block_indexes", (7, 15, 23, 31))
+        if window == 0:
+            raise ConfigError(f"{where}: vision_config.window_size {size} is smaller than a merged "
+                              f"patch ({patch * merge} pixels); the model cannot window it")  # fmt: skip
+        # transformers' default names blocks 7, 15, 23 and 31; a shallower tower has only some
+        listed = vc.get("fullatt_block_indexes", tuple(i for i in (7, 15, 23, 31) if i < depth))
         if not isinstance(listed, list | tuple) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in listed
         ):
@@ -200,13 +208,14 @@ def vision_from_config(config: Mapping[str, Any], where: str = "config") -> Visi
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+def text_config(config: Mapping[str, Any], where: str = "config") -> Mapping[str, Any]:
     """The language model's fields of a vision-language config: its ``text_config`` where it
     has one (transformers 5 writes it), else the top level (the configs on the Hub), named by
     the vision-language model's type."""
-    if config.get("model_type") not in VISION_TYPES:
+    if config.get("model_type") not in VISION_TYPES or "text_config" not in config:
         return config
-    inner = config.get("text_config")
-    if isinstance(inner, Mapping):
-        return {**inner, "model_type": config["model_type"]}
-    return config
+    inner = config["text_config"]
+    if not isinstance(inner, Mapping):
+        raise ConfigError(f"{where}: text_config is {inner!r}; give the language model's fields "
+                          "as a table (or at the top level)")  # fmt: skip
+    return {**inner, "model_type": config["model_type"]}
