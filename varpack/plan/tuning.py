@@ -2,8 +2,8 @@
 
 The planner's rules (docs/planning.md) are exact where they can be; where a rule trades one
 figure for another, or bounds work, its constant lives here with the measurement that chose it,
-and :data:`TESTS` names a test that fails without it (``tests/plan/test_tuning.py`` checks
-that every constant here has one). :data:`TUNING` holds their values by name. The kernels read
+and :data:`TESTS` names a test that fails without it; :data:`UNTESTED` lists those that have
+none yet (``tests/plan/test_tuning.py`` checks that every constant is in one of the two). :data:`TUNING` holds their values by name. The kernels read
 them as compile-time constants: a change here compiles the planner's kernels again
 (:mod:`varpack.plan.numba_cache` keys them to every source of ``varpack/plan/``).
 """
@@ -148,3 +148,28 @@ STEP_SHARE = 0.98
 #: the budget each leave a micro-batch part empty (responses cut at 8 K, 16 K budget: 84-85
 #: where 81 hold the tokens)
 MORE_MICRO = 0.05
+
+
+#: each constant -> a test that fails with the constant's rule turned off (its share or count
+#: at 0; GROUP_RATIO and WIDE_GAIN at 1.0, which turns them off), found by turning each off
+TESTS = {
+    "MIX_SHARE": "tests/plan/kernels/test_lpt.py::test_rollouts_at_grad_accum_1_mix_better_at_the_same_time",
+    "SLOTS_BY_COST": "tests/plan/kernels/test_compose.py::test_rollout_steps_hold_what_their_micro_batches_can_under_step_sync",
+    "HEAVY_EXCESS": "tests/plan/kernels/test_compose.py::test_grad_accum_1_stays_near_its_bound",
+    "GROUP_RATIO": "tests/plan/kernels/test_compose.py::test_balanced_where_token_composition_is_not",
+    "HUNGRY_SHARE": "tests/plan/kernels/test_compose.py::test_hungry_steps_keep_grad_accum_1_within_a_little_of_its_bound",
+    "STEP_MOVES": "tests/plan/kernels/test_steplevel.py::test_the_costliest_rank_trades_a_long_sample_for_a_short_one",
+    "LEVEL": "tests/plan/kernels/test_steplevel.py::test_a_step_within_its_tolerance_is_left_as_it_is",
+    "LEVEL_SAMPLES": "tests/plan/kernels/test_lpt.py::test_the_window_keeps_whichever_deal_waits_less",
+    "PASSES": "tests/plan/kernels/test_level.py::test_a_run_top_trades_its_longest_sample_for_a_shorter_one",
+    "LEVEL_BINS": "tests/plan/kernels/test_lpt.py::test_the_window_keeps_whichever_deal_waits_less",
+    "WIDE_BINS": "tests/plan/kernels/test_level.py::test_a_run_top_trades_its_longest_sample_for_a_shorter_one",
+    "WIDE_GAIN": "tests/plan/test_padded_micro.py::test_padded_micro_plans_come_near_the_packed_ones",
+    "BAND_PASSES": "tests/plan/test_padded_micro.py::test_wide_pooling_and_row_levelling_each_lower_the_time_at_grad_accum_1",
+    "MORE_MICRO": "tests/online/test_plan_batch.py::test_a_few_more_micro_batches_where_responses_fill_more_than_half_the_budget",
+}  # fmt: skip
+
+#: constants no test fails without yet (each turned off, the plan and online tests all pass):
+#: a change to one of them first writes the test that shows what it buys
+UNTESTED = ("PP_FILL", "WIDE_PASSES", "LENGTH_SLACK", "NEIGHBOURS", "PEAK_SLACK", "MAX_SWAPS",
+            "WINDOW_SLOTS", "STEP_SHARE")  # fmt: skip
