@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED := 1
 unexport PYTHONDONTWRITEBYTECODE
 DEMO := demo-out
 
-.PHONY: install test demo bench lint format clean clean-numba
+.PHONY: install test demo demo-vlm bench lint format clean clean-numba
 
 install: $(STAMP)
 
@@ -36,6 +36,9 @@ test: install
 
 demo: install
 	bash jobs/demo.sh $(DEMO)
+
+demo-vlm: install
+	bash jobs/demo_vlm.sh
 
 bench: install
 	bash tests/benchmarks/run_all.sh
