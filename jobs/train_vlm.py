@@ -19,6 +19,7 @@ step, loss, images in rank 0's micro-batches).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--max-steps", type=int, default=12)
     ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--timeout", type=float, default=600, help="seconds a collective may wait")
     ap.add_argument(
         "--fsdp",
         action="store_true",
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-    dist.init_process_group("gloo")
+    # a rank that stops answering fails the collectives after this, rather than hanging them
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     plan = load_plan(args.plan, verify=True)
     if plan.dp != world:
@@ -136,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)  # fmt: skip
     if log is not None:
         log.close()
-    dist.barrier()
     dist.destroy_process_group()
     return 0
 

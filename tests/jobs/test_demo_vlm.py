@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch.nn")
 pytest.importorskip("transformers")
 
-from job_helpers import ROOT, env, free_port, metrics  # noqa: E402
+from job_helpers import ROOT, env, metrics  # noqa: E402
 from testkit import cli  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
@@ -22,19 +22,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 def _torchrun(plan: Path, data: Path, out: Path, *extra: str) -> list[dict]:
     exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    cmd = [exe, "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(ROOT / "jobs" / "train_vlm.py"),
-           "--plan", str(plan), "--data", str(data), "--out", str(out), "--max-steps", "6",
-           *extra]  # fmt: skip
-    proc = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    cmd = [exe, "--standalone", "--nproc-per-node", "2", str(ROOT / "jobs" / "train_vlm.py"),
+           "--plan", str(plan), "--data", str(data), "--out", str(out), "--max-steps", "4",
+           "--timeout", "300", *extra]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True,
+                              timeout=900)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(
+            f"torchrun still running after 900 s:\n{exc.stdout}\n{exc.stderr}"
+        ) from None
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return metrics(out)
 
 
 def test_two_ranks_train_a_tiny_qwen2_vl_from_the_plan(tmp_path: Path) -> None:
     data = tmp_path / "data"
     subprocess.run([sys.executable, str(ROOT / "jobs" / "vlm_demo_data.py"), str(data),
-                    "--num-samples", "200", "--seed", "7"], check=True, env=env(), cwd=ROOT)  # fmt: skip
+                    "--num-samples", "120", "--seed", "7"], check=True, env=env(), cwd=ROOT)  # fmt: skip
     cli("lengths", data / "tokens", tmp_path / "meta", "--grid-column", "image_grid_thw", "-q")
     cli("sort", tmp_path / "meta", tmp_path / "sorted", "-q")
     cli("plan", tmp_path / "sorted", tmp_path / "plan", "--dp", 2, "--grad-accum", 2,
@@ -42,7 +47,7 @@ def test_two_ranks_train_a_tiny_qwen2_vl_from_the_plan(tmp_path: Path) -> None:
         "--model", data / "model", "-q")  # fmt: skip
     ddp = _torchrun(tmp_path / "plan", data, tmp_path / "ddp")
     losses = [m["loss"] for m in ddp]
-    assert len(losses) == 6 and losses[0] > 4.5 and losses[-1] < 0.8 * losses[0], losses
+    assert len(losses) == 4 and losses[0] > 4.5 and losses[-1] < 0.85 * losses[0], losses
     assert sum(m["images_rank0"] for m in ddp) > 0  # the steps held images
     fsdp = _torchrun(tmp_path / "plan", data, tmp_path / "fsdp", "--fsdp")
     assert [m["loss"] for m in fsdp] == pytest.approx(losses, rel=1e-4)
