@@ -23,6 +23,7 @@ import datetime
 import json
 import math
 import os
+import sys
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
@@ -137,10 +138,15 @@ def main(argv: list[str] | None = None) -> int:
             log.flush()
             print(f"step {step + 1}: loss {float(loss_sum):.3f} (ln 128 = {math.log(128):.2f})",
                   flush=True)  # fmt: skip
+    dist.barrier()  # every rank is done with every collective
     if log is not None:
         log.close()
-    dist.destroy_process_group()
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Leave without tearing DDP down: the reducer's process group joins gloo's loop threads while
+    # holding the GIL, and one of them may be waiting for the GIL to free a tensor; under load
+    # that deadlocks a rank at exit (seen with torch 2.13 and gloo, in a stack of the hung rank).
+    os._exit(0)
 
 
 if __name__ == "__main__":
