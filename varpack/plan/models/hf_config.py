@@ -35,59 +35,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from varpack.errors import ConfigError
+from varpack.plan.models.fields import Fields
 from varpack.plan.models.spec import ModelSpec
 from varpack.plan.models.vision import VISION_TYPES, text_config, vision_from_config
 
 Windows = tuple[int | None, ...]
-
-
-class _Fields:
-    """Reads a config's fields, refusing a bad one in one line naming it and ``where``."""
-
-    def __init__(self, config: Mapping[str, Any], where: str) -> None:
-        self.config = config
-        self.where = where
-
-    def fail(self, what: str) -> ConfigError:
-        return ConfigError(f"{self.where}: {what}")
-
-    def size(self, key: str, *aliases: str, zero: bool = False) -> int:
-        """A required positive integer (``zero``: >= 0)."""
-        for name in (key, *aliases):
-            if name in self.config and self.config[name] is not None:
-                return self._int(name, self.config[name], zero)
-        raise self.fail(
-            f"no {key}; the FLOPs model needs it (is this a decoder model's config.json?)"
-        )
-
-    def value(self, key: str, default: int | None, zero: bool = False) -> int | None:
-        """An optional integer: ``default`` when absent, None when null."""
-        if key not in self.config:
-            return default
-        v = self.config[key]
-        return None if v is None else self._int(key, v, zero)
-
-    def flag(self, key: str, default: bool) -> bool:
-        v = self.config.get(key, default)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise self.fail(f"{key} is {v!r}; must be true or false")
-        return v
-
-    def layer_list(self, key: str) -> list[Any] | None:
-        v = self.config.get(key)
-        if v is None:
-            return None
-        if not isinstance(v, list):
-            raise self.fail(f"{key} is {v!r}; must be a list")
-        return v
-
-    def _int(self, key: str, v: Any, zero: bool) -> int:
-        low = 0 if zero else 1
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise self.fail(f"{key} is {v!r}; must be an integer >= {low}")
-        return v
 
 
 @dataclass(frozen=True)
@@ -96,15 +48,15 @@ class _Family:
 
     kv_heads: int | None  # num_key_value_heads when absent (None: the attention heads)
     head_dim: int | None  # head_dim when absent (None: hidden // heads)
-    windows: Callable[[_Fields, int], Windows]
+    windows: Callable[[Fields, int], Windows]
     experts: str | None = None  # how the sparse layers are read: mixtral, qwen2_moe, qwen3_moe
 
 
-def _every_layer(default: int | None, switch: bool = False) -> Callable[[_Fields, int], Windows]:
+def _every_layer(default: int | None, switch: bool = False) -> Callable[[Fields, int], Windows]:
     """``sliding_window`` (``default`` when absent) on every layer; ``switch``: only with
     ``use_sliding_window``."""
 
-    def windows(f: _Fields, layers: int) -> Windows:
+    def windows(f: Fields, layers: int) -> Windows:
         w = f.value("sliding_window", default, zero=True) or None
         if switch and not f.flag("use_sliding_window", False):
             w = None
@@ -114,15 +66,15 @@ def _every_layer(default: int | None, switch: bool = False) -> Callable[[_Fields
 
 
 def _by_type(
-    default: Callable[[_Fields, int, int | None], list[bool]],
+    default: Callable[[Fields, int, int | None], list[bool]],
     switch: bool = False,
     sw: int | None = 4096,
-) -> Callable[[_Fields, int], Windows]:
+) -> Callable[[Fields, int], Windows]:
     """``sliding_window`` on the layers whose type is ``sliding_attention``: ``layer_types``
     where given, else the family's ``default`` pattern; ``switch``: the window only with
     ``use_sliding_window``."""
 
-    def windows(f: _Fields, layers: int) -> Windows:
+    def windows(f: Fields, layers: int) -> Windows:
         w = f.value("sliding_window", sw, zero=True) or None
         if switch and not f.flag("use_sliding_window", False):
             w = None
@@ -136,7 +88,7 @@ def _by_type(
     return windows
 
 
-def _sliding_types(f: _Fields, types: list[Any], layers: int) -> list[bool]:
+def _sliding_types(f: Fields, types: list[Any], layers: int) -> list[bool]:
     if len(types) != layers:
         raise f.fail(f"layer_types has {len(types)} entries for {layers} layers; give one a layer")
     out = []
@@ -150,30 +102,30 @@ def _sliding_types(f: _Fields, types: list[Any], layers: int) -> list[bool]:
     return out
 
 
-def _from_max_window(f: _Fields, layers: int, w: int | None) -> list[bool]:  # qwen2, qwen3
+def _from_max_window(f: Fields, layers: int, w: int | None) -> list[bool]:  # qwen2, qwen3
     start = f.value("max_window_layers", 28, zero=True)
     return [w is not None and start is not None and i >= start for i in range(layers)]
 
 
-def _even_below_max_window(f: _Fields, layers: int, w: int | None) -> list[bool]:  # qwen2_moe
+def _even_below_max_window(f: Fields, layers: int, w: int | None) -> list[bool]:  # qwen2_moe
     stop = f.value("max_window_layers", 28, zero=True) or 0
     return [w is not None and i % 2 == 0 and i < stop for i in range(layers)]
 
 
-def _even(f: _Fields, layers: int, w: int | None) -> list[bool]:  # gemma2
+def _even(f: Fields, layers: int, w: int | None) -> list[bool]:  # gemma2
     return [i % 2 == 0 for i in range(layers)]
 
 
-def _pattern(f: _Fields, layers: int, w: int | None) -> list[bool]:  # gemma3_text
+def _pattern(f: Fields, layers: int, w: int | None) -> list[bool]:  # gemma3_text
     every = f.value("sliding_window_pattern", 6) or 6
     return [(i + 1) % every != 0 for i in range(layers)]
 
 
-def _no_windows(f: _Fields, layers: int) -> Windows:
+def _no_windows(f: Fields, layers: int) -> Windows:
     return (None,) * layers
 
 
-def _unknown_windows(f: _Fields, layers: int) -> Windows:
+def _unknown_windows(f: Fields, layers: int) -> Windows:
     if f.config.get("layer_types") is not None:
         return _by_type(_even, sw=None)(f, layers)  # layer_types given: the pattern is unused
     return _every_layer(None)(f, layers) if f.flag("use_sliding_window", True) else (None,) * layers
@@ -213,7 +165,7 @@ def spec_from_config(config: Mapping[str, Any], where: str = "config") -> ModelS
     else:
         inner = where
     config = text_config(config, where)
-    f = _Fields(config, inner if config.get("model_type") in VISION_TYPES else where)
+    f = Fields(config, inner if config.get("model_type") in VISION_TYPES else where)
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise f.fail("no model_type; give a Hugging Face config.json (it names its model_type)")
@@ -242,7 +194,7 @@ def spec_from_config(config: Mapping[str, Any], where: str = "config") -> ModelS
     )  # fmt: skip
 
 
-def _experts(f: _Fields, rule: str | None, layers: int) -> dict[str, Any]:
+def _experts(f: Fields, rule: str | None, layers: int) -> dict[str, Any]:
     """The mixture-of-experts fields of the spec (empty for a dense model)."""
     if rule is None:
         return {}

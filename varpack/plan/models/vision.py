@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from varpack.errors import ConfigError
+from varpack.plan.models.fields import Fields
 from varpack.plan.models.flops import TRAIN_PASSES, Flops
 
 #: the model types whose vision tower varpack costs
@@ -137,20 +138,6 @@ def vision_train_flops(patches: np.ndarray, v: VisionSpec, passes: int = TRAIN_P
     return Flops(passes * f.linear, passes * f.attention)
 
 
-def _int(vc: Mapping[str, Any], where: str, key: str, default: int | None, *aliases: str) -> int:
-    for name in (key, *aliases):
-        if name in vc and vc[name] is not None:
-            value = vc[name]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"{where}: vision_config.{name} is {value!r}; must be an integer >= 1"
-                )
-            return value
-    if default is None:
-        raise ConfigError(f"{where}: vision_config has no {key}; the vision tower's FLOPs need it")
-    return default
-
-
 def vision_from_config(config: Mapping[str, Any], where: str = "config") -> VisionSpec | None:
     """The vision tower of a parsed ``qwen2_vl`` / ``qwen2_5_vl`` config.json (None for a
     model without one); the tower's sizes are required, its structure defaults as in
@@ -169,38 +156,41 @@ def vision_from_config(config: Mapping[str, Any], where: str = "config") -> Visi
         return None
     if not isinstance(vc, Mapping):
         raise ConfigError(f"{where}: a {model_type} config needs its vision_config (a table)")
-    channels = _int(vc, where, "in_channels", 3, "in_chans")
-    temporal = _int(vc, where, "temporal_patch_size", 2)
-    patch = _int(vc, where, "patch_size", 14, "spatial_patch_size")
-    merge = _int(vc, where, "spatial_merge_size", 2)
-    depth = _int(vc, where, "depth", None, "num_hidden_layers")
-    heads = _int(vc, where, "num_heads", None, "num_attention_heads")
+    f = Fields(vc, f"{where}: vision_config", "the vision tower's FLOPs need it")
+
+    def opt(key: str, default: int, *aliases: str) -> int:  # absent or null: transformers' default
+        return f.value(key, default, *aliases) or default
+
+    channels = opt("in_channels", 3, "in_chans")
+    temporal = opt("temporal_patch_size", 2)
+    patch = opt("patch_size", 14, "spatial_patch_size")
+    merge = opt("spatial_merge_size", 2)
+    depth = f.size("depth", "num_hidden_layers")
+    heads = f.size("num_heads", "num_attention_heads")
     full: tuple[int, ...] = ()
     if model_type == "qwen2_vl":
-        embed = _int(vc, where, "embed_dim", None)
-        mlp = embed * _int(vc, where, "mlp_ratio", 4)
-        out = _int(vc, where, "hidden_size", None)
+        embed = f.size("embed_dim")
+        mlp = embed * opt("mlp_ratio", 4)
+        out = f.size("hidden_size")
         window, gated = 0, False
     else:
-        embed = _int(vc, where, "hidden_size", None)
-        mlp = _int(vc, where, "intermediate_size", None)
-        out = _int(vc, where, "out_hidden_size", None)
-        size = _int(vc, where, "window_size", 112)
+        embed = f.size("hidden_size")
+        mlp = f.size("intermediate_size")
+        out = f.size("out_hidden_size")
+        size = opt("window_size", 112)
         window, gated = size // merge // patch * merge, True  # as get_vision_window_index
         if window == 0:
-            raise ConfigError(f"{where}: vision_config.window_size {size} is smaller than a merged "
-                              f"patch ({patch * merge} pixels); the model cannot window it")  # fmt: skip
+            raise f.fail(f"window_size {size} is smaller than a merged patch ({patch * merge} "
+                         "pixels); the model cannot window it")  # fmt: skip
         # transformers' default names blocks 7, 15, 23 and 31; a shallower tower has only some
-        listed = vc.get("fullatt_block_indexes", tuple(i for i in (7, 15, 23, 31) if i < depth))
-        if not isinstance(listed, list | tuple) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in listed
-        ):
-            raise ConfigError(
-                f"{where}: vision_config.fullatt_block_indexes is {listed!r}; must list blocks"
-            )
+        listed = f.layer_list("fullatt_block_indexes")
+        if listed is None:
+            listed = [i for i in (7, 15, 23, 31) if i < depth]
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in listed):
+            raise f.fail(f"fullatt_block_indexes is {listed!r}; must list blocks")
         full = tuple(listed)
     if embed % heads:
-        raise ConfigError(f"{where}: vision_config: {heads} heads do not divide the width {embed}")
+        raise f.fail(f"{heads} heads do not divide the width {embed}")
     try:
         return VisionSpec(model_type, embed, depth, heads, channels * temporal * patch * patch,
                           mlp, gated, merge, out, window, full)  # fmt: skip
