@@ -77,17 +77,24 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
-def _varlen_kwargs(batch: Any, layout: str, max_seqlen: str) -> dict[str, Any]:
-    if layout == "padded":  # one sample per row: the plain causal flash kernel is exact
-        return {}
-    cu = batch.cu_seqlens.to(torch.int32)
-    longest = int(batch.input_ids.shape[1]) if max_seqlen == "row" else int(batch.max_seqlen)
-    return {
-        "cu_seq_lens_q": cu,
-        "cu_seq_lens_k": cu,
-        "max_length_q": longest,
-        "max_length_k": longest,
-    }
+def segment_attention(
+    kind: str, segments: torch.Tensor | None, cu: torch.Tensor | None, longest: int,
+    dtype: torch.dtype,
+) -> dict[str, Any]:  # fmt: skip
+    """What attention of ``kind`` needs to keep packed segments apart: ``varlen``, the
+    ``cu_seq_lens`` (``cu``: cumulative segment starts) and ``longest``; ``block_mask``, a
+    FlexAttention ``BlockMask`` of ``segments`` (``[B, T]`` segment ids); the masks, a causal
+    block-diagonal mask of them, boolean or additive in ``dtype``."""
+    if kind == "varlen":
+        assert cu is not None
+        cu32 = cu.to(torch.int32)
+        return {"cu_seq_lens_q": cu32, "cu_seq_lens_k": cu32, "max_length_q": longest,
+                "max_length_k": longest}  # fmt: skip
+    assert segments is not None
+    if kind == "block_mask":
+        return {"attention_mask": masks.document_block_mask(segments)}
+    allowed = masks.causal_mask_from_segments(segments)
+    return {"attention_mask": allowed if kind == "bool_mask" else additive_mask(allowed, dtype)}
 
 
 def hf_inputs(
@@ -120,13 +127,14 @@ def hf_inputs(
     if labels:
         kwargs["labels"] = batch.labels
     if kind == "varlen":
-        kwargs.update(_varlen_kwargs(batch, layout, max_seqlen))
-    elif kind == "block_mask":
-        kwargs["attention_mask"] = masks.document_block_mask(batch.segment_ids())
-    elif layout != "padded":
-        allowed = masks.causal_mask_from_segments(batch.segment_ids())
-        kwargs["attention_mask"] = allowed if kind == "bool_mask" else additive_mask(allowed, dtype)
+        if layout != "padded":  # one sample per row: the plain causal flash kernel is exact
+            longest = (
+                int(batch.input_ids.shape[1]) if max_seqlen == "row" else int(batch.max_seqlen)
+            )
+            kwargs.update(segment_attention(kind, None, batch.cu_seqlens, longest, dtype))
+    elif kind == "block_mask" or layout != "padded":
+        kwargs.update(segment_attention(kind, batch.segment_ids(), None, 0, dtype))
     return kwargs
 
 
-__all__ = ["KINDS", "additive_mask", "hf_attention_kind", "hf_inputs"]
+__all__ = ["KINDS", "additive_mask", "hf_attention_kind", "hf_inputs", "segment_attention"]

@@ -34,7 +34,7 @@ import torch
 from varpack.errors import InputError
 from varpack.torch import masks
 from varpack.torch.batch import IGNORE_INDEX
-from varpack.torch.hf import additive_mask, hf_attention_kind
+from varpack.torch.hf import hf_attention_kind, segment_attention
 
 _VISION = (("pixel_values", "image_grid_thw", 1), ("pixel_values_videos", "video_grid_thw", 2))
 
@@ -288,15 +288,7 @@ def pack_vlm(
         packed[cu[:-1]] = IGNORE_INDEX  # no sample predicts its neighbour's first token
         out["labels"] = packed.view(1, -1)
     segments = masks.segment_ids(cu.to(ids.device), ids.shape[1]).view(1, -1)
-    if kind == "varlen":
-        longest = int(lens.max())
-        out.update(cu_seq_lens_q=cu.to(torch.int32), cu_seq_lens_k=cu.to(torch.int32),
-                   max_length_q=longest, max_length_k=longest)  # fmt: skip
-    elif kind == "block_mask":
-        out["attention_mask"] = masks.document_block_mask(segments)
-    else:
-        allowed = masks.causal_mask_from_segments(segments)
-        out["attention_mask"] = allowed if kind == "bool_mask" else additive_mask(allowed, dtype)
+    out.update(segment_attention(kind, segments, cu, int(lens.max()), dtype))
     return out
 
 
