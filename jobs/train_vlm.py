@@ -34,6 +34,8 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
+from varpack.atomic import check_apart
+from varpack.errors import InputError, OutputError, VarpackError
 from varpack.planfile.format import load_plan
 from varpack.torch.vlm import IGNORE_INDEX, pack_vlm
 
@@ -86,14 +88,25 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
+    try:  # the inputs checked before any rank waits for another: one line, exit 2
+        check_apart(args.out, (args.plan, args.data))
+        if (args.out / "metrics.jsonl").exists():
+            raise OutputError(f"{args.out} holds a run's metrics.jsonl; give another --out")
+        plan = load_plan(args.plan, verify=True)
+        config_file = args.data / "model" / "config.json"
+        if not config_file.is_file() or not (args.data / "tokens").is_dir():
+            raise InputError(f"--data {args.data}: no model/config.json or tokens/; give the "
+                             "output of jobs/vlm_demo_data.py")  # fmt: skip
+    except VarpackError as exc:
+        print(f"train_vlm: error: {exc}", file=sys.stderr)
+        return 2
     # a rank that stops answering fails the collectives after this, rather than hanging them
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
-    plan = load_plan(args.plan, verify=True)
     if plan.dp != world:
         raise SystemExit(f"train_vlm: the plan is for {plan.dp} ranks, this run has {world}")
     table = plan.rank_table(rank).to_pydict()
-    config_doc = json.loads((args.data / "model" / "config.json").read_text())
+    config_doc = json.loads(config_file.read_text())
     config = Qwen2VLConfig.from_dict(config_doc)
     torch.manual_seed(0)  # the same initial weights on every rank
     model = Qwen2VLForConditionalGeneration._from_config(config, attn_implementation="sdpa",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-samples", type=int, default=400)
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args(argv)
+    if args.out.exists() and any(args.out.iterdir()):
+        print(f"vlm_demo_data: error: {args.out} is not empty; give a new directory",
+              file=sys.stderr)  # fmt: skip
+        return 2
     (args.out / "tokens").mkdir(parents=True, exist_ok=True)
     (args.out / "model").mkdir(parents=True, exist_ok=True)
     pq.write_table(samples(args.num_samples, args.seed), args.out / "tokens" / "part-00000.parquet")

@@ -51,3 +51,14 @@ def test_two_ranks_train_a_tiny_qwen2_vl_from_the_plan(tmp_path: Path) -> None:
     assert sum(m["images_rank0"] for m in ddp) > 0  # the steps held images
     fsdp = _torchrun(tmp_path / "plan", data, tmp_path / "fsdp", "--fsdp")
     assert [m["loss"] for m in fsdp] == pytest.approx(losses, rel=1e-4)
+    # a run never writes over another's metrics, nor into its inputs; a non-empty data dir is
+    # not written into either
+    for out, message in ((tmp_path / "ddp", "holds a run's metrics.jsonl"),
+                         (tmp_path / "plan" / "run", "lies inside the input")):  # fmt: skip
+        proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "train_vlm.py"), "--plan",
+                               str(tmp_path / "plan"), "--data", str(data), "--out", str(out)],
+                              env=env(), cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "vlm_demo_data.py"), str(data)],
+                          env=env(), cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and "is not empty" in proc.stderr
