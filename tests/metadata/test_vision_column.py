@@ -141,6 +141,11 @@ def test_files_without_the_column_hold_text_only_samples(tmp_path: Path) -> None
     )
     got = json.loads(cli("check", meta, "--json").stdout)["vision"]
     assert got["samples"] == 5 and got["samples_with_images"] == 2 and got["images"] == 3
+    # a file of totals beside files of images: one line, not a mixed figure
+    pq.write_table(pa.table({"sample_id": [60], "seq_len": [5], "vision_patches": [7]}),
+                   meta / "part-00010.parquet")  # fmt: skip
+    (line,) = cli("check", meta, expect=2).stderr.strip().splitlines()
+    assert "holds each sample's total here and its images in other files" in line
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,9 @@
 
 Contract (DESIGN.md): ``sample_id`` integer, unique, >= 0; ``seq_len`` integer, > 0; optional
 numeric key columns; any other column is ignored unless asked for. ``vision_patches``, a list of
-integers (each image's patches; null or empty: no images), is a key by its per-sample total. The unit of reading is a
-:class:`Piece` (one row group of one file) so that MPI ranks can split the input by rows rather
-than by files. Every check is vectorised and names the file, the row (within that file) and the
+integers (each image's patches; null or empty: no images), is a key by its per-sample total
+(:mod:`varpack.metadata.vision`). The unit of reading is a :class:`Piece` (one row group of one
+file) so that MPI ranks can split the input by rows rather than by files. Every check is vectorised and names the file, the row (within that file) and the
 sample id of the first offence.
 """
 

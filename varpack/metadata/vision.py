@@ -1,14 +1,20 @@
-"""Images' patch grids from their sizes and the processor's settings, without decoding pixels.
+"""A vision-language sample's images in the metadata: the ``vision_patches`` column.
 
-Qwen2-VL's and Qwen2.5-VL's image processor resizes an image of ``height x width`` pixels so
-that both sides are multiples of ``patch x merge`` pixels and its area lies within
-``[min_pixels, max_pixels]``, keeping its aspect ratio as closely as it can (transformers'
-``smart_resize``), then cuts it into ``patch x patch`` patches over ``temporal`` frames (an image
-is one temporal patch): its ``grid_thw`` is ``(1, h, w)``, its patches ``h x w`` and its
-placeholder tokens in the text ``h x w / merge^2``. :func:`image_grids` does the same for an
-array of sizes at once (NumPy, the same float64 operations in the same order, so the same
-rounding). The settings must be the ones training uses: another ``max_pixels`` is another
-number of patches.
+``vision_patches`` holds each sample's images (or videos), each by its patches before merging
+(``t x h x w`` of its ``grid_thw``); null or empty for a text-only sample. Here:
+
+* :func:`image_grids`: the grids Qwen2-VL's and Qwen2.5-VL's image processor makes of images
+  of ``height x width`` pixels, without decoding them. The processor resizes an image so that
+  both sides are multiples of ``patch x merge`` pixels and its area lies within
+  ``[min_pixels, max_pixels]``, keeping its aspect ratio as closely as it can (transformers'
+  ``smart_resize``; here for an array of sizes, the same float64 operations in the same
+  order, so the same rounding); an image is one temporal patch, so its grid is ``(1, h, w)``
+  and its placeholder tokens ``h x w / merge^2``. The settings must be the ones training uses;
+* :func:`patch_lists`, :func:`patch_totals`: the column read and checked (any integer list
+  type; a sorted output's integer totals), and each sample's total, the key a sort orders by;
+* :func:`vision_summary`, :func:`render_vision`: what ``varpack check`` says of the images;
+* :func:`grid_patch_lists`: the column from a dataset's grid columns (the processor's
+  ``image_grid_thw``), for ``varpack lengths --grid-column``.
 """
 
 from __future__ import annotations
@@ -195,13 +201,16 @@ def vision_summary(files: list[str], ids: np.ndarray | None = None) -> dict[str,
     have = [VISION in pq.read_schema(f).names for f in files]
     if not any(have):
         return None
-    held, parts_val, totals = [], [], False
+    held, parts_val, kinds = [], [], set()
     for f, has in zip(files, have, strict=True):
         table = pq.read_table(f, columns=["sample_id", VISION] if has else ["sample_id"])
         sid = table.column("sample_id").to_numpy()
         if has:
             col = table.column(VISION)
-            totals = totals or is_patch_totals(col.type)
+            kinds.add(is_patch_totals(col.type))
+            if len(kinds) > 1:
+                raise InputError(f"{f}: '{VISION}' holds each sample's total here and its images "
+                                 "in other files; give metadata of one kind")  # fmt: skip
             offsets, patches = patch_lists(col, f, 0, sid)
         else:
             offsets, patches = np.zeros(len(sid) + 1, np.int64), np.zeros(0, np.int64)
@@ -211,6 +220,7 @@ def vision_summary(files: list[str], ids: np.ndarray | None = None) -> dict[str,
         parts_val.append(patches[np.repeat(keep, counts)])
     counts = np.concatenate(held)
     patches = np.concatenate(parts_val)
+    totals = True in kinds
     out: dict[str, float | str] = {"samples_with_images": int((counts > 0).sum()),
                                    "samples": int(len(counts)), "images": int(len(patches)),
                                    "patches": int(patches.sum()),
