@@ -26,8 +26,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("qwen2.5-0.5b", "mistral-7b-v0.1")
 WORSE = 0.003
@@ -41,15 +39,6 @@ def _sets(full: bool) -> dict[str, tuple]:  # type: ignore[type-arg]
         if name.startswith(("bimodal", "heavy-bodied 10K", "documents")):
             out[name] = value
     return out
-
-
-def _mixing(arrays: object) -> float:
-    from varpack.plan.figures.stats import mixing
-
-    p = arrays
-    sl = p.lens[p.stream] if p.stream_lens is None else p.stream_lens  # type: ignore[attr-defined]
-    step = np.repeat(np.asarray(p.step), np.diff(p.offsets))  # type: ignore[attr-defined]
-    return mixing(step, sl, int(step.max()) + 1)
 
 
 def rows(models: list[str], full: bool) -> dict[str, dict[str, float]]:
@@ -68,10 +57,10 @@ def rows(models: list[str], full: bool) -> dict[str, dict[str, float]]:
                     runs.append(("step", "packed", 4))
                 for sync, layout, pp in runs:
                     kw = dict(grad_accum=k, sync=sync, layout=layout, pp=pp, **extra)
-                    arrays, _ = make_for(lens, budget, dp, {"model_preset": model}, **kw)
+                    arrays, stats = make_for(lens, budget, dp, {"model_preset": model}, **kw)
                     mb, least = fewest(arrays, budget)
                     key = f"{model} | {name} | K={k} {sync} | {layout if pp == 1 else 'pp 4'}"
-                    out[key] = {"time": times(arrays, real)[sync], "mixing": _mixing(arrays),
+                    out[key] = {"time": times(arrays, real)[sync], "mixing": stats["mixing"],
                                 "floor": shuffle_mixing(arrays), "mb": mb, "fewest": least,
                                 "k": k}  # fmt: skip
     return out
