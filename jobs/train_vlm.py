@@ -3,11 +3,12 @@
     torchrun --standalone --nproc-per-node 2 jobs/train_vlm.py --plan PLAN --data DATA --out RUN
 
 ``DATA`` is what ``jobs/vlm_demo_data.py`` wrote: the tokenized dataset and the model's
-config.json. Each rank reads its own rows of the plan (``Plan.rank_table``): per step, its
-micro-batches' sample ids. A sample is made the way a real pipeline makes it in its DataLoader
+config.json. Each rank reads its own micro-batches of the plan with ``PlanLoader(...,
+vision=config)``. The dataset makes a sample the way a real pipeline does in its DataLoader
 workers: its images (drawn again from their seeds) through Qwen2-VL's image processor, beside
-its tokens; ``pack_vlm`` packs each micro-batch into one row (multimodal RoPE positions, the
-attention kept inside each sample, labels) from the model's config alone. The loss of a
+its tokens, and labels with the image placeholders left out; the loader packs each micro-batch
+into one row (``VisionBatch``: multimodal RoPE positions, token types, pixels) and ``hf_inputs``
+gives it to the model with the attention kept inside each sample. The loss of a
 micro-batch is its token losses over the step's supervised tokens on every rank
 (``num_items_in_batch``), times the world size (DDP averages gradients), so the accumulated
 gradient is the step's mean token loss; DDP meets once a step (``no_sync`` on the others).
@@ -25,6 +26,7 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,9 @@ import torch.distributed as dist
 from varpack.atomic import check_apart
 from varpack.errors import InputError, OutputError, VarpackError
 from varpack.planfile.format import load_plan
-from varpack.torch.vlm import IGNORE_INDEX, pack_vlm
+from varpack.torch.hf import hf_inputs
+from varpack.torch.loader import PlanLoader
+from varpack.torch.vlm import IGNORE_INDEX, VisionBatch
 
 
 class Samples:
@@ -70,6 +74,18 @@ class Samples:
             want = torch.tensor(self.table["image_grid_thw"][i])
             assert torch.equal(got["image_grid_thw"], want), (sample_id, got["image_grid_thw"])
         return out
+
+
+def _steps(loader: PlanLoader, most: int) -> Iterator[list[VisionBatch]]:
+    """The loader's micro-batches, a step's at a time (its first ``most`` steps)."""
+    held: list[VisionBatch] = []
+    for batch in loader:
+        held.append(batch)
+        if batch.is_last_micro:
+            yield held
+            held, most = [], most - 1
+            if most == 0:
+                return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     if plan.dp != world:
         raise SystemExit(f"train_vlm: the plan is for {plan.dp} ranks, this run has {world}")
-    table = plan.rank_table(rank).to_pydict()
     config_doc = json.loads(config_file.read_text())
     config = Qwen2VLConfig.from_dict(config_doc)
     torch.manual_seed(0)  # the same initial weights on every rank
@@ -123,16 +138,17 @@ def main(argv: list[str] | None = None) -> int:
         ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     data = Samples(args.data, config_doc)
-    steps = sorted(set(table["step"]))[: args.max_steps]
+    # each micro-batch made by the reader: the samples through the processor, packed
+    loader = PlanLoader(args.plan, data, rank=rank, world_size=world, vision=config)
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "metrics.jsonl").open("w") if rank == 0 else None
-    for step in steps:
-        rows = [j for j, s in enumerate(table["step"]) if s == step]
-        packed = [pack_vlm([data[int(s)] for s in table["sample_ids"][j]], config) for j in rows]
-        items = torch.tensor([sum(int((kw["labels"] != IGNORE_INDEX).sum()) for kw in packed)])
+    for packed in _steps(loader, args.max_steps):
+        step = packed[0].step
+        items = torch.tensor([sum(b.micro_label_tokens for b in packed)])
         dist.all_reduce(items)  # the step's supervised tokens, every rank
         loss_sum = torch.zeros(1)
-        for j, kw in enumerate(packed):
+        for j, batch in enumerate(packed):
+            kw = hf_inputs(batch, "sdpa", labels=True)
             last = j == len(packed) - 1
             if args.fsdp:  # reduce-scatter once, after the step's last micro-batch
                 ddp.set_requires_gradient_sync(last)
@@ -144,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         opt.zero_grad(set_to_none=True)
         dist.all_reduce(loss_sum)  # the step's mean token loss
-        images = sum(int(kw.get("image_grid_thw", torch.zeros(0, 3)).shape[0]) for kw in packed)
+        images = sum(0 if b.image_grid_thw is None else len(b.image_grid_thw) for b in packed)
         if log is not None:
             record = {"step": step + 1, "loss": float(loss_sum), "images_rank0": images}
             log.write(json.dumps(record) + "\n")

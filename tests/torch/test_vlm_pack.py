@@ -13,79 +13,19 @@ pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
+from vlm_helpers import PATCH_IN, model_of, sample, some_samples  # noqa: E402
 
 from varpack.errors import InputError  # noqa: E402
 from varpack.torch.vlm import IGNORE_INDEX, mrope_positions, pack_vlm  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
-IMAGE, VIDEO, START, END = 120, 121, 122, 123
-PATCH_IN = 3 * 2 * 4 * 4  # channels x temporal x patch^2
-
-
-def _model(kind: str, attn: str) -> Any:
-    text = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 128,
-            "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
-            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
-                                "rope_theta": 10000.0}}  # fmt: skip
-    vision = {"depth": 2, "num_heads": 4, "patch_size": 4, "spatial_merge_size": 2,
-              "temporal_patch_size": 2, "in_channels": 3}  # fmt: skip
-    tokens = {"image_token_id": IMAGE, "video_token_id": VIDEO, "vision_start_token_id": START,
-              "vision_end_token_id": END}  # fmt: skip
-    if kind == "qwen2_vl":
-        config = transformers.Qwen2VLConfig(
-            text_config=text, vision_config={**vision, "embed_dim": 32, "hidden_size": 64},
-            **tokens)  # fmt: skip
-        cls = transformers.Qwen2VLForConditionalGeneration
-    else:
-        config = transformers.Qwen2_5_VLConfig(
-            text_config=text,
-            vision_config={**vision, "hidden_size": 32, "intermediate_size": 40,
-                           "out_hidden_size": 64, "window_size": 16,
-                           "fullatt_block_indexes": [1]},
-            **tokens)  # fmt: skip
-        cls = transformers.Qwen2_5_VLForConditionalGeneration
-    torch.manual_seed(0)
-    return cls._from_config(config, attn_implementation=attn, dtype=torch.float32).eval()
-
-
-def _sample(rng: np.random.Generator, text: int, grids: list[tuple[int, int, int]],
-            videos: tuple[tuple[int, int, int], ...] = ()) -> dict:  # fmt: skip
-    """Text, then each image (then video) between its start and end tokens, then more text."""
-    ids: list[int] = list(rng.integers(0, 100, text))
-    types = [0] * text
-    for kind, token, items in ((1, IMAGE, grids), (2, VIDEO, videos)):
-        for t, h, w in items:
-            n = t * h * w // 4
-            ids += [START] + [token] * n + [END] + list(rng.integers(0, 100, 3))
-            types += [0] + [kind] * n + [0] * 4
-    out: dict[str, Any] = {"input_ids": torch.tensor([ids]),
-                           "mm_token_type_ids": torch.tensor([types])}  # fmt: skip
-    for pixels, grid, items in (("pixel_values", "image_grid_thw", grids),
-                                ("pixel_values_videos", "video_grid_thw", videos)):  # fmt: skip
-        if items:
-            rows = sum(t * h * w for t, h, w in items)
-            values = rng.standard_normal((rows, PATCH_IN))
-            out[pixels] = torch.tensor(values, dtype=torch.float32)
-            out[grid] = torch.tensor(list(items))
-    if videos:
-        out["second_per_grid_ts"] = torch.tensor([0.5 + i for i in range(len(videos))])
-    return out
-
-
-def _samples(seed: int = 0) -> list[dict]:
-    rng = np.random.default_rng(seed)
-    return [_sample(rng, 5, [(1, 4, 4)]), _sample(rng, 7, []),  # a text-only sample
-            _sample(rng, 3, [(1, 8, 4), (1, 2, 2)]), _sample(rng, 2, [(1, 4, 8)]),
-            _sample(rng, 4, [(1, 2, 4)], videos=((3, 4, 4), (2, 2, 6)))]  # fmt: skip
-
 
 @pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_logits_are_each_samples_alone(kind: str, attn: str) -> None:
-    model = _model(kind, attn)
-    samples = _samples()
+    model = model_of(kind, attn)
+    samples = some_samples()
     with torch.no_grad():
         alone = [model(**s).logits[0] for s in samples]
         packed = model(**pack_vlm(samples, model, attn, labels=False)).logits[0]
@@ -98,8 +38,8 @@ def test_packed_logits_are_each_samples_alone(kind: str, attn: str) -> None:
 
 @pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl"])
 def test_a_steps_loss_and_gradients_are_the_unpacked_batchs(kind: str) -> None:
-    model = _model(kind, "sdpa").train()
-    samples = _samples(1)
+    model = model_of(kind, "sdpa").train()
+    samples = some_samples(1)
     items = sum(
         int(s["input_ids"].shape[1]) - 1 for s in samples
     )  # each predicts all but its first
@@ -118,9 +58,9 @@ def test_a_steps_loss_and_gradients_are_the_unpacked_batchs(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl"])
 def test_positions_are_the_models_get_rope_index(kind: str) -> None:
-    model = _model(kind, "sdpa")
+    model = model_of(kind, "sdpa")
     for seed in range(3):
-        for s in _samples(seed):
+        for s in some_samples(seed):
             if "image_grid_thw" not in s and "video_grid_thw" not in s:
                 continue
             extra = {"second_per_grid_ts": s["second_per_grid_ts"]} if kind == "qwen2_5_vl" and (
@@ -135,8 +75,8 @@ def test_positions_are_the_models_get_rope_index(kind: str) -> None:
 
 
 def test_positions_restart_with_every_sample_and_labels_skip_first_tokens() -> None:
-    model = _model("qwen2_vl", "sdpa")
-    samples = _samples()
+    model = model_of("qwen2_vl", "sdpa")
+    samples = some_samples()
     got = pack_vlm(samples, model)
     pos, labels = got["position_ids"], got["labels"][0]
     at = 0
@@ -186,23 +126,23 @@ def test_positions_restart_with_every_sample_and_labels_skip_first_tokens() -> N
     ],
 )  # fmt: skip
 def test_mismatched_samples_are_one_line(edit: Any, message: str) -> None:
-    model = _model("qwen2_vl", "sdpa")
-    samples = _samples()
+    model = model_of("qwen2_vl", "sdpa")
+    samples = some_samples()
     edit(samples[0])
     with pytest.raises(InputError) as err:
         pack_vlm(samples, model)
     assert message in str(err.value) and "\n" not in str(err.value)
     assert str(err.value).startswith("sample 0: ")
     with pytest.raises(InputError, match="has no vision_config"):
-        pack_vlm(_samples(), torch.nn.Linear(2, 2))
+        pack_vlm(some_samples(), torch.nn.Linear(2, 2))
 
 
 def test_video_seconds_are_checked_and_spaced_in_float32_as_the_model_does() -> None:
     """0.7 s per grid step at 4 tokens a second: 2.8 in float32 is 2.7999999..., so the frame
     index x 2.8 truncates as the model's does (0, 2, 5, 8, ...), not as in float64."""
-    model = _model("qwen2_5_vl", "sdpa")
+    model = model_of("qwen2_5_vl", "sdpa")
     rng = np.random.default_rng(5)
-    s = _sample(rng, 3, [], videos=((6, 2, 2), (3, 2, 4)))
+    s = sample(rng, 3, [], videos=((6, 2, 2), (3, 2, 4)))
     for seconds in ([0.7, 1 / 0.7], [25 / 100, 2 / 0.7]):
         s["second_per_grid_ts"] = torch.tensor(seconds)  # float32, as the processor returns it
         want, _ = model.model.get_rope_index(
@@ -218,8 +158,8 @@ def test_video_seconds_are_checked_and_spaced_in_float32_as_the_model_does() -> 
 
 def test_stored_token_types_and_shapes_are_taken() -> None:
     """uint16 token ids (as a token copy stores them), lists, (3,) grids: packed as int64."""
-    model = _model("qwen2_vl", "sdpa")
-    s = _samples()[0]
+    model = model_of("qwen2_vl", "sdpa")
+    s = some_samples()[0]
     other = {"input_ids": s["input_ids"][0].numpy().astype(np.uint16),
              "mm_token_type_ids": s["mm_token_type_ids"][0].tolist(),
              "pixel_values": s["pixel_values"], "image_grid_thw": [1, 4, 4]}  # fmt: skip

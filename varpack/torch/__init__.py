@@ -3,7 +3,8 @@
 The only part of varpack that imports torch. The pieces:
 
 - :class:`PlanLoader` (``loader``): this rank's micro-batches, in plan order, resumable.
-- :class:`PackedBatch`, :class:`PaddedBatch`, :class:`BlockBatch` (``batch``): what it yields.
+- :class:`PackedBatch`, :class:`PaddedBatch`, :class:`BlockBatch` (``batch``): what it yields;
+  :class:`VisionBatch` (``vlm``) with ``vision=``, for Qwen2-VL / Qwen2.5-VL samples.
 - :class:`ParquetTokenDataset` (``dataset``): tokens by sample id from tokenized Parquet.
 - :class:`VariableBatchSizeLR` (``lr``): the plan's per-step LR factor on top of any scheduler.
 - :func:`normalise`, :func:`token_loss_sum` (``loss``): exact loss normalisation per global step.
@@ -32,6 +33,7 @@ from varpack.torch.grouped import GroupTally, group_losses, sample_losses
 from varpack.torch.loader import PlanLoader, load_lr_factors
 from varpack.torch.loss import normalise, token_loss_sum, token_losses
 from varpack.torch.lr import VariableBatchSizeLR
+from varpack.torch.vlm import VisionBatch, pack_vlm
 from varpack.torch.vocab import check_vocab
 from varpack.torch.warmup import compile_warmup, compiled_graphs, dummy_batch, rank_shapes
 
@@ -44,6 +46,7 @@ __all__ = [
     "ParquetTokenDataset",
     "PlanLoader",
     "VariableBatchSizeLR",
+    "VisionBatch",
     "attention_meta",
     "check_vocab",
     "compile_warmup",
@@ -53,6 +56,7 @@ __all__ = [
     "group_losses",
     "load_lr_factors",
     "normalise",
+    "pack_vlm",
     "packed_attention",
     "rank_shapes",
     "resolve_backend",

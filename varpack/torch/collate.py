@@ -170,11 +170,7 @@ class RawBatch:
     fields: dict[str, Any]
 
     def to_batch(self) -> PackedBatch | PaddedBatch | BlockBatch:
-        kw = _tensors(self.fields)
-        kw["carry"] = {
-            k: v.tolist() if v.dtype == object else torch.from_numpy(v)
-            for k, v in self.fields.get("carry", {}).items()
-        }
+        kw = info_tensors(self.fields)
         if self.layout == "packed":
             for key in ("input_ids", "position_ids", "labels"):
                 # One packed row [1, N] with contiguous strides: compiled graphs guard on strides.
@@ -183,6 +179,27 @@ class RawBatch:
         if self.layout == "padded":
             return PaddedBatch(**kw)
         return BlockBatch(**kw)
+
+
+def info_tensors(fields: dict[str, Any]) -> dict[str, Any]:
+    """Collated fields as a batch takes them: arrays as tensors (no copy), carried string
+    columns as lists of ``str``."""
+    kw = _tensors(fields)
+    kw["carry"] = {
+        k: v.tolist() if v.dtype == object else torch.from_numpy(v)
+        for k, v in fields.get("carry", {}).items()
+    }
+    return kw
+
+
+def row_info(row: RowInfo, ids: np.ndarray, lens: np.ndarray) -> dict[str, Any]:
+    """A row's bookkeeping fields (NumPy) for a batch of its samples in their planned order."""
+    return _info(row, ids, lens)
+
+
+def check_lengths(row: RowInfo, ids: np.ndarray, planned: np.ndarray, got: np.ndarray) -> None:
+    """Refuse, in one line, a sample whose token count is not the plan's."""
+    _check_lengths(row, ids, planned, got)
 
 
 def _info(

@@ -126,6 +126,8 @@ def hf_inputs(
     }
     if labels:
         kwargs["labels"] = batch.labels
+    if hasattr(batch, "model_inputs"):  # a VisionBatch: mRoPE positions, token types, pixels
+        kwargs.update(batch.model_inputs())
     if kind == "varlen":
         if layout != "padded":  # one sample per row: the plain causal flash kernel is exact
             longest = (

@@ -38,6 +38,7 @@ from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
 from varpack.torch.dataset import fetch_flat
 from varpack.torch.launch import launch_env
 from varpack.torch.state import make_state, read_parent_state, read_state
+from varpack.torch.vlm import read_vision, vision_settings
 from varpack.torch.workers import resolve_workers
 
 
@@ -234,6 +235,45 @@ class MicroBatches(Dataset[Any]):
         return raw.to_batch()
 
 
+class VisionMicroBatches(MicroBatches):
+    """Map-style dataset: ``(epoch, row)`` -> the :class:`~varpack.torch.vlm.VisionBatch` of
+    that row, each sample the processor's outputs the user's dataset returns."""
+
+    def __init__(
+        self, rows: ManifestRows, dataset: Any, pad_id: int, merge: int, tps: float | None
+    ) -> None:
+        super().__init__(rows, dataset, "packed", pad_id)
+        self.merge, self.tps = merge, tps
+
+    def __getitem__(self, index: tuple[int, int]) -> Ready | Failed:  # type: ignore[override]
+        epoch, i = index
+        try:
+            row = self.rows.row(i, epoch)
+            return Ready(read_vision(row, self.dataset, self.pad_id, self.merge, self.tps))
+        except VarpackError as exc:  # sent back whole, as for text
+            return Failed(type(exc), str(exc))
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A batch made whole in a DataLoader worker (tensors cross in shared memory)."""
+
+    batch: Any
+
+    def to_batch(self) -> Any:
+        return self.batch
+
+
+def check_vision_plan(where: str, layout: str, cp_size: int, config: dict[str, Any]) -> None:
+    """Refuse, in one line, a plan a :class:`VisionMicroBatches` cannot read."""
+    if layout != "packed" or cp_size > 1:
+        raise ConfigError(f"{where}: vision= reads packed plans without --cp; this one is "
+                          f"{layout}{' with --cp' if cp_size > 1 else ''}: plan with --layout packed")  # fmt: skip
+    if config.get("oversize") == "split":
+        raise ConfigError(f"{where}: the plan splits long samples (--oversize split), and a "
+                          "sample with images cannot be split: plan with --oversize alone or error")  # fmt: skip
+
+
 class _RowSampler(Sampler[tuple[int, int]]):
     """Rows ``start .. n-1`` of one epoch, in order."""
 
@@ -272,6 +312,11 @@ class PlanLoader:
     (:class:`~varpack.torch.batch.BlockBatch`); ``None`` takes it from plan.json. ``dataset`` is a
     :class:`~varpack.torch.dataset.ParquetTokenDataset` or any map-style dataset keyed by sample id.
     ``num_workers="auto"``: from the CPUs per GPU (:func:`~varpack.torch.workers.default_workers`).
+    ``vision``: a Qwen2-VL / Qwen2.5-VL model or its config, for vision-language samples: the
+    dataset returns each sample as its processor's outputs (``input_ids``,
+    ``mm_token_type_ids``, ``pixel_values``, ``image_grid_thw``, optional ``labels``; the
+    processor runs in the DataLoader workers) and the loader yields
+    :class:`~varpack.torch.vlm.VisionBatch` (packed plans).
     """
 
     def __init__(
@@ -289,6 +334,7 @@ class PlanLoader:
         multiprocessing_context: Any = None,
         cp_rank: int | None = None,
         cp_size: int | None = None,
+        vision: Any = None,
     ) -> None:
         # Each rank checks its own manifest's sha256 (not all dp files: that would read every
         # rank's file in every process).
@@ -316,6 +362,10 @@ class PlanLoader:
         positions = config.get("split_positions", "restart")
         split_len = config.get("split_len") if config.get("oversize") == "split" else None
         self.dataset = MicroBatches(self.rows, dataset, layout, pad_id, positions, split_len)
+        if vision is not None:  # vision-language samples: VisionBatch
+            check_vision_plan(str(plan_dir), layout, self.cp_size, config)
+            merge, tps = vision_settings(vision)
+            self.dataset = VisionMicroBatches(self.rows, dataset, pad_id, merge, tps)
         self.num_workers, self.pin_memory = resolve_workers(num_workers), pin_memory
         self.prefetch_factor, self.multiprocessing_context = (
             prefetch_factor,

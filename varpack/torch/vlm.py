@@ -26,15 +26,16 @@ fp32). Pass ``num_items_in_batch`` (the step's supervised tokens) as for a text 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from varpack.errors import InputError
-from varpack.torch import masks
-from varpack.torch.batch import IGNORE_INDEX
-from varpack.torch.hf import hf_attention_kind, segment_attention
+from varpack.torch.batch import IGNORE_INDEX, PackedBatch
+from varpack.torch.collate import RowInfo, check_lengths, info_tensors, pack_packed, row_info
+from varpack.torch.hf import hf_attention_kind, hf_inputs
 
 _VISION = (("pixel_values", "image_grid_thw", 1), ("pixel_values_videos", "video_grid_thw", 2))
 
@@ -55,16 +56,14 @@ def _integers(t: torch.Tensor, name: str, where: str) -> torch.Tensor:
     return t.to(torch.int64)
 
 
-def _row(x: Any, name: str, i: int) -> torch.Tensor:
+def _row(x: Any, name: str, where: str) -> torch.Tensor:
     """A sample's 1-D token tensor (``(L,)`` or ``(1, L)``), int64."""
-    t = _tensor(x, name, f"sample {i}")
+    t = _tensor(x, name, where)
     if t.ndim == 2 and t.shape[0] == 1:
         t = t[0]
     if t.ndim != 1 or t.numel() == 0:
-        raise InputError(
-            f"sample {i}: {name} must hold one non-empty row, not shape {tuple(t.shape)}"
-        )
-    return _integers(t, name, f"sample {i}")
+        raise InputError(f"{where}: {name} must hold one non-empty row, not shape {tuple(t.shape)}")
+    return _integers(t, name, where)
 
 
 def _grids(x: Any, name: str, where: str, merge: int) -> np.ndarray:
@@ -190,16 +189,16 @@ def _seconds(x: Any, videos: int, where: str) -> np.ndarray | None:
     return values
 
 
-def _checked(sample: Mapping[str, Any], i: int, merge: int) -> dict[str, Any]:
-    """One sample's tensors, checked against each other (token ids, types and grids as int64)."""
-    where = f"sample {i}"
+def _checked(sample: Mapping[str, Any], where: str, merge: int) -> dict[str, Any]:
+    """One sample's tensors, checked against each other (token ids, types and grids as int64);
+    ``own``: whether it gives its own labels."""
     if not isinstance(sample, Mapping):
         raise InputError(f"{where}: a sample is a mapping of the processor's outputs, not "
                          f"{type(sample).__name__}")  # fmt: skip
     if sample.get("input_ids") is None or sample.get("mm_token_type_ids") is None:
         raise InputError(f"{where}: give input_ids and mm_token_type_ids (the processor's)")
-    ids = _row(sample["input_ids"], "input_ids", i)
-    types = _row(sample["mm_token_type_ids"], "mm_token_type_ids", i)
+    ids = _row(sample["input_ids"], "input_ids", where)
+    types = _row(sample["mm_token_type_ids"], "mm_token_type_ids", where)
     if types.shape != ids.shape:
         raise InputError(f"{where}: mm_token_type_ids has {types.numel()} tokens, input_ids "
                          f"{ids.numel()}")  # fmt: skip
@@ -221,20 +220,142 @@ def _checked(sample: Mapping[str, Any], i: int, merge: int) -> dict[str, Any]:
         raise InputError(f"{where}: second_per_grid_ts without videos (video_grid_thw)")
     out["seconds"] = _seconds(seconds, len(out.get("video_grid_thw", ())), where)
     labels = sample.get("labels")
-    out["labels"] = ids if labels is None else _row(labels, "labels", i)
+    out["own"] = labels is not None
+    out["labels"] = ids if labels is None else _row(labels, "labels", where)
     if out["labels"].shape != ids.shape:
         raise InputError(f"{where}: labels has {out['labels'].numel()} tokens, input_ids "
                          f"{ids.numel()}")  # fmt: skip
     return out
 
 
-def _positions(s: dict[str, Any], i: int, merge: int, tps: float | None) -> torch.Tensor:
-    """``[4, 1, L]``: the text positions, then the sample's multimodal RoPE positions alone."""
-    n = s["input_ids"].numel()
-    text = np.arange(n, dtype=np.int64)[None]
-    mrope = mrope_positions(s["mm_token_type_ids"], s.get("image_grid_thw"),
-                            s.get("video_grid_thw"), merge, s["seconds"], tps, f"sample {i}")  # fmt: skip
-    return torch.from_numpy(np.concatenate([text, mrope])).view(4, 1, n)
+@dataclass
+class VisionBatch(PackedBatch):
+    """A packed micro-batch of vision-language samples (Qwen2-VL, Qwen2.5-VL): the text fields
+    of :class:`~varpack.torch.batch.PackedBatch` (``position_ids``: the text positions, ``[1,
+    N]``, restarting with every sample) and what the model's vision side takes. ``labels`` are
+    the samples' own where the dataset gives them (say, with the image placeholders set to
+    ``IGNORE_INDEX``), else their ``input_ids``; every sample's first token and the padding tail
+    are ``IGNORE_INDEX``. :func:`~varpack.torch.hf.hf_inputs` gives the model all of it."""
+
+    mm_token_type_ids: torch.Tensor  # int64 [1, N]: 0 text, 1 image, 2 video (padding: 0)
+    rope_positions: torch.Tensor  # int64 [3, 1, N]: each sample's multimodal RoPE positions
+    micro_label_tokens: int  # supervised tokens of this micro-batch
+    own_labels: bool  # some sample gave its own labels
+    pixel_values: torch.Tensor | None = field(default=None, kw_only=True)  # [patches, D]
+    image_grid_thw: torch.Tensor | None = field(default=None, kw_only=True)  # int64 [images, 3]
+    pixel_values_videos: torch.Tensor | None = field(default=None, kw_only=True)
+    video_grid_thw: torch.Tensor | None = field(default=None, kw_only=True)
+    second_per_grid_ts: torch.Tensor | None = field(default=None, kw_only=True)  # one per video
+
+    @property
+    def label_tokens(self) -> int:
+        """Supervised tokens of the whole global step, where the samples' labels are their
+        tokens (the plan knows them); samples that give their own labels supervise fewer, which
+        only they know: sum :attr:`micro_label_tokens` over the step's micro-batches and ranks."""
+        if self.own_labels:
+            raise InputError(
+                f"step {self.step}: the samples give their own labels, so the plan does not know "
+                "the step's supervised tokens; sum micro_label_tokens over the step's "
+                "micro-batches and all-reduce it over the ranks"
+            )
+        return super().label_tokens
+
+    def model_inputs(self) -> dict[str, Any]:
+        """What the model takes beyond the text inputs: ``position_ids`` ``[4, 1, N]`` (the text
+        positions over the multimodal ones, as transformers takes packed Qwen2-VL input),
+        ``mm_token_type_ids`` and the vision tensors this micro-batch holds."""
+        pos = torch.cat([self.position_ids.view(1, 1, -1), self.rope_positions], 0)
+        out: dict[str, Any] = {"position_ids": pos, "mm_token_type_ids": self.mm_token_type_ids}
+        for name in VISION_FIELDS:
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+
+#: the vision tensors a :class:`VisionBatch` may hold, by the model's argument names
+VISION_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                 "second_per_grid_ts")  # fmt: skip
+
+
+def vision_fields(
+    parts: Sequence[dict[str, Any]], pad_to: int, pad_id: int, merge: int, tps: float | None
+) -> dict[str, Any]:
+    """A :class:`VisionBatch`'s tensor fields from checked samples (:func:`checked_sample`),
+    packed into one row of ``pad_to`` tokens (the padding tail one segment of text)."""
+    lens = np.array([p["input_ids"].numel() for p in parts], dtype=np.int64)
+    tokens = torch.cat([p["input_ids"] for p in parts]).numpy()
+    fields = pack_packed(tokens, lens, pad_to, pad_id)
+    n = int(lens.sum())
+    labels = fields["labels"]
+    own = any(p["own"] for p in parts)
+    if own:
+        labels[:n] = torch.cat([p["labels"] for p in parts]).numpy()
+        labels[fields["cu_seqlens"][: len(parts)]] = IGNORE_INDEX
+    types = np.zeros(pad_to, dtype=np.int64)
+    types[:n] = torch.cat([p["mm_token_type_ids"] for p in parts]).numpy()
+    rope = np.empty((3, pad_to), dtype=np.int64)
+    rope[:, n:] = np.arange(pad_to - n)  # the padding tail: a text segment of its own
+    at = 0
+    for i, p in enumerate(parts):
+        m = p["input_ids"].numel()
+        rope[:, at : at + m] = mrope_positions(
+            p["mm_token_type_ids"], p.get("image_grid_thw"), p.get("video_grid_thw"), merge,
+            p["seconds"], tps, p.get("where", f"sample {i}"))  # fmt: skip
+        at += m
+    out = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in fields.items()}
+    for key in ("input_ids", "position_ids", "labels"):
+        out[key] = out[key].view(1, -1)
+    out.update(
+        mm_token_type_ids=torch.from_numpy(types).view(1, -1),
+        rope_positions=torch.from_numpy(rope).view(3, 1, -1),
+        micro_label_tokens=int((labels != IGNORE_INDEX).sum()),
+        own_labels=own,
+    )
+    for pixels, grid, _ in _VISION:
+        held = [p for p in parts if grid in p]
+        if held:
+            widths = {tuple(p[pixels].shape[1:]) for p in held}
+            if len(widths) > 1:
+                raise InputError(f"{pixels} rows differ in width across samples "
+                                 f"({sorted(widths)}); give one processor's outputs")  # fmt: skip
+            out[pixels] = torch.cat([p[pixels] for p in held], 0)
+            out[grid] = torch.cat([p[grid] for p in held], 0)
+    if any(p["seconds"] is not None for p in parts):  # one per video, in order (1 s: unsaid)
+        out["second_per_grid_ts"] = torch.cat([
+            torch.from_numpy(p["seconds"]) if p["seconds"] is not None
+            else torch.ones(len(p["video_grid_thw"]))
+            for p in parts if "video_grid_thw" in p
+        ])  # fmt: skip
+    return out
+
+
+def read_vision(
+    row: RowInfo, dataset: Any, pad_id: int, merge: int, tps: float | None
+) -> VisionBatch:
+    """The :class:`VisionBatch` of manifest row ``row``: each sample is ``dataset[sample_id]``
+    (the processor's outputs, made where the dataset makes them: in the DataLoader workers),
+    checked, its tokens counted against the plan's, packed to the row's ``pad_to``."""
+    ids = row.sample_ids
+    parts = [
+        checked_sample(dataset[int(s)], f"{row.where()}: sample id {int(s)}", merge) for s in ids
+    ]
+    lens = np.array([p["input_ids"].numel() for p in parts], dtype=np.int64)
+    check_lengths(row, ids, row.seq_lens.astype(np.int64), lens)
+    fields = vision_fields(parts, row.pad_to, pad_id, merge, tps)
+    return VisionBatch(**info_tensors(row_info(row, ids, lens)), **fields)
+
+
+def checked_sample(sample: Mapping[str, Any], where: str, merge: int) -> dict[str, Any]:
+    """One sample (a processor's output) checked for :func:`vision_fields`; ``where`` names it
+    in a message."""
+    out = _checked(sample, where, merge)
+    out["where"] = where
+    return out
+
+
+def vision_settings(model: Any) -> tuple[int, float | None]:
+    """``(spatial_merge_size, tokens_per_second)`` of a Qwen2-VL / Qwen2.5-VL model or config."""
+    return _vision_settings(model)
 
 
 def pack_vlm(
@@ -249,47 +370,24 @@ def pack_vlm(
     sample) packed into one row, each kept apart (see the module doc). ``model``: the
     Qwen2-VL / Qwen2.5-VL model, or its config (its vision config's ``spatial_merge_size`` and
     ``tokens_per_second`` are read: a DataLoader worker needs no model);
-    ``dtype``: the additive mask's for ``eager``; ``labels``: add the packed labels."""
+    ``dtype``: the additive mask's for ``eager``; ``labels``: add the packed labels. The
+    reader's :class:`VisionBatch` is the same row with the plan's bookkeeping
+    (``PlanLoader(..., vision=config)``)."""
     if not samples:
         raise InputError("pack_vlm: no samples to pack")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise InputError(f"pack_vlm: dtype={dtype!r}: the mask's dtype is a float dtype")
     merge, tps = _vision_settings(model)
-    kind = hf_attention_kind(attn_implementation)
-    parts = [_checked(s, i, merge) for i, s in enumerate(samples)]
-    ids = torch.cat([p["input_ids"] for p in parts]).view(1, -1)
+    hf_attention_kind(attn_implementation)
+    parts = [checked_sample(s, f"sample {i}", merge) for i, s in enumerate(samples)]
     lens = torch.tensor([p["input_ids"].numel() for p in parts])
-    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
-    out: dict[str, Any] = {
-        "input_ids": ids,
-        "mm_token_type_ids": torch.cat([p["mm_token_type_ids"] for p in parts]).view(1, -1),
-        "position_ids": torch.cat(
-            [_positions(p, i, merge, tps) for i, p in enumerate(parts)], 2
-        ).to(ids.device),
-        "use_cache": False,
-    }
-    for pixels, grid, _ in _VISION:
-        held = [(i, p) for i, p in enumerate(parts) if grid in p]
-        if held:
-            widths = {tuple(p[pixels].shape[1:]) for _, p in held}
-            if len(widths) > 1:
-                raise InputError(f"pack_vlm: {pixels} rows differ in width across samples "
-                                 f"({sorted(widths)}); give one processor's outputs")  # fmt: skip
-            out[pixels] = torch.cat([p[pixels] for _, p in held], 0)
-            out[grid] = torch.cat([p[grid] for _, p in held], 0)
-    if any(p["seconds"] is not None for p in parts):  # one per video, in order (1 s: unsaid)
-        out["second_per_grid_ts"] = torch.cat([
-            torch.from_numpy(p["seconds"]) if p["seconds"] is not None
-            else torch.ones(len(p["video_grid_thw"]))
-            for p in parts if "video_grid_thw" in p
-        ])  # fmt: skip
-    if labels:
-        packed = torch.cat([p["labels"] for p in parts]).clone()
-        packed[cu[:-1]] = IGNORE_INDEX  # no sample predicts its neighbour's first token
-        out["labels"] = packed.view(1, -1)
-    segments = masks.segment_ids(cu.to(ids.device), ids.shape[1]).view(1, -1)
-    out.update(segment_attention(kind, segments, cu, int(lens.max()), dtype))
-    return out
+    total = int(lens.sum())
+    fields = vision_fields(parts, total, 0, merge, tps)
+    batch = VisionBatch(
+        step=0, micro=0, lr_factor=1.0, step_tokens=total, step_samples=len(parts),
+        is_last_micro=True, warmup=False, epoch=0, sample_ids=torch.arange(len(parts)),
+        seq_lens=lens.to(torch.int32), **fields)  # fmt: skip
+    return hf_inputs(batch, attn_implementation, dtype=dtype, labels=labels)
 
 
-__all__ = ["IGNORE_INDEX", "mrope_positions", "pack_vlm"]
+__all__ = ["IGNORE_INDEX", "VisionBatch", "mrope_positions", "pack_vlm", "vision_fields"]
