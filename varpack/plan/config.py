@@ -129,8 +129,9 @@ class PlanConfig(ContextOptions):
     compose: str = option(
         "cost",
         "shuffle: compose steps by cost (every rank of a step carries the same cost; budget "
-        "batching, any layout, --pp) or by tokens (micro-batches filled to the budget)",
-        ("cost", "tokens"),
+        "batching, any layout, --pp), by the balance engine (engine: packed layout, no --pp "
+        "or --mix; compared with cost) or by tokens (micro-batches filled to the budget)",
+        ("cost", "engine", "tokens"),
     )
     balance_fill: float = option(
         0.75,

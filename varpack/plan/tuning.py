@@ -150,6 +150,19 @@ STEP_SHARE = 0.98
 MORE_MICRO = 0.05
 
 
+# The balance engine (:mod:`varpack.plan.engine`, ``--compose engine``)
+
+#: A window's steps are sized for this share of their budget: micro-batches filled to the
+#: budget where the samples allow, with a little room for the deal to level bins under it
+ENGINE_FILL = 0.96
+
+#: Moves and swaps each group's levelling may take
+ENGINE_PASSES = 16
+
+#: How many shorter neighbours, in length order, a trade between groups looks at
+TRADE_NEIGHBOURS = 8
+
+
 #: each constant -> a test that fails with the constant's rule turned off (its share or count
 #: at 0; GROUP_RATIO and WIDE_GAIN at 1.0, which turns them off), found by turning each off
 TESTS = {
@@ -174,4 +187,4 @@ TESTS = {
 #: constants no test fails without yet (each turned off, the plan and online tests all pass):
 #: a change to one of them first writes the test that shows what it buys
 UNTESTED = ("LENGTH_SLACK", "NEIGHBOURS", "PEAK_SLACK", "MAX_SWAPS",
-            "WINDOW_SLOTS", "STEP_SHARE")  # fmt: skip
+            "WINDOW_SLOTS", "STEP_SHARE", "ENGINE_FILL", "ENGINE_PASSES", "TRADE_NEIGHBOURS")  # fmt: skip

@@ -9,6 +9,7 @@ cuts it into micro-batches and numbers them into steps (``dp x grad_accum`` micr
 * ``costed`` (:mod:`.costed`): shuffled budget batching in the packed layout, steps composed by
   cost so that every rank of a step carries the same cost (``--compose cost``);
 * ``banded`` (:mod:`.banded`): the same in the padded layout, over bands of similar lengths;
+* ``engine`` (:mod:`.engine`): the balance engine (``--compose engine``), packed layout;
 * ``pipeline`` (:mod:`.pipeline`): ``--pp`` in the padded layout, (step, rank) groups of one shape;
 * ``blocks`` (:mod:`.blocks`): fixed-length blocks of whole samples (BLoad);
 * ``gds`` (:mod:`.gds`): ``--cp`` steps re-formed across DP ranks (Skrull's global scheduling).
@@ -25,7 +26,7 @@ import numpy as np
 from varpack.plan.arrays import Batches, Selection
 from varpack.plan.config import PlanConfig
 from varpack.plan.kernels.split import fit_len
-from varpack.plan.stages.batching import banded, blocks, costed, gds, greedy, pipeline
+from varpack.plan.stages.batching import banded, blocks, costed, engine, gds, greedy, pipeline
 
 Batcher = Callable[
     [np.ndarray, np.ndarray, PlanConfig, np.ndarray | None, np.ndarray | None], Batches
@@ -37,6 +38,7 @@ Batcher = Callable[
 BATCHERS: dict[str, Batcher] = {
     "greedy": greedy.build,
     "costed": costed.build,
+    "engine": engine.build,
     "banded": banded.build,
     "pipeline": pipeline.build,
     "blocks": blocks.build,
@@ -51,6 +53,8 @@ def batcher_name(cfg: PlanConfig) -> str:
     if cfg.cp > 1 and cfg.cp_batching == "gds":
         return "gds"
     if composes_by_cost(cfg):
+        if cfg.compose == "engine":
+            return "engine"
         return "banded" if cfg.layout == "padded" else "costed"
     if cfg.pp > 1 and cfg.layout == "padded":
         return "pipeline"
@@ -62,7 +66,7 @@ def composes_by_cost(cfg: PlanConfig) -> bool:
     ``--oversize split`` with a ``--split-len`` below the budget (the greedy batcher keeps such
     pieces apart; full-budget pieces, the default, never fit two to a micro-batch)."""
     return (
-        cfg.compose == "cost"
+        cfg.compose in ("cost", "engine")
         and (
             cfg.oversize != "split"
             or cfg.split_len == fit_len(cfg.max_tokens or 0, cfg.pad_multiple)

@@ -1,0 +1,128 @@
+"""The balance engine (``--compose engine``): the promises every shuffled plan keeps, and what
+the engine is for (each group the ranks meet at costs alike, in the plan's own cost)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from varpack.errors import ConfigError
+from varpack.plan import PlanConfig, make_plan, plan_arrays
+from varpack.plan.stages.batching import batcher_name
+from varpack.planfile.format import write_plan
+from varpack.planfile.tables import plan_tables
+from varpack.validate import validate_plan
+
+FLOPS = dict(cost="flops", model_preset="qwen2.5-0.5b")
+
+lengths = st.lists(
+    st.one_of(st.integers(1, 60), st.integers(1, 400), st.just(400)), min_size=1, max_size=300
+)
+heavy_mix = st.tuples(
+    st.lists(st.integers(1, 80), min_size=20, max_size=400),
+    st.lists(st.integers(200, 400), min_size=0, max_size=12),
+).map(lambda t: t[0] + t[1])
+configs = st.fixed_dictionaries(
+    {
+        "dp": st.integers(1, 4),
+        "grad_accum": st.integers(1, 4),
+        "window": st.integers(1, 4),
+        "epochs": st.integers(1, 2),
+        "seed": st.integers(0, 5),
+        "cost": st.sampled_from(["tokens", "flops"]),
+        "pad_multiple": st.sampled_from([1, 1, 8]),
+        "oversize": st.sampled_from(["error", "drop", "alone"]),
+        "budget": st.sampled_from([400, 512, 300]),
+        "sync": st.sampled_from(["step", "micro"]),
+    }
+)
+
+
+def _sorted(lens):  # type: ignore[no-untyped-def]
+    return np.sort(np.asarray(lens, dtype=np.int64), kind="stable")
+
+
+@settings(max_examples=60, deadline=None)
+@given(lens=st.one_of(lengths, heavy_mix), c=configs)
+def test_property_engine_plans_keep_every_promise(lens, c):  # type: ignore[no-untyped-def]
+    lens_a = _sorted(lens)
+    ids = np.arange(len(lens_a), dtype=np.int64) * 3 + 1
+    cfg = PlanConfig(
+        max_tokens=c["budget"], dp=c["dp"], grad_accum=c["grad_accum"], order="shuffle",
+        shuffle_window=c["window"], epochs=c["epochs"], seed=c["seed"], cost=c["cost"],
+        model_preset="qwen2.5-0.5b" if c["cost"] == "flops" else None,
+        pad_multiple=c["pad_multiple"], oversize=c["oversize"], sync=c["sync"],
+        compose="engine",
+    )  # fmt: skip
+    assert batcher_name(cfg) == "engine"
+    try:
+        p, meta, extra = make_plan(ids, lens_a, cfg)
+    except ConfigError as exc:
+        assert any(s in str(exc) for s in ("cannot fill", "do not fit")), str(exc)
+        return
+    n = len(p.ids)
+    for e in meta["epochs"]:  # every sample once per epoch
+        first = p.offsets[e["first_step"] * cfg.micro_per_step]
+        assert sorted(p.stream[first : first + n].tolist()) == list(range(n))
+    counts = np.bincount(p.step * cfg.dp + p.rank, minlength=p.num_steps * cfg.dp)
+    assert (counts == cfg.grad_accum).all()  # grad_accum micro-batches a rank and step
+    assert (p.micro.samples >= 1).all()  # none empty
+    lone = p.micro.samples == 1
+    assert ((p.micro.pad_to <= cfg.max_tokens) | lone).all()  # the budget holds
+    # a sample trains within about a window of its random position (two for one that waited)
+    assert meta["stats"]["moved_steps_max"] <= 3 * cfg.shuffle_window + 3
+    again = plan_arrays(ids, lens_a, cfg)  # deterministic
+    assert np.array_equal(again.stream, p.stream) and np.array_equal(again.rank, p.rank)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plan"
+        write_plan(out, meta, list(plan_tables(p)), rank_extra=extra)
+        assert validate_plan(out, (ids, lens_a)).problems == []
+
+
+def _heavy_bodied(n: int, seed: int = 0, cap: int = 16384) -> np.ndarray:
+    x = np.random.default_rng(seed).lognormal(np.log(450), 1.45, n)
+    return _sorted(np.clip(np.rint(x), 1, cap))
+
+
+@pytest.mark.parametrize(("k", "sync"), [(1, "step"), (2, "step"), (4, "step"), (2, "micro"),
+                                         (4, "micro")])  # fmt: skip
+def test_every_group_the_ranks_meet_at_costs_alike(k: int, sync: str) -> None:
+    lens = _heavy_bodied(12000)
+    figures = {}
+    for compose in ("cost", "engine"):
+        cfg = PlanConfig(max_tokens=16384, dp=8, grad_accum=k, order="shuffle", sync=sync,
+                         compose=compose, **FLOPS)  # fmt: skip
+        figures[compose] = make_plan(np.arange(len(lens)), lens, cfg)[1]["stats"]
+    time = figures["engine"]["time_vs_ideal"]
+    assert time <= (1.015 if k == 1 else 1.01), time
+    assert time <= figures["cost"]["time_vs_ideal"] + 0.003  # no worse than the composer
+
+
+def test_no_rank_is_the_slowest_step_after_step() -> None:
+    rng = np.random.default_rng(3)
+    lens = _sorted(rng.integers(20, 8192, 3000))
+    for sync, k in (("step", 2), ("micro", 4)):
+        cfg = PlanConfig(max_tokens=8192, dp=4, grad_accum=k, order="shuffle", sync=sync,
+                         compose="engine", **FLOPS)  # fmt: skip
+        p = plan_arrays(np.arange(len(lens)), lens, cfg)
+        meet = p.step * k + p.micro_index if sync == "micro" else p.step
+        loads = np.bincount(meet * 4 + p.rank, weights=p.micro.cost, minlength=(meet.max() + 1) * 4)
+        loads = loads.reshape(-1, 4)
+        top = loads == loads.max(axis=1, keepdims=True)
+        counts = (top & (top.sum(axis=1, keepdims=True) == 1)).sum(axis=0)
+        fair = counts.sum() / 4
+        assert counts.max() <= fair + 4 * np.sqrt(fair) + 5, counts
+
+
+@pytest.mark.parametrize("options", [dict(layout="padded"), dict(pp=2, grad_accum=2)])
+def test_what_the_engine_does_not_compose_is_one_line(options: dict) -> None:  # type: ignore[type-arg]
+    lens = _sorted(np.random.default_rng(0).integers(20, 4000, 400))
+    cfg = PlanConfig(max_tokens=8192, dp=2, order="shuffle", compose="engine", **options)
+    with pytest.raises(ConfigError, match="--compose engine composes the packed layout") as err:
+        make_plan(np.arange(len(lens)), lens, cfg)
+    assert "\n" not in str(err.value)

@@ -1,0 +1,142 @@
+"""An epoch composed by the balance engine: its permuted stream cut into windows, each window
+composed (:func:`varpack.plan.engine.window.compose_window`), what a window cannot place moved
+on to the next, and the micro-batches written out step by step.
+
+A window is ``--shuffle-window`` steps' worth of the permuted stream's tokens (a short tail
+joins the last one), so a sample trains within about a window of its random position (two for
+a heavy sample that waited). The epoch's last window takes as many steps as it needs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from varpack.plan.engine.window import compose_window
+
+
+@njit(cache=True)
+def _grow(a, size):  # type: ignore[no-untyped-def]
+    if size <= len(a):
+        return a
+    b = np.empty(max(size, 2 * len(a)), dtype=a.dtype)
+    b[: len(a)] = a
+    return b
+
+
+@njit(cache=True)
+def _emit(buf, order, out_bin, out_mb, p, dp, kb, gps, stream, out, starts, nmb):  # type: ignore[no-untyped-def]
+    """Append a composed window's micro-batches, step by step: under step sync each rank's
+    ``kb`` micro-batches in turn; with slots (``gps`` a step) slot ``j`` of step ``s`` is group
+    ``j * p + s`` (so heavy groups, the first, spread over the steps). Inside a micro-batch its
+    samples costliest first. Returns the new stream length and micro-batch count."""
+    nmbw = p * gps * dp * kb
+    slot_of = np.empty(nmbw, dtype=np.int64)  # micro-batch (bin, mb) -> its place in the window
+    at = 0
+    for s in range(p):
+        for j in range(gps):
+            g = j * p + s
+            for r in range(dp):
+                for u in range(kb):
+                    slot_of[(g * dp + r) * kb + u] = at
+                    at += 1
+    first = np.zeros(nmbw + 1, dtype=np.int64)
+    m = len(order)
+    for i in range(m):
+        if out_bin[i] >= 0:
+            first[slot_of[out_bin[i] * kb + out_mb[i]] + 1] += 1
+    for t in range(nmbw):
+        first[t + 1] += first[t]
+    for t in range(nmbw):
+        starts[nmb + t] = out + first[t]
+    for q in range(m):
+        i = order[q]
+        if out_bin[i] >= 0:
+            t = slot_of[out_bin[i] * kb + out_mb[i]]
+            stream[out + first[t]] = buf[i]
+            first[t] += 1
+    return out + first[nmbw - 1], nmb + nmbw
+
+
+@njit(cache=True)
+def compose_epoch(lens, alone, lin, quad, window_tok, dp, kb, gps, cap, fill_to, passes):  # type: ignore[no-untyped-def]
+    """``(stream, starts, ok)``: the epoch's positions (in the permuted order of ``lens``) cut
+    into micro-batches at ``starts``, ``dp x kb x gps`` a step; ``ok`` False where the epoch
+    has too few samples for whole steps."""
+    n = len(lens)
+    per_step = dp * kb * gps
+    total = 0
+    for i in range(n):
+        total += lens[i]
+    stream = np.empty(n, dtype=np.int64)
+    starts = np.empty(n + 1, dtype=np.int64)
+    held = np.zeros(n, dtype=np.bool_)
+    buf = np.empty(0, dtype=np.int64)
+    carry = np.empty(0, dtype=np.int64)
+    out = nmb = nc = 0
+    a = 0
+    cum = 0
+    while a < n or nc > 0:
+        b = a
+        tot = 0
+        w = cum // window_tok
+        while b < n and (cum + tot) // window_tok == w:
+            tot += lens[b]
+            b += 1
+        if b < n and (total - cum - tot < window_tok // 2 or n - b < 2 * per_step):
+            while b < n:  # a short tail joins the last window
+                tot += lens[b]
+                b += 1
+        cum += tot
+        m = nc + b - a
+        buf = _grow(buf, m)
+        carry = _grow(carry, m)
+        for i in range(a, b):
+            buf[nc + i - a] = i
+        a = b
+        last = a >= n
+        cost = np.empty(m)
+        tok = np.empty(m, dtype=np.int64)
+        hw = np.empty(m, dtype=np.bool_)
+        for i in range(m):
+            x = lens[buf[i]]
+            cost[i] = lin * x + quad * x * x
+            tok[i] = cap if alone[buf[i]] else x
+            hw[i] = held[buf[i]]
+        order = np.argsort(-cost, kind="mergesort")
+        out_bin = np.empty(m, dtype=np.int64)
+        out_mb = np.empty(m, dtype=np.int64)
+        wait = np.zeros(m, dtype=np.bool_)
+        nmax = 0
+        while True:
+            p = compose_window(cost, tok, order, hw, nmax, dp, kb, gps, cap, fill_to, last,
+                               passes, out_bin, out_mb, wait)  # fmt: skip
+            if not last or p == 0:
+                break
+            left = False
+            for i in range(m):
+                left = left or out_bin[i] < 0
+            if not left or p >= m // per_step:
+                break
+            nmax = p + 1  # the last window takes the steps it needs
+        if p == 0:
+            if last:
+                return stream[:0], starts[:1], False
+            for i in range(m):  # too few samples for a step: all move on
+                carry[i] = buf[i]
+            nc = m
+        else:
+            starts = _grow(starts, nmb + p * per_step + 1)
+            out, nmb = _emit(buf, order, out_bin, out_mb, p, dp, kb, gps, stream, out, starts, nmb)
+            nc = 0
+            for i in range(m):
+                if out_bin[i] < 0:
+                    carry[nc] = buf[i]
+                    held[buf[i]] = wait[i]
+                    nc += 1
+            if last and nc > 0:
+                return stream[:0], starts[:1], False
+        for i in range(nc):
+            buf[i] = carry[i]
+    starts[nmb] = out
+    return stream[:out], starts[: nmb + 1], True

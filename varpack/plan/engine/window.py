@@ -1,0 +1,466 @@
+"""One window composed by the balance engine: its samples dealt to groups of ``dp`` bins.
+
+A *bin* is what one rank carries between two meetings of the ranks: under ``--sync step`` its
+share of a step (``kb = grad_accum`` micro-batches), under ``--sync micro`` (and at grad-accum 1)
+one micro-batch (``kb = 1``). A *group* is the ``dp`` bins the ranks meet over: a step, or a slot
+(``gps = grad_accum`` slots a step). The plan's time is the sum over groups of their costliest
+bin, so the engine makes each group's bins cost alike:
+
+1. **heavy samples**: a sample costs more than a bin filled with the window's lighter samples can
+   (``bin tokens x their cost per token``): its group's other bins cannot catch it up, so heavy
+   samples go ``dp`` to a group, sorted (one per bin, of similar cost). A short last group waits
+   for the next window's heavy samples, once;
+2. **targets**: a heavy group's bins aim at its costliest; every other bin at the one level
+   (``level``) the rest of the window's cost fills;
+3. **the deal**: the rest, costliest first, each to the bin furthest below its target that has
+   room (in its least-filled micro-batch): every group draws from every cost range in turn, so
+   steps mix, and bins end near their targets; what fits nowhere moves on to the next window;
+4. **levelling**: in each group, a sample moved (or two swapped) between its costliest and its
+   cheapest bin wherever that lowers the group's cost: the objective's exact change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from varpack.plan.tuning import TRADE_NEIGHBOURS
+
+
+@njit(cache=True, inline="always")
+def _above(key, a, b, dp, groups):  # type: ignore[no-untyped-def]
+    """Bin ``a`` comes before ``b`` in the heap: larger key, then earlier in the deal order,
+    which takes one bin of every group in turn (rank 0 of each group, then rank 1, ...), so
+    that a run of alike samples spreads over the groups rather than filling one."""
+    if key[a] != key[b]:
+        return key[a] > key[b]
+    return (a % dp) * groups + a // dp < (b % dp) * groups + b // dp
+
+
+@njit(cache=True)
+def _push(heap, n, key, b, dp, groups):  # type: ignore[no-untyped-def]
+    i = n
+    heap[i] = b
+    while i > 0:
+        up = (i - 1) // 2
+        if not _above(key, heap[i], heap[up], dp, groups):
+            break
+        heap[i], heap[up] = heap[up], heap[i]
+        i = up
+    return n + 1
+
+
+@njit(cache=True)
+def _pop(heap, n, key, dp, groups):  # type: ignore[no-untyped-def]
+    top = heap[0]
+    n -= 1
+    heap[0] = heap[n]
+    i = 0
+    while True:
+        left, best = 2 * i + 1, i
+        if left < n and _above(key, heap[left], heap[best], dp, groups):
+            best = left
+        if left + 1 < n and _above(key, heap[left + 1], heap[best], dp, groups):
+            best = left + 1
+        if best == i:
+            break
+        heap[i], heap[best] = heap[best], heap[i]
+        i = best
+    return top, n
+
+
+@njit(cache=True)
+def _level(load, group_top, heavy_bins, light_cost):  # type: ignore[no-untyped-def]
+    """The level every bin outside the heavy groups aims at: the ``x`` at which the cost to
+    bring every bin up to ``max(x, its group's top)`` equals ``light_cost``."""
+    nb = len(load)
+    lo, hi = 0.0, light_cost + 1.0
+    for b in range(nb):
+        hi = max(hi, group_top[b] + light_cost)
+    for _ in range(60):
+        x = 0.5 * (lo + hi)
+        need = 0.0
+        for b in range(nb):
+            t = max(x, group_top[b]) if heavy_bins[b] else x
+            need += max(0.0, t - load[b])
+        if need > light_cost:
+            hi = x
+        else:
+            lo = x
+    return lo
+
+
+@njit(cache=True)
+def _room(fill, b, kb, cap, x):  # type: ignore[no-untyped-def]
+    """The least-filled micro-batch of bin ``b`` that holds ``x`` more tokens, or -1."""
+    best = -1
+    for j in range(kb):
+        f = fill[b * kb + j]
+        if f + x <= cap and (best < 0 or f < fill[b * kb + best]):
+            best = j
+    return best
+
+
+@njit(cache=True)
+def _heavy(cost, order, held, above, dp, last, wait):  # type: ignore[no-untyped-def]
+    """How many of the costliest samples are heavy: those costing more than ``above``, and
+    any that waited in the last window, with every costlier one. A short last group waits for
+    the next window (``wait``), unless one of it waited already or the window is the last."""
+    m = len(order)
+    h = 0
+    while h < m and cost[order[h]] > above:
+        h += 1
+    for q in range(h, m):
+        if held[order[q]]:
+            h = q + 1
+    for i in range(m):
+        wait[i] = False
+    rem = h % dp
+    if rem and not last:
+        waited = False
+        for q in range(h - rem, h):
+            waited = waited or held[order[q]]
+        if not waited:
+            for q in range(h - rem, h):
+                wait[order[q]] = True
+            h -= rem
+    return h
+
+
+@njit(cache=True)
+def _steps(cost, tok, order, wait, h, density, nmax, dp, kb, gps, cap, fill_to):  # type: ignore[no-untyped-def]
+    """The window's steps: enough for its tokens, and for the cost of what is not heavy in
+    bins of the lighter samples (such a bin reaches its level only within its tokens); at
+    least ``nmax``; at most what leaves no micro-batch empty."""
+    m = len(order)
+    tokens = 0.0
+    rest = 0.0
+    placed = 0
+    for q in range(m):
+        i = order[q]
+        if not wait[i]:
+            tokens += tok[i]
+            placed += 1
+            if q >= h:
+                rest += cost[i]
+    step_tok = dp * kb * gps * cap * fill_to
+    by_cost = rest / (step_tok * density) + (-(-h // dp)) / gps
+    p = max(np.int64(np.ceil(tokens / step_tok)), np.int64(np.ceil(by_cost)), 1)
+    if nmax > 0:
+        p = max(p, nmax)
+    return min(p, placed // (dp * kb * gps))
+
+
+@njit(cache=True)
+def compose_window(
+    cost, tok, order, held, nmax, dp, kb, gps, cap, fill_to, last, passes, out_bin, out_mb, wait
+):  # type: ignore[no-untyped-def]
+    """Compose one window of ``m = len(cost)`` samples into groups (see the module doc).
+
+    ``cost``, ``tok``: each sample's cost and tokens (a sample alone in its micro-batch counts
+    ``cap``); ``order``: the samples costliest first; ``held``: it waited in the last window; ``nmax``: the most groups' worth of
+    steps to use (0: no bound); ``fill_to``: the share of the budget the step count is sized
+    for; ``last``: the epoch's last window (nothing waits). Writes ``out_bin`` / ``out_mb``
+    (-1: moves on) and ``wait`` (a heavy sample held for the next window). Returns the number
+    of steps (0: the window is too small for one step)."""
+    m = len(cost)
+    ct = 0.0
+    xt = 0.0
+    for i in range(m):  # the cost per token of the samples of at most half a micro-batch
+        if 2 * tok[i] <= cap:
+            ct += cost[i]
+            xt += tok[i]
+    density = ct / xt if xt > 0 else cost[order[0]] / max(tok[order[0]], 1)
+    reach = cap * kb * density
+    h = _heavy(cost, order, held, reach, dp, last, wait)
+    p = _steps(cost, tok, order, wait, h, density, nmax, dp, kb, gps, cap, fill_to)
+    if p < 1:
+        return 0
+    # heavy, at that many steps: costlier than the level the rest fills every bin to
+    full = -(-h // dp)
+    rest = 0.0
+    for q in range(h, m):
+        if not wait[order[q]]:
+            rest += cost[order[q]]
+    light_bins = (p * gps - full) * dp
+    if light_bins > 0:
+        h = _heavy(cost, order, held, rest / light_bins, dp, last, wait)
+        p = _steps(cost, tok, order, wait, h, density, nmax, dp, kb, gps, cap, fill_to)
+        if p < 1:
+            return 0
+    full = -(-h // dp)
+    g_count = p * gps
+    full = min(full, g_count)
+    nb = g_count * dp
+    load = np.zeros(nb)
+    fill = np.zeros(nb * kb)
+    top = np.zeros(nb)
+    heavy_bin = np.zeros(nb, dtype=np.bool_)
+    for i in range(m):
+        out_bin[i] = -1
+        out_mb[i] = -1
+    light = 0.0
+    hq = 0
+    for q in range(m):
+        i = order[q]
+        if wait[i]:
+            continue
+        if q < h and hq < full * dp:
+            b = hq  # heavy: group hq // dp, one per bin
+            hq += 1
+            out_bin[i], out_mb[i] = b, 0
+            load[b] += cost[i]
+            fill[b * kb] += tok[i]
+        else:
+            light += cost[i]
+    for g in range(full):
+        t = load[g * dp]
+        for r in range(dp):
+            top[g * dp + r] = t
+            heavy_bin[g * dp + r] = True
+    cnt = np.zeros(nb * kb, dtype=np.int64)
+    for i in range(m):
+        if out_bin[i] >= 0:
+            cnt[out_bin[i] * kb + out_mb[i]] += 1
+    level = _level(load, top, heavy_bin, light)
+    key = np.empty(nb)  # how far each bin is below its target
+    for b in range(nb):
+        key[b] = (max(level, top[b]) if heavy_bin[b] else level) - load[b]
+    heap = np.empty(nb, dtype=np.int64)
+    n = 0
+    for b in range(nb):
+        n = _push(heap, n, key, b, dp, g_count)
+    skipped = np.empty(nb, dtype=np.int64)
+    for q in range(m):
+        i = order[q]
+        if wait[i] or out_bin[i] >= 0:
+            continue
+        ns = 0
+        while n > 0:
+            b, n = _pop(heap, n, key, dp, g_count)
+            j = _room(fill, b, kb, cap, tok[i])
+            if j >= 0:
+                out_bin[i], out_mb[i] = b, j
+                load[b] += cost[i]
+                fill[b * kb + j] += tok[i]
+                cnt[b * kb + j] += 1
+                key[b] -= cost[i]
+                n = _push(heap, n, key, b, dp, g_count)
+                break
+            skipped[ns] = b
+            ns += 1
+        for s in range(ns):
+            n = _push(heap, n, key, skipped[s], dp, g_count)
+    _fill_empty(cost, tok, out_bin, out_mb, load, fill, cnt, dp, kb)
+    _level_groups(cost, tok, out_bin, out_mb, load, fill, cnt, g_count, dp, kb, cap, passes)
+    _trade(cost, tok, order, out_bin, out_mb, load, fill, g_count, dp, kb, cap, passes)
+    _level_groups(cost, tok, out_bin, out_mb, load, fill, cnt, g_count, dp, kb, cap, passes)
+    return p
+
+
+@njit(cache=True)
+def _top2(load, g, dp):  # type: ignore[no-untyped-def]
+    """``(costliest bin, its load, the next load)`` of group ``g``."""
+    hi = g * dp
+    for b in range(g * dp, g * dp + dp):
+        if load[b] > load[hi]:
+            hi = b
+    second = 0.0
+    for b in range(g * dp, g * dp + dp):
+        if b != hi and load[b] > second:
+            second = load[b]
+    return hi, load[hi], second
+
+
+@njit(cache=True)
+def _trade(cost, tok, order, out_bin, out_mb, load, fill, groups, dp, kb, cap, passes):  # type: ignore[no-untyped-def]
+    """Lower the window's costliest groups by trading a sample of a group's costliest bin for
+    a slightly shorter one (its neighbours in length order) from another bin of the window,
+    where that lowers the window's time: each step keeps its mix of lengths."""
+    m = len(order)
+    at = np.empty(m, dtype=np.int64)  # each sample's place in the costliest-first order
+    for q in range(m):
+        at[order[q]] = q
+    top = np.empty(groups)
+    for g in range(groups):
+        top[g] = _top2(load, g, dp)[1]
+    stuck = np.zeros(groups, dtype=np.bool_)
+    for _ in range(passes * groups):
+        g = -1  # the group most above its bins' mean, of those still to try
+        worst = 0.0
+        for h in range(groups):
+            if stuck[h]:
+                continue
+            mean = 0.0
+            for b in range(h * dp, h * dp + dp):
+                mean += load[b]
+            ex = top[h] - mean / dp
+            if ex > worst:
+                worst, g = ex, h
+        if g < 0:
+            return
+        hi, mx, second = _top2(load, g, dp)
+        best, bi, bj = 0.0, -1, -1
+        for i in range(m):
+            if out_bin[i] != hi:
+                continue
+            for d in range(1, TRADE_NEIGHBOURS + 1):
+                q = at[i] + d
+                if q >= m:
+                    break
+                k = order[q]
+                b = out_bin[k]
+                if b < 0 or b == hi:
+                    continue
+                delta = cost[i] - cost[k]
+                if delta <= 0.0:
+                    continue
+                if fill[hi * kb + out_mb[i]] - tok[i] + tok[k] > cap:
+                    continue
+                if fill[b * kb + out_mb[k]] - tok[k] + tok[i] > cap:
+                    continue
+                h = b // dp
+                new_g = max(mx - delta, second)
+                if h == g:
+                    new_g = max(new_g, load[b] + delta)
+                    gain = mx - new_g
+                else:
+                    gain = (mx - new_g) - max(0.0, load[b] + delta - top[h])
+                if gain > best:
+                    best, bi, bj = gain, i, k
+        if bi < 0:
+            stuck[g] = True  # nothing lowers it
+            continue
+        b = out_bin[bj]
+        mi, mk = out_mb[bi], out_mb[bj]
+        fill[hi * kb + mi] += tok[bj] - tok[bi]
+        fill[b * kb + mk] += tok[bi] - tok[bj]
+        delta = cost[bi] - cost[bj]
+        load[hi] -= delta
+        load[b] += delta
+        out_bin[bi], out_mb[bi] = b, mk
+        out_bin[bj], out_mb[bj] = hi, mi
+        top[g] = _top2(load, g, dp)[1]
+        top[b // dp] = _top2(load, b // dp, dp)[1]
+        stuck[b // dp] = False
+
+
+@njit(cache=True)
+def _fill_empty(cost, tok, out_bin, out_mb, load, fill, cnt, dp, kb):  # type: ignore[no-untyped-def]
+    """Give every empty micro-batch one sample: from a fuller micro-batch of its bin (the
+    bin's cost is unchanged), else the cheapest that can go from its group, else from any."""
+    m = len(cost)
+    for e in range(len(cnt)):
+        if cnt[e] > 0:
+            continue
+        b = e // kb
+        best, pref, bc = -1, 3, 0.0
+        for i in range(m):
+            if out_bin[i] < 0 or cnt[out_bin[i] * kb + out_mb[i]] < 2:
+                continue
+            pr = 0 if out_bin[i] == b else (1 if out_bin[i] // dp == b // dp else 2)
+            if pr < pref or (pr == pref and cost[i] < bc):
+                best, pref, bc = i, pr, cost[i]
+        if best < 0:
+            continue
+        src = out_bin[best] * kb + out_mb[best]
+        cnt[src] -= 1
+        fill[src] -= tok[best]
+        load[out_bin[best]] -= cost[best]
+        out_bin[best], out_mb[best] = b, e % kb
+        cnt[e] += 1
+        fill[e] += tok[best]
+        load[b] += cost[best]
+
+
+@njit(cache=True)
+def _others_top(load, g, dp, hi, b):  # type: ignore[no-untyped-def]
+    """The costliest load of group ``g`` leaving out bins ``hi`` and ``b``."""
+    t = 0.0
+    for c in range(g * dp, g * dp + dp):
+        if c != hi and c != b and load[c] > t:
+            t = load[c]
+    return t
+
+
+@njit(cache=True)
+def _level_groups(cost, tok, out_bin, out_mb, load, fill, cnt, groups, dp, kb, cap, passes):  # type: ignore[no-untyped-def]
+    """Lower each group's costliest bin by the move (a sample to another bin of the group) or
+    swap (a costlier sample for a cheaper one) that lowers the group's cost most, exactly:
+    its new costliest bin counted (see the module doc)."""
+    m = len(cost)
+    count = np.zeros(groups + 1, dtype=np.int64)
+    for i in range(m):
+        if out_bin[i] >= 0:
+            count[out_bin[i] // dp + 1] += 1
+    for g in range(groups):
+        count[g + 1] += count[g]
+    members = np.empty(count[groups], dtype=np.int64)
+    at = count[:-1].copy()
+    for i in range(m):
+        if out_bin[i] >= 0:
+            g = out_bin[i] // dp
+            members[at[g]] = i
+            at[g] += 1
+    rest = np.empty(dp)
+    for g in range(groups):
+        a, z = count[g], count[g + 1]
+        for _ in range(passes):
+            hi = g * dp
+            for b in range(g * dp, g * dp + dp):
+                if load[b] > load[hi]:
+                    hi = b
+            mx = load[hi]
+            for b in range(g * dp, g * dp + dp):
+                rest[b - g * dp] = _others_top(load, g, dp, hi, b)
+            best, bi, bj, bmb, bt = 0.0, -1, -1, -1, -1
+            for u in range(a, z):
+                i = members[u]
+                if out_bin[i] != hi:
+                    continue
+                # a move of i to another bin
+                if cnt[hi * kb + out_mb[i]] >= 2:
+                    for b in range(g * dp, g * dp + dp):
+                        if b == hi or load[b] + cost[i] >= mx:
+                            continue
+                        j = _room(fill, b, kb, cap, tok[i])
+                        if j < 0:
+                            continue
+                        new = max(mx - cost[i], load[b] + cost[i], rest[b - g * dp])
+                        if mx - new > best:
+                            best, bi, bj, bmb, bt = mx - new, i, -1, j, b
+                for v in range(a, z):  # a swap with a cheaper sample of another bin
+                    k = members[v]
+                    b = out_bin[k]
+                    if b == hi:
+                        continue
+                    d = cost[i] - cost[k]
+                    if d <= 0.0 or load[b] + d >= mx:
+                        continue
+                    if fill[b * kb + out_mb[k]] - tok[k] + tok[i] > cap:
+                        continue
+                    if fill[hi * kb + out_mb[i]] - tok[i] + tok[k] > cap:
+                        continue
+                    new = max(mx - d, load[b] + d, rest[b - g * dp])
+                    if mx - new > best:
+                        best, bi, bj, bmb, bt = mx - new, i, k, -1, b
+            if bi < 0:
+                break
+            lo = bt
+            if bj < 0:
+                fill[hi * kb + out_mb[bi]] -= tok[bi]
+                fill[lo * kb + bmb] += tok[bi]
+                cnt[hi * kb + out_mb[bi]] -= 1
+                cnt[lo * kb + bmb] += 1
+                load[hi] -= cost[bi]
+                load[lo] += cost[bi]
+                out_bin[bi], out_mb[bi] = lo, bmb
+            else:
+                mi, mk = out_mb[bi], out_mb[bj]
+                fill[hi * kb + mi] += tok[bj] - tok[bi]
+                fill[lo * kb + mk] += tok[bi] - tok[bj]
+                d = cost[bi] - cost[bj]
+                load[hi] -= d
+                load[lo] += d
+                out_bin[bi], out_mb[bi] = lo, mk
+                out_bin[bj], out_mb[bj] = hi, mi

@@ -1,0 +1,88 @@
+"""Batching by the balance engine (``--compose engine``): shuffled steps composed for the plan's
+objective, window by window (:mod:`varpack.plan.engine`).
+
+Per epoch the shuffle order's permutation comes with the lengths moved along
+(:func:`varpack.plan.kernels.permute.permuted`, as for ``--compose cost``), and
+:func:`varpack.plan.engine.epoch.compose_epoch` composes it: under ``--sync step`` a bin is a
+rank's ``grad_accum`` micro-batches of a step (the assign stage moves them whole,
+``Batches.group``); under ``--sync micro`` a bin is one micro-batch and a step ``grad_accum``
+slots of ``dp`` (the assign stage cuts each step's slots by cost). Where an epoch has too few
+samples for whole steps it is composed by tokens (:mod:`.greedy`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from varpack.errors import ConfigError
+from varpack.plan.arrays import Batches
+from varpack.plan.config import PlanConfig
+from varpack.plan.cost import cost_coefficients
+from varpack.plan.engine.epoch import compose_epoch
+from varpack.plan.kernels.order import MovedTally
+from varpack.plan.kernels.permute import permuted
+from varpack.plan.kernels.slots import move_micro, slot_order
+from varpack.plan.mix import blend_sources
+from varpack.plan.rules import capacity
+from varpack.plan.stages.batching import greedy
+from varpack.plan.stages.batching.common import EpochJoiner, order_rule, tokens_per_micro
+from varpack.plan.sync import slotted
+from varpack.plan.tuning import ENGINE_FILL, ENGINE_PASSES
+
+
+def regime(cfg: PlanConfig) -> tuple[int, int]:
+    """``(kb, gps)``: the micro-batches of a bin and the groups of a step, as the ranks meet."""
+    if slotted(cfg.sync, cfg.grad_accum):
+        return 1, cfg.grad_accum
+    return cfg.grad_accum, 1
+
+
+def check(cfg: PlanConfig) -> None:
+    """Refuse, in one line, what the engine does not compose yet."""
+    if cfg.layout != "packed" or cfg.pp > 1 or blend_sources() is not None:
+        raise ConfigError(
+            "--compose engine composes the packed layout without --pp or --mix; use "
+            "--compose cost for the others"
+        )
+
+
+def build(
+    lens: np.ndarray,
+    alone: np.ndarray,
+    cfg: PlanConfig,
+    lengths: np.ndarray | None,
+    group: np.ndarray | None = None,  # unused: only full-budget pieces are composed by cost
+) -> Batches:
+    """Micro-batches and steps of all epochs, composed by the engine."""
+    assert cfg.max_tokens is not None
+    check(cfg)
+    orule = order_rule(cfg, tokens_per_micro(lens, alone, cfg, cfg.pack_rule()))
+    lin, quad = cost_coefficients(cfg.cost_model())
+    kb, gps = regime(cfg)
+    cap = capacity(cfg.pad_multiple, cfg.max_tokens)
+    joined, slens, tally = EpochJoiner(), [], MovedTally()
+    per_step = cfg.micro_per_step
+    for epoch in range(cfg.epochs):
+        perm, plens = permuted(cfg.seed, epoch, lens)
+        stream, starts, ok = compose_epoch(
+            np.ascontiguousarray(plens, dtype=np.int64),
+            alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
+            float(lin), float(quad), np.int64(max(orule.window * orule.step, 1)),
+            np.int64(cfg.dp), np.int64(kb), np.int64(gps), np.int64(cap),
+            float(ENGINE_FILL), np.int64(ENGINE_PASSES),
+        )  # fmt: skip
+        if not ok:
+            return greedy.build(lens, alone, cfg, lengths)
+        if kb == 1:  # the ranks meet at every micro-batch: slots of alike cost
+            x = plens[stream].astype(np.float64)
+            cost = np.add.reduceat(lin * x + quad * x * x, starts[:-1]) if len(x) else x
+            (stream,), starts = move_micro(
+                (stream,), starts, slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window)
+            )
+        joined.add(epoch, perm[stream], starts, per_step)
+        tally.add_epoch(stream, starts, plens, per_step)
+        slens.append(plens[stream])
+    batches = Batches(*joined.join(), joined.epochs, group=kb)
+    batches.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
+    batches.moved = tally.figures(cfg.shuffle_window)
+    return batches
