@@ -157,7 +157,7 @@ MORE_MICRO = 0.05
 ENGINE_FILL = 0.96
 
 #: Moves and swaps each group's levelling may take
-ENGINE_PASSES = 16
+ENGINE_PASSES = 64
 
 #: How many shorter neighbours, in length order, a trade between groups looks at
 TRADE_NEIGHBOURS = 8

@@ -59,10 +59,12 @@ def _emit(buf, order, out_bin, out_mb, p, dp, kb, gps, stream, out, starts, nmb)
 
 
 @njit(cache=True)
-def compose_epoch(lens, alone, lin, quad, window_tok, dp, kb, gps, cap, fill_to, passes):  # type: ignore[no-untyped-def]
+def compose_epoch(lens, alone, price, costs, window_tok, dp, kb, gps, cap, fill_to, passes):  # type: ignore[no-untyped-def]
     """``(stream, starts, ok)``: the epoch's positions (in the permuted order of ``lens``) cut
     into micro-batches at ``starts``, ``dp x kb x gps`` a step; ``ok`` False where the epoch
-    has too few samples for whole steps."""
+    has too few samples for whole steps. ``price``: the cost of a sample of each length (the
+    plan's cost model, indexed by length), or, where lengths are too long for such a table,
+    ``costs``: each sample's (in the permuted order)."""
     n = len(lens)
     per_step = dp * kb * gps
     total = 0
@@ -99,9 +101,8 @@ def compose_epoch(lens, alone, lin, quad, window_tok, dp, kb, gps, cap, fill_to,
         tok = np.empty(m, dtype=np.int64)
         hw = np.empty(m, dtype=np.bool_)
         for i in range(m):
-            x = lens[buf[i]]
-            cost[i] = lin * x + quad * x * x
-            tok[i] = cap if alone[buf[i]] else x
+            cost[i] = costs[buf[i]] if len(costs) else price[lens[buf[i]]]
+            tok[i] = cap if alone[buf[i]] else lens[buf[i]]
             hw[i] = held[buf[i]]
         order = np.argsort(-cost, kind="mergesort")
         out_bin = np.empty(m, dtype=np.int64)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from varpack.plan.tuning import TRADE_NEIGHBOURS
+from varpack.plan.engine.improve import improve, room
 
 
 @njit(cache=True, inline="always")
@@ -88,17 +88,6 @@ def _level(load, group_top, heavy_bins, light_cost):  # type: ignore[no-untyped-
         else:
             lo = x
     return lo
-
-
-@njit(cache=True)
-def _room(fill, b, kb, cap, x):  # type: ignore[no-untyped-def]
-    """The least-filled micro-batch of bin ``b`` that holds ``x`` more tokens, or -1."""
-    best = -1
-    for j in range(kb):
-        f = fill[b * kb + j]
-        if f + x <= cap and (best < 0 or f < fill[b * kb + best]):
-            best = j
-    return best
 
 
 @njit(cache=True)
@@ -238,7 +227,7 @@ def compose_window(
         ns = 0
         while n > 0:
             b, n = _pop(heap, n, key, dp, g_count)
-            j = _room(fill, b, kb, cap, tok[i])
+            j = room(fill, b, kb, cap, tok[i])
             if j >= 0:
                 out_bin[i], out_mb[i] = b, j
                 load[b] += cost[i]
@@ -251,216 +240,5 @@ def compose_window(
             ns += 1
         for s in range(ns):
             n = _push(heap, n, key, skipped[s], dp, g_count)
-    _fill_empty(cost, tok, out_bin, out_mb, load, fill, cnt, dp, kb)
-    _level_groups(cost, tok, out_bin, out_mb, load, fill, cnt, g_count, dp, kb, cap, passes)
-    _trade(cost, tok, order, out_bin, out_mb, load, fill, g_count, dp, kb, cap, passes)
-    _level_groups(cost, tok, out_bin, out_mb, load, fill, cnt, g_count, dp, kb, cap, passes)
+    improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, g_count, dp, kb, cap, passes)
     return p
-
-
-@njit(cache=True)
-def _top2(load, g, dp):  # type: ignore[no-untyped-def]
-    """``(costliest bin, its load, the next load)`` of group ``g``."""
-    hi = g * dp
-    for b in range(g * dp, g * dp + dp):
-        if load[b] > load[hi]:
-            hi = b
-    second = 0.0
-    for b in range(g * dp, g * dp + dp):
-        if b != hi and load[b] > second:
-            second = load[b]
-    return hi, load[hi], second
-
-
-@njit(cache=True)
-def _trade(cost, tok, order, out_bin, out_mb, load, fill, groups, dp, kb, cap, passes):  # type: ignore[no-untyped-def]
-    """Lower the window's costliest groups by trading a sample of a group's costliest bin for
-    a slightly shorter one (its neighbours in length order) from another bin of the window,
-    where that lowers the window's time: each step keeps its mix of lengths."""
-    m = len(order)
-    at = np.empty(m, dtype=np.int64)  # each sample's place in the costliest-first order
-    for q in range(m):
-        at[order[q]] = q
-    top = np.empty(groups)
-    for g in range(groups):
-        top[g] = _top2(load, g, dp)[1]
-    stuck = np.zeros(groups, dtype=np.bool_)
-    for _ in range(passes * groups):
-        g = -1  # the group most above its bins' mean, of those still to try
-        worst = 0.0
-        for h in range(groups):
-            if stuck[h]:
-                continue
-            mean = 0.0
-            for b in range(h * dp, h * dp + dp):
-                mean += load[b]
-            ex = top[h] - mean / dp
-            if ex > worst:
-                worst, g = ex, h
-        if g < 0:
-            return
-        hi, mx, second = _top2(load, g, dp)
-        best, bi, bj = 0.0, -1, -1
-        for i in range(m):
-            if out_bin[i] != hi:
-                continue
-            for d in range(1, TRADE_NEIGHBOURS + 1):
-                q = at[i] + d
-                if q >= m:
-                    break
-                k = order[q]
-                b = out_bin[k]
-                if b < 0 or b == hi:
-                    continue
-                delta = cost[i] - cost[k]
-                if delta <= 0.0:
-                    continue
-                if fill[hi * kb + out_mb[i]] - tok[i] + tok[k] > cap:
-                    continue
-                if fill[b * kb + out_mb[k]] - tok[k] + tok[i] > cap:
-                    continue
-                h = b // dp
-                new_g = max(mx - delta, second)
-                if h == g:
-                    new_g = max(new_g, load[b] + delta)
-                    gain = mx - new_g
-                else:
-                    gain = (mx - new_g) - max(0.0, load[b] + delta - top[h])
-                if gain > best:
-                    best, bi, bj = gain, i, k
-        if bi < 0:
-            stuck[g] = True  # nothing lowers it
-            continue
-        b = out_bin[bj]
-        mi, mk = out_mb[bi], out_mb[bj]
-        fill[hi * kb + mi] += tok[bj] - tok[bi]
-        fill[b * kb + mk] += tok[bi] - tok[bj]
-        delta = cost[bi] - cost[bj]
-        load[hi] -= delta
-        load[b] += delta
-        out_bin[bi], out_mb[bi] = b, mk
-        out_bin[bj], out_mb[bj] = hi, mi
-        top[g] = _top2(load, g, dp)[1]
-        top[b // dp] = _top2(load, b // dp, dp)[1]
-        stuck[b // dp] = False
-
-
-@njit(cache=True)
-def _fill_empty(cost, tok, out_bin, out_mb, load, fill, cnt, dp, kb):  # type: ignore[no-untyped-def]
-    """Give every empty micro-batch one sample: from a fuller micro-batch of its bin (the
-    bin's cost is unchanged), else the cheapest that can go from its group, else from any."""
-    m = len(cost)
-    for e in range(len(cnt)):
-        if cnt[e] > 0:
-            continue
-        b = e // kb
-        best, pref, bc = -1, 3, 0.0
-        for i in range(m):
-            if out_bin[i] < 0 or cnt[out_bin[i] * kb + out_mb[i]] < 2:
-                continue
-            pr = 0 if out_bin[i] == b else (1 if out_bin[i] // dp == b // dp else 2)
-            if pr < pref or (pr == pref and cost[i] < bc):
-                best, pref, bc = i, pr, cost[i]
-        if best < 0:
-            continue
-        src = out_bin[best] * kb + out_mb[best]
-        cnt[src] -= 1
-        fill[src] -= tok[best]
-        load[out_bin[best]] -= cost[best]
-        out_bin[best], out_mb[best] = b, e % kb
-        cnt[e] += 1
-        fill[e] += tok[best]
-        load[b] += cost[best]
-
-
-@njit(cache=True)
-def _others_top(load, g, dp, hi, b):  # type: ignore[no-untyped-def]
-    """The costliest load of group ``g`` leaving out bins ``hi`` and ``b``."""
-    t = 0.0
-    for c in range(g * dp, g * dp + dp):
-        if c != hi and c != b and load[c] > t:
-            t = load[c]
-    return t
-
-
-@njit(cache=True)
-def _level_groups(cost, tok, out_bin, out_mb, load, fill, cnt, groups, dp, kb, cap, passes):  # type: ignore[no-untyped-def]
-    """Lower each group's costliest bin by the move (a sample to another bin of the group) or
-    swap (a costlier sample for a cheaper one) that lowers the group's cost most, exactly:
-    its new costliest bin counted (see the module doc)."""
-    m = len(cost)
-    count = np.zeros(groups + 1, dtype=np.int64)
-    for i in range(m):
-        if out_bin[i] >= 0:
-            count[out_bin[i] // dp + 1] += 1
-    for g in range(groups):
-        count[g + 1] += count[g]
-    members = np.empty(count[groups], dtype=np.int64)
-    at = count[:-1].copy()
-    for i in range(m):
-        if out_bin[i] >= 0:
-            g = out_bin[i] // dp
-            members[at[g]] = i
-            at[g] += 1
-    rest = np.empty(dp)
-    for g in range(groups):
-        a, z = count[g], count[g + 1]
-        for _ in range(passes):
-            hi = g * dp
-            for b in range(g * dp, g * dp + dp):
-                if load[b] > load[hi]:
-                    hi = b
-            mx = load[hi]
-            for b in range(g * dp, g * dp + dp):
-                rest[b - g * dp] = _others_top(load, g, dp, hi, b)
-            best, bi, bj, bmb, bt = 0.0, -1, -1, -1, -1
-            for u in range(a, z):
-                i = members[u]
-                if out_bin[i] != hi:
-                    continue
-                # a move of i to another bin
-                if cnt[hi * kb + out_mb[i]] >= 2:
-                    for b in range(g * dp, g * dp + dp):
-                        if b == hi or load[b] + cost[i] >= mx:
-                            continue
-                        j = _room(fill, b, kb, cap, tok[i])
-                        if j < 0:
-                            continue
-                        new = max(mx - cost[i], load[b] + cost[i], rest[b - g * dp])
-                        if mx - new > best:
-                            best, bi, bj, bmb, bt = mx - new, i, -1, j, b
-                for v in range(a, z):  # a swap with a cheaper sample of another bin
-                    k = members[v]
-                    b = out_bin[k]
-                    if b == hi:
-                        continue
-                    d = cost[i] - cost[k]
-                    if d <= 0.0 or load[b] + d >= mx:
-                        continue
-                    if fill[b * kb + out_mb[k]] - tok[k] + tok[i] > cap:
-                        continue
-                    if fill[hi * kb + out_mb[i]] - tok[i] + tok[k] > cap:
-                        continue
-                    new = max(mx - d, load[b] + d, rest[b - g * dp])
-                    if mx - new > best:
-                        best, bi, bj, bmb, bt = mx - new, i, k, -1, b
-            if bi < 0:
-                break
-            lo = bt
-            if bj < 0:
-                fill[hi * kb + out_mb[bi]] -= tok[bi]
-                fill[lo * kb + bmb] += tok[bi]
-                cnt[hi * kb + out_mb[bi]] -= 1
-                cnt[lo * kb + bmb] += 1
-                load[hi] -= cost[bi]
-                load[lo] += cost[bi]
-                out_bin[bi], out_mb[bi] = lo, bmb
-            else:
-                mi, mk = out_mb[bi], out_mb[bj]
-                fill[hi * kb + mi] += tok[bj] - tok[bi]
-                fill[lo * kb + mk] += tok[bi] - tok[bj]
-                d = cost[bi] - cost[bj]
-                load[hi] -= d
-                load[lo] += d
-                out_bin[bi], out_mb[bi] = lo, mk
-                out_bin[bj], out_mb[bj] = hi, mi

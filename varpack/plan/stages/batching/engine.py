@@ -17,7 +17,7 @@ import numpy as np
 from varpack.errors import ConfigError
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
-from varpack.plan.cost import cost_coefficients
+from varpack.plan.cost import sample_cost
 from varpack.plan.engine.epoch import compose_epoch
 from varpack.plan.kernels.order import MovedTally
 from varpack.plan.kernels.permute import permuted
@@ -28,6 +28,10 @@ from varpack.plan.stages.batching import greedy
 from varpack.plan.stages.batching.common import EpochJoiner, order_rule, tokens_per_micro
 from varpack.plan.sync import slotted
 from varpack.plan.tuning import ENGINE_FILL, ENGINE_PASSES
+
+#: Lengths up to this are priced from a table (8 bytes a length); an epoch with a longer
+#: sample (alone in its micro-batch) is priced sample by sample instead
+PRICE_TABLE = 1 << 24
 
 
 def regime(cfg: PlanConfig) -> tuple[int, int]:
@@ -57,25 +61,28 @@ def build(
     assert cfg.max_tokens is not None
     check(cfg)
     orule = order_rule(cfg, tokens_per_micro(lens, alone, cfg, cfg.pack_rule()))
-    lin, quad = cost_coefficients(cfg.cost_model())
+    model = cfg.cost_model()
+    longest = int(lens.max(initial=0))
+    price = sample_cost(np.arange(min(longest, PRICE_TABLE) + 1), model)
     kb, gps = regime(cfg)
     cap = capacity(cfg.pad_multiple, cfg.max_tokens)
     joined, slens, tally = EpochJoiner(), [], MovedTally()
     per_step = cfg.micro_per_step
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)
+        costs = sample_cost(plens, model) if longest > PRICE_TABLE else price[:0]
         stream, starts, ok = compose_epoch(
             np.ascontiguousarray(plens, dtype=np.int64),
             alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
-            float(lin), float(quad), np.int64(max(orule.window * orule.step, 1)),
+            price, costs, np.int64(max(orule.window * orule.step, 1)),
             np.int64(cfg.dp), np.int64(kb), np.int64(gps), np.int64(cap),
             float(ENGINE_FILL), np.int64(ENGINE_PASSES),
         )  # fmt: skip
         if not ok:
             return greedy.build(lens, alone, cfg, lengths)
         if kb == 1:  # the ranks meet at every micro-batch: slots of alike cost
-            x = plens[stream].astype(np.float64)
-            cost = np.add.reduceat(lin * x + quad * x * x, starts[:-1]) if len(x) else x
+            each = costs[stream] if len(costs) else price[plens[stream]]
+            cost = np.add.reduceat(each, starts[:-1]) if len(stream) else price[:0]
             (stream,), starts = move_micro(
                 (stream,), starts, slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window)
             )
