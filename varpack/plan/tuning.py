@@ -156,11 +156,15 @@ MORE_MICRO = 0.05
 #: budget where the samples allow, with a little room for the deal to level bins under it
 ENGINE_FILL = 0.96
 
-#: Moves and swaps each group's levelling may take
+#: Rounds of the improvement search (each gives every group's costliest bin one change; RL
+#: rollouts dp 16, grad-accum 2: 16 rounds 1.0066x, 64 rounds 1.0036x)
 ENGINE_PASSES = 64
 
 #: How many shorter neighbours, in length order, a trade between groups looks at
 TRADE_NEIGHBOURS = 8
+
+#: A group whose costliest bin is within this share of its bins' mean is left as it is
+LEVEL_TOLERANCE = 1e-4
 
 
 #: each constant -> a test that fails with the constant's rule turned off (its share or count
@@ -182,9 +186,11 @@ TESTS = {
     "WIDE_GAIN": "tests/plan/test_padded_micro.py::test_padded_micro_plans_come_near_the_packed_ones",
     "BAND_PASSES": "tests/plan/test_padded_micro.py::test_wide_pooling_and_row_levelling_each_lower_the_time_at_grad_accum_1",
     "MORE_MICRO": "tests/online/test_plan_batch.py::test_a_few_more_micro_batches_where_responses_fill_more_than_half_the_budget",
+    "ENGINE_PASSES": "tests/plan/test_engine.py::test_levelling_brings_rollout_steps_to_their_bound",
+    "TRADE_NEIGHBOURS": "tests/plan/test_engine.py::test_levelling_brings_rollout_steps_to_their_bound",
 }  # fmt: skip
 
 #: constants no test fails without yet (each turned off, the plan and online tests all pass):
 #: a change to one of them first writes the test that shows what it buys
 UNTESTED = ("LENGTH_SLACK", "NEIGHBOURS", "PEAK_SLACK", "MAX_SWAPS",
-            "WINDOW_SLOTS", "STEP_SHARE", "ENGINE_FILL", "ENGINE_PASSES", "TRADE_NEIGHBOURS")  # fmt: skip
+            "WINDOW_SLOTS", "STEP_SHARE", "ENGINE_FILL", "LEVEL_TOLERANCE")  # fmt: skip

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from varpack.plan.tuning import TRADE_NEIGHBOURS
+from varpack.plan.tuning import LEVEL_TOLERANCE, TRADE_NEIGHBOURS
 
 
 @njit(cache=True, inline="always")
@@ -195,7 +195,10 @@ def improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, groups, dp, kb, 
             hi, b2, t3, lo = _tops(load, g, dp)
             mx = load[hi]
             second = load[b2] if b2 >= 0 else 0.0
-            if mx - load[lo] <= 0.0:
+            mean = 0.0
+            for b in range(g * dp, g * dp + dp):
+                mean += load[b] / dp
+            if mx - mean <= LEVEL_TOLERANCE * mean:  # level enough: no change pays here
                 stuck[g] = True
                 continue
             best, bi, bk, bb, bj = 0.0, -1, -1, -1, -1
@@ -214,8 +217,8 @@ def improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, groups, dp, kb, 
                 # swaps inside the group, near the cost that levels hi with lo
                 target = cost[i] - 0.5 * (mx - load[lo])
                 c = _near(gm, gstart[g], gstart[g + 1], cost, target)
-                for u in range(max(gstart[g], c - 4 * TRADE_NEIGHBOURS),
-                               min(gstart[g + 1], c + 4 * TRADE_NEIGHBOURS)):  # fmt: skip
+                for u in range(max(gstart[g], c - TRADE_NEIGHBOURS),
+                               min(gstart[g + 1], c + TRADE_NEIGHBOURS)):  # fmt: skip
                     k = gm[u]
                     b = out_bin[k]
                     d = cost[i] - cost[k]
@@ -241,7 +244,9 @@ def improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, groups, dp, kb, 
                     if gain > best and _fits_swap(i, k, tok, out_bin, out_mb, fill, kb, cap):
                         best, bi, bk, bb, bj = gain, i, k, b, -1
                 i = nxt[i]
-            if bi < 0:
+            # nothing lowers it, or by so little (a hundredth of the tolerance) that rounds
+            # of such changes cost more time than they save
+            if bi < 0 or best <= 0.01 * LEVEL_TOLERANCE * mean:
                 stuck[g] = True
                 continue
             if bk < 0:
