@@ -1,6 +1,7 @@
 """Balance of this checkout against an earlier commit, row by row, in the same run.
 
     python tests/benchmarks/compare_balance.py REF [--model M ...] [--full]
+    python tests/benchmarks/compare_balance.py --compose engine [--model M ...] [--full]
 
 Checks REF out into a temporary git worktree and plans the same rows with each side's code (a
 child process per side, ``PYTHONPATH`` set to its checkout; the data comes from this checkout's
@@ -41,8 +42,9 @@ def _sets(full: bool) -> dict[str, tuple]:  # type: ignore[type-arg]
     return out
 
 
-def rows(models: list[str], full: bool) -> dict[str, dict[str, float]]:
-    """Every row's figures, planned by the ``varpack`` on ``sys.path``."""
+def rows(models: list[str], full: bool, compose: str = "cost") -> dict[str, dict[str, float]]:
+    """Every row's figures, planned by the ``varpack`` on ``sys.path`` (``compose``: the
+    composer of the rows it composes)."""
     from plan_balance import fewest, make_for, shuffle_mixing
     from real_cost import RealModel, times
 
@@ -57,6 +59,8 @@ def rows(models: list[str], full: bool) -> dict[str, dict[str, float]]:
                     runs.append(("step", "packed", 4))
                 for sync, layout, pp in runs:
                     kw = dict(grad_accum=k, sync=sync, layout=layout, pp=pp, **extra)
+                    if layout == "packed" and pp == 1:
+                        kw["compose"] = compose
                     arrays, stats = make_for(lens, budget, dp, {"model_preset": model}, **kw)
                     mb, least = fewest(arrays, budget)
                     key = f"{model} | {name} | K={k} {sync} | {layout if pp == 1 else 'pp 4'}"
@@ -86,10 +90,11 @@ def misses(side: dict[str, dict[str, float]]) -> list[str]:
     return out
 
 
-def side(checkout: Path, models: list[str], full: bool, out: Path) -> dict[str, dict[str, float]]:
+def side(checkout: Path, models: list[str], full: bool, out: Path, compose: str = "cost"
+         ) -> dict[str, dict[str, float]]:  # fmt: skip
     """The rows planned by ``checkout``'s code, in a child process."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
-    cmd = [sys.executable, __file__, "--child", str(out), "--model", *models]
+    cmd = [sys.executable, __file__, "--child", str(out), "--model", *models, "--compose", compose]
     subprocess.run(cmd + (["--full"] if full else []), check=True, env=env, cwd=checkout)
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
@@ -99,13 +104,24 @@ def main() -> None:
     ap.add_argument("ref", nargs="?", help="the commit to compare with")
     ap.add_argument("--model", nargs="+", default=list(MODELS))
     ap.add_argument("--full", action="store_true", help="the real-model sets at full size")
+    ap.add_argument(
+        "--compose",
+        default=None,
+        help="compare this checkout's --compose cost with this composer instead",
+    )
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
-        args.child.write_text(json.dumps(rows(args.model, args.full)))
+        args.child.write_text(json.dumps(rows(args.model, args.full, args.compose or "cost")))
         return
-    if args.ref is None:
-        ap.error("give REF, the commit to compare with")
+    if args.ref is None and args.compose is None:
+        ap.error("give REF, the commit to compare with, or --compose NAME")
+    if args.compose is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            ref = side(ROOT, args.model, args.full, Path(tmp) / "ref.json")
+            this = side(ROOT, args.model, args.full, Path(tmp) / "this.json", args.compose)
+        report(ref, this, f"--compose {args.compose} against --compose cost")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base),
@@ -116,8 +132,14 @@ def main() -> None:
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
                            check=False)  # fmt: skip
-    print(f"balance rows: this checkout vs {args.ref} (time in the model's FLOPs under the "
-          "row's sync, over the ideal; mixing against its shuffle floor)")  # fmt: skip
+    report(ref, this, f"this checkout vs {args.ref}")
+
+
+def report(ref: dict[str, dict[str, float]], this: dict[str, dict[str, float]], what: str) -> None:
+    """Each row that moved, the count worse and better, and each side's rows outside the
+    targets."""
+    print(f"balance rows: {what} (time in the model's FLOPs under the row's sync, over the "
+          "ideal; mixing against its shuffle floor)")  # fmt: skip
     worse = better = 0
     for key, a in ref.items():
         b = this[key]

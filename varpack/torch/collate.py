@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from varpack.errors import InputError
+from varpack.errors import InputError, VarpackError
 from varpack.torch.batch import IGNORE_INDEX, BlockBatch, PackedBatch, PaddedBatch
 
 LAYOUTS = ("packed", "padded", "blocks")
@@ -200,6 +200,19 @@ def row_info(row: RowInfo, ids: np.ndarray, lens: np.ndarray) -> dict[str, Any]:
 def check_lengths(row: RowInfo, ids: np.ndarray, planned: np.ndarray, got: np.ndarray) -> None:
     """Refuse, in one line, a sample whose token count is not the plan's."""
     _check_lengths(row, ids, planned, got)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A user error met while reading a micro-batch, carried out of a DataLoader worker as data,
+    so that the trainer raises the error itself (one line) rather than the DataLoader's
+    multi-line "Caught InputError in DataLoader worker process" wrapper."""
+
+    kind: type[VarpackError]
+    message: str
+
+    def error(self) -> VarpackError:
+        return self.kind(self.message)
 
 
 def _info(

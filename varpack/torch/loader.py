@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,11 @@ from varpack.planfile.format import CARRY_PREFIX, Plan, load_plan
 from varpack.planfile.schema import FINGERPRINT_KEY
 from varpack.torch import cp as cp_mod
 from varpack.torch.batch import BlockBatch, PackedBatch, PaddedBatch
-from varpack.torch.collate import LAYOUTS, RawBatch, RowInfo, collate_numpy
+from varpack.torch.collate import LAYOUTS, Failed, RawBatch, RowInfo, collate_numpy
 from varpack.torch.dataset import fetch_flat
 from varpack.torch.launch import launch_env
+from varpack.torch.lr import load_lr_factors, step_values
 from varpack.torch.state import make_state, read_parent_state, read_state
-from varpack.torch.vlm import read_vision, vision_settings
 from varpack.torch.workers import resolve_workers
 
 
@@ -235,45 +234,6 @@ class MicroBatches(Dataset[Any]):
         return raw.to_batch()
 
 
-class VisionMicroBatches(MicroBatches):
-    """Map-style dataset: ``(epoch, row)`` -> the :class:`~varpack.torch.vlm.VisionBatch` of
-    that row, each sample the processor's outputs the user's dataset returns."""
-
-    def __init__(
-        self, rows: ManifestRows, dataset: Any, pad_id: int, merge: int, tps: float | None
-    ) -> None:
-        super().__init__(rows, dataset, "packed", pad_id)
-        self.merge, self.tps = merge, tps
-
-    def __getitem__(self, index: tuple[int, int]) -> Ready | Failed:  # type: ignore[override]
-        epoch, i = index
-        try:
-            row = self.rows.row(i, epoch)
-            return Ready(read_vision(row, self.dataset, self.pad_id, self.merge, self.tps))
-        except VarpackError as exc:  # sent back whole, as for text
-            return Failed(type(exc), str(exc))
-
-
-@dataclass(frozen=True)
-class Ready:
-    """A batch made whole in a DataLoader worker (tensors cross in shared memory)."""
-
-    batch: Any
-
-    def to_batch(self) -> Any:
-        return self.batch
-
-
-def check_vision_plan(where: str, layout: str, cp_size: int, config: dict[str, Any]) -> None:
-    """Refuse, in one line, a plan a :class:`VisionMicroBatches` cannot read."""
-    if layout != "packed" or cp_size > 1:
-        raise ConfigError(f"{where}: vision= reads packed plans without --cp; this one is "
-                          f"{layout}{' with --cp' if cp_size > 1 else ''}: plan with --layout packed")  # fmt: skip
-    if config.get("oversize") == "split":
-        raise ConfigError(f"{where}: the plan splits long samples (--oversize split), and a "
-                          "sample with images cannot be split: plan with --oversize alone or error")  # fmt: skip
-
-
 class _RowSampler(Sampler[tuple[int, int]]):
     """Rows ``start .. n-1`` of one epoch, in order."""
 
@@ -291,19 +251,6 @@ def _identity(x: Any) -> Any:
     return x
 
 
-@dataclass(frozen=True)
-class Failed:
-    """A user error met while reading a micro-batch, carried out of a DataLoader worker as data,
-    so that the trainer raises the error itself (one line) rather than the DataLoader's
-    multi-line "Caught InputError in DataLoader worker process" wrapper."""
-
-    kind: type[VarpackError]
-    message: str
-
-    def error(self) -> VarpackError:
-        return self.kind(self.message)
-
-
 class PlanLoader:
     """Iterate this rank's micro-batches of a plan, in execution order, as batch dataclasses.
 
@@ -312,11 +259,9 @@ class PlanLoader:
     (:class:`~varpack.torch.batch.BlockBatch`); ``None`` takes it from plan.json. ``dataset`` is a
     :class:`~varpack.torch.dataset.ParquetTokenDataset` or any map-style dataset keyed by sample id.
     ``num_workers="auto"``: from the CPUs per GPU (:func:`~varpack.torch.workers.default_workers`).
-    ``vision``: a Qwen2-VL / Qwen2.5-VL model or its config, for vision-language samples: the
-    dataset returns each sample as its processor's outputs (``input_ids``,
-    ``mm_token_type_ids``, ``pixel_values``, ``image_grid_thw``, optional ``labels``; the
-    processor runs in the DataLoader workers) and the loader yields
-    :class:`~varpack.torch.vlm.VisionBatch` (packed plans).
+    ``vision``: a Qwen2-VL / Qwen2.5-VL model or its config: the dataset returns each sample as
+    its processor's outputs and the loader yields :class:`~varpack.torch.vlm.VisionBatch`
+    (:mod:`varpack.torch.vision_rows`).
     """
 
     def __init__(
@@ -361,11 +306,12 @@ class PlanLoader:
         config = self.plan.meta.get("config") or {}
         positions = config.get("split_positions", "restart")
         split_len = config.get("split_len") if config.get("oversize") == "split" else None
-        self.dataset = MicroBatches(self.rows, dataset, layout, pad_id, positions, split_len)
+        self.dataset: Any = MicroBatches(self.rows, dataset, layout, pad_id, positions, split_len)
         if vision is not None:  # vision-language samples: VisionBatch
-            check_vision_plan(str(plan_dir), layout, self.cp_size, config)
-            merge, tps = vision_settings(vision)
-            self.dataset = VisionMicroBatches(self.rows, dataset, pad_id, merge, tps)
+            from varpack.torch.vision_rows import vision_rows
+
+            self.dataset = vision_rows(str(plan_dir), layout, self.cp_size, config, self.rows,
+                                       dataset, pad_id, vision)  # fmt: skip
         self.num_workers, self.pin_memory = resolve_workers(num_workers), pin_memory
         self.prefetch_factor, self.multiprocessing_context = (
             prefetch_factor,
@@ -464,34 +410,6 @@ class PlanLoader:
                 )
         self._epoch = epoch
         self._next = self.rows.index_of(step - self.first_step, micro)
-
-
-def step_values(steps: np.ndarray, values: np.ndarray, num_steps: int) -> np.ndarray:
-    """Per-step value (indexed by step 0..num_steps-1) from per-row columns; checks consistency.
-
-    >>> step_values(np.array([0, 0, 1]), np.array([2.0, 2.0, 0.5]), 2).tolist()
-    [2.0, 0.5]
-    """
-    out = np.full(num_steps, np.nan)
-    if len(steps) and (steps.min() < 0 or steps.max() >= num_steps):
-        raise InputError(
-            f"manifest steps run {steps.min()}..{steps.max()}, plan.json says {num_steps} steps"
-        )
-    out[steps] = values
-    if np.isnan(out).any() or np.any(out[steps] != values):
-        raise InputError(
-            "the manifest's per-step values are missing or differ within a step; re-run varpack plan"
-        )
-    return out
-
-
-def load_lr_factors(plan: Plan | str | os.PathLike[str]) -> np.ndarray:
-    """LR factor of every step of a plan (from rank 0's manifest)."""
-    plan = plan if isinstance(plan, Plan) else load_plan(plan, verify=False)
-    table = plan.rank_table(0).select(["step", "lr_factor"])
-    return step_values(
-        table.column("step").to_numpy(), table.column("lr_factor").to_numpy(), plan.num_steps
-    )
 
 
 __all__ = ["PlanLoader", "ManifestRows", "plan_fingerprint", "resolve_rank", "load_lr_factors"]

@@ -22,7 +22,8 @@ import numpy as np
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
-from varpack.planfile.format import Plan
+from varpack.errors import InputError
+from varpack.planfile.format import Plan, load_plan
 
 
 class VariableBatchSizeLR:
@@ -37,8 +38,6 @@ class VariableBatchSizeLR:
         factors: Plan | str | os.PathLike[str] | Sequence[float] | np.ndarray,
     ) -> None:
         if isinstance(factors, (Plan, str, os.PathLike)):
-            from varpack.torch.loader import load_lr_factors
-
             factors = load_lr_factors(factors)
         self.scheduler = scheduler
         self.factors = np.asarray(factors, dtype=np.float64)
@@ -117,3 +116,31 @@ class VariableBatchSizeLR:
             float(lr * f(base.last_epoch))
             for f, lr in zip(base.lr_lambdas, base.base_lrs, strict=True)
         ]
+
+
+def step_values(steps: np.ndarray, values: np.ndarray, num_steps: int) -> np.ndarray:
+    """Per-step value (indexed by step 0..num_steps-1) from per-row columns; checks consistency.
+
+    >>> step_values(np.array([0, 0, 1]), np.array([2.0, 2.0, 0.5]), 2).tolist()
+    [2.0, 0.5]
+    """
+    out = np.full(num_steps, np.nan)
+    if len(steps) and (steps.min() < 0 or steps.max() >= num_steps):
+        raise InputError(
+            f"manifest steps run {steps.min()}..{steps.max()}, plan.json says {num_steps} steps"
+        )
+    out[steps] = values
+    if np.isnan(out).any() or np.any(out[steps] != values):
+        raise InputError(
+            "the manifest's per-step values are missing or differ within a step; re-run varpack plan"
+        )
+    return out
+
+
+def load_lr_factors(plan: Plan | str | os.PathLike[str]) -> np.ndarray:
+    """LR factor of every step of a plan (from rank 0's manifest)."""
+    plan = plan if isinstance(plan, Plan) else load_plan(plan, verify=False)
+    table = plan.rank_table(0).select(["step", "lr_factor"])
+    return step_values(
+        table.column("step").to_numpy(), table.column("lr_factor").to_numpy(), plan.num_steps
+    )
