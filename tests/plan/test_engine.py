@@ -23,6 +23,8 @@ FLOPS = dict(cost="flops", model_preset="qwen2.5-0.5b")
 lengths = st.lists(
     st.one_of(st.integers(1, 60), st.integers(1, 400), st.just(400)), min_size=1, max_size=300
 )
+# every sample over half the budget: one a micro-batch, none may be left empty
+alone_each = st.lists(st.integers(201, 400), min_size=1, max_size=200)
 heavy_mix = st.tuples(
     st.lists(st.integers(1, 80), min_size=20, max_size=400),
     st.lists(st.integers(200, 400), min_size=0, max_size=12),
@@ -48,7 +50,7 @@ def _sorted(lens):  # type: ignore[no-untyped-def]
 
 
 @settings(max_examples=60, deadline=None)
-@given(lens=st.one_of(lengths, heavy_mix), c=configs)
+@given(lens=st.one_of(lengths, heavy_mix, alone_each), c=configs)
 def test_property_engine_plans_keep_every_promise(lens, c):  # type: ignore[no-untyped-def]
     lens_a = _sorted(lens)
     ids = np.arange(len(lens_a), dtype=np.int64) * 3 + 1
@@ -63,7 +65,8 @@ def test_property_engine_plans_keep_every_promise(lens, c):  # type: ignore[no-u
     try:
         p, meta, extra = make_plan(ids, lens_a, cfg)
     except ConfigError as exc:
-        assert any(s in str(exc) for s in ("cannot fill", "do not fit")), str(exc)
+        refusals = ("cannot fill", "do not fit", "cannot be split")
+        assert any(s in str(exc) for s in refusals), str(exc)
         return
     n = len(p.ids)
     for e in meta["epochs"]:  # every sample once per epoch
@@ -137,3 +140,14 @@ def test_levelling_brings_rollout_steps_to_their_bound() -> None:
                      compose="engine", **FLOPS)  # fmt: skip
     stats = make_plan(np.arange(len(lens)), lens, cfg)[1]["stats"]
     assert stats["time_vs_ideal"] <= stats["time_vs_ideal_bound"] + 0.003
+
+
+def test_samples_each_over_half_the_budget_are_composed_one_a_micro_batch() -> None:
+    # every sample needs a micro-batch of its own: a window's steps are as many as its samples
+    # fill, and a heavy sample only waits where what stays still fills every micro-batch
+    # (else the epoch could not be composed and fell back to tokens: 1.052x)
+    lens = _sorted(np.random.default_rng(11).integers(15000, 16384, 3000))
+    cfg = PlanConfig(max_tokens=16384, dp=8, order="shuffle", compose="engine", **FLOPS)
+    p, meta, _ = make_plan(np.arange(len(lens)), lens, cfg)
+    assert (p.micro.samples == 1).all() and p.num_steps == 375
+    assert meta["stats"]["time_vs_ideal"] <= meta["stats"]["time_vs_ideal_bound"] + 0.003

@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.engine.improve import improve, room
+from varpack.plan.tuning import LEVEL_TOLERANCE
 
 
 @njit(cache=True, inline="always")
@@ -118,26 +119,30 @@ def _heavy(cost, order, held, above, dp, last, wait):  # type: ignore[no-untyped
 
 @njit(cache=True)
 def _steps(cost, tok, order, wait, h, density, nmax, dp, kb, gps, cap, fill_to):  # type: ignore[no-untyped-def]
-    """The window's steps: enough for its tokens, and for the cost of what is not heavy in
-    bins of the lighter samples (such a bin reaches its level only within its tokens); at
-    least ``nmax``; at most what leaves no micro-batch empty."""
+    """The window's step counts to try: enough for its tokens (and a micro-batch for each
+    sample of over half of one), and enough for the cost of what is not heavy in bins of its
+    lighter samples (where such bins must reach the level within their tokens); each at least
+    ``nmax``, at most what leaves no micro-batch empty."""
     m = len(order)
     tokens = 0.0
     rest = 0.0
     placed = 0
+    big = 0  # samples of over half a micro-batch: one micro-batch each
     for q in range(m):
         i = order[q]
         if not wait[i]:
             tokens += tok[i]
             placed += 1
+            big += 2 * tok[i] > cap
             if q >= h:
                 rest += cost[i]
     step_tok = dp * kb * gps * cap * fill_to
     by_cost = rest / (step_tok * density) + (-(-h // dp)) / gps
-    p = max(np.int64(np.ceil(tokens / step_tok)), np.int64(np.ceil(by_cost)), 1)
-    if nmax > 0:
-        p = max(p, nmax)
-    return min(p, placed // (dp * kb * gps))
+    most = placed // (dp * kb * gps)
+    need = max(np.int64(np.ceil(tokens / step_tok)), -(-big // (dp * kb * gps)))
+    p_tok = min(max(need, nmax, 1), most)
+    p_cost = min(max(np.int64(np.ceil(by_cost)), p_tok), most)
+    return p_tok, p_cost
 
 
 @njit(cache=True)
@@ -147,11 +152,15 @@ def compose_window(
     """Compose one window of ``m = len(cost)`` samples into groups (see the module doc).
 
     ``cost``, ``tok``: each sample's cost and tokens (a sample alone in its micro-batch counts
-    ``cap``); ``order``: the samples costliest first; ``held``: it waited in the last window; ``nmax``: the most groups' worth of
-    steps to use (0: no bound); ``fill_to``: the share of the budget the step count is sized
-    for; ``last``: the epoch's last window (nothing waits). Writes ``out_bin`` / ``out_mb``
-    (-1: moves on) and ``wait`` (a heavy sample held for the next window). Returns the number
-    of steps (0: the window is too small for one step)."""
+    ``cap``); ``order``: the samples costliest first; ``held``: it waited in the last window;
+    ``nmax``: the fewest steps to use (0: no bound); ``fill_to``: the share of the budget the
+    step count is sized for; ``last``: the epoch's last window (nothing waits). Writes
+    ``out_bin`` / ``out_mb`` (-1: moves on) and ``wait`` (a heavy sample held for the next
+    window). Returns the number of steps (0: the window is too small for one step).
+
+    The window is composed at the steps its tokens need and, where its lighter samples' cost
+    asks for more, at that count too; the one of lower time over its samples' ideal is kept
+    (more steps only where they pay more than :data:`LEVEL_TOLERANCE`)."""
     m = len(cost)
     ct = 0.0
     xt = 0.0
@@ -161,12 +170,49 @@ def compose_window(
             xt += tok[i]
     density = ct / xt if xt > 0 else cost[order[0]] / max(tok[order[0]], 1)
     reach = cap * kb * density
+    best, p = _candidate(False, cost, tok, order, held, reach, density, nmax, dp, kb, gps, cap,
+                         fill_to, last, passes, out_bin, out_mb, wait)  # fmt: skip
+    ob, om, wt = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.bool_)
+    other, q = _candidate(True, cost, tok, order, held, reach, density, nmax, dp, kb, gps, cap,
+                          fill_to, last, passes, ob, om, wt)  # fmt: skip
+    if q > p and other < best * (1.0 - LEVEL_TOLERANCE):
+        out_bin[:], out_mb[:], wait[:] = ob, om, wt
+        return q
+    return p if best < np.inf else 0
+
+
+@njit(cache=True)
+def _candidate(
+    by_cost,
+    cost,
+    tok,
+    order,
+    held,
+    reach,
+    density,
+    nmax,
+    dp,
+    kb,
+    gps,
+    cap,
+    fill_to,
+    last,
+    passes,
+    out_bin,
+    out_mb,
+    wait,
+):  # type: ignore[no-untyped-def]
+    """``(time over the ideal, steps)`` of the window composed at the steps its tokens need
+    (``by_cost``: or more, as its lighter samples' cost asks), the heavy samples those above
+    the level the rest fills every bin to at that count; fewer steps where these leave a
+    micro-batch empty; ``(inf, 0)`` where none will do."""
+    m = len(cost)
     h = _heavy(cost, order, held, reach, dp, last, wait)
-    p = _steps(cost, tok, order, wait, h, density, nmax, dp, kb, gps, cap, fill_to)
+    p_tok, p_cost = _steps(cost, tok, order, wait, h, density, nmax, dp, kb, gps, cap, fill_to)
+    p = p_cost if by_cost else p_tok
     if p < 1:
-        return 0
-    # heavy, at that many steps: costlier than the level the rest fills every bin to
-    full = -(-h // dp)
+        return np.inf, 0
+    full = min(-(-h // dp), p * gps)
     rest = 0.0
     for q in range(h, m):
         if not wait[order[q]]:
@@ -174,9 +220,30 @@ def compose_window(
     light_bins = (p * gps - full) * dp
     if light_bins > 0:
         h = _heavy(cost, order, held, rest / light_bins, dp, last, wait)
-        p = _steps(cost, tok, order, wait, h, density, nmax, dp, kb, gps, cap, fill_to)
-        if p < 1:
-            return 0
+        p_tok, p_cost = _steps(cost, tok, order, wait, h, density, nmax, dp, kb, gps, cap,
+                               fill_to)  # fmt: skip
+        groups = (h + dp - 1) // dp  # of heavy samples, and the steps they need
+        heavy_steps = (groups + gps - 1) // gps
+        p = p_cost if by_cost else max(p_tok, min(heavy_steps, p_cost))
+        if p < 1:  # what waits would leave a micro-batch empty: none waits
+            h = _heavy(cost, order, held, rest / light_bins, dp, True, wait)
+            p_tok, p_cost = _steps(cost, tok, order, wait, h, density, nmax, dp, kb, gps, cap,
+                                   fill_to)  # fmt: skip
+            p = p_cost if by_cost else p_tok
+    while p >= 1:
+        t = _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb, wait)
+        if t < np.inf:
+            return t, p
+        p -= 1
+    return np.inf, 0
+
+
+@njit(cache=True)
+def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb, wait):  # type: ignore[no-untyped-def]
+    """The window composed into ``p`` steps, its ``h`` costliest samples heavy (writing
+    ``out_bin``, ``out_mb``; ``wait`` is given); its time (the sum of its groups' costliest
+    bins) over its placed samples' ideal; infinite where a micro-batch is left empty."""
+    m = len(cost)
     full = -(-h // dp)
     g_count = p * gps
     full = min(full, g_count)
@@ -241,4 +308,16 @@ def compose_window(
         for s in range(ns):
             n = _push(heap, n, key, skipped[s], dp, g_count)
     improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, g_count, dp, kb, cap, passes)
-    return p
+    for e in range(nb * kb):
+        if cnt[e] == 0:
+            return np.inf
+    time = 0.0
+    for g in range(g_count):
+        t = 0.0
+        for b in range(g * dp, g * dp + dp):
+            t = max(t, load[b])
+        time += t
+    ideal = 0.0
+    for b in range(nb):
+        ideal += load[b]
+    return time / max(ideal / dp, 1e-300)
