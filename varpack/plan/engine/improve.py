@@ -115,6 +115,19 @@ def _fits_swap(i, k, tok, out_bin, out_mb, fill, kb, cap):  # type: ignore[no-un
 
 
 @njit(cache=True)
+def _cheapest_movable(a, z, cost, out_mb, cnt, kb, head, nxt):  # type: ignore[no-untyped-def]
+    """The cheapest sample of bins ``a .. z-1`` whose micro-batch keeps another, or -1."""
+    best, bc = -1, 0.0
+    for c in range(a, z):
+        i = head[c]
+        while i >= 0:
+            if cnt[c * kb + out_mb[i]] >= 2 and (best < 0 or cost[i] < bc):
+                best, bc = i, cost[i]
+            i = nxt[i]
+    return best
+
+
+@njit(cache=True)
 def fill_empty(cost, tok, out_bin, out_mb, load, fill, cnt, nb, dp, kb, head, nxt, prv):  # type: ignore[no-untyped-def]
     """Give every empty micro-batch one sample: from a fuller micro-batch of its bin (the
     bin's cost is unchanged), else the cheapest movable one of its group, else of any bin."""
@@ -122,18 +135,11 @@ def fill_empty(cost, tok, out_bin, out_mb, load, fill, cnt, nb, dp, kb, head, nx
         if cnt[e] > 0:
             continue
         b, g = e // kb, e // kb // dp
-        best, pref, bc = -1, 3, 0.0
-        for c in range(nb):
-            pr = 0 if c == b else (1 if c // dp == g else 2)
-            if pr > pref:
-                continue
-            i = head[c]
-            while i >= 0:
-                if cnt[c * kb + out_mb[i]] >= 2 and (pr < pref or cost[i] < bc):
-                    best, pref, bc = i, pr, cost[i]
-                i = nxt[i]
-            if pref == 0:
-                break
+        best = _cheapest_movable(b, b + 1, cost, out_mb, cnt, kb, head, nxt)
+        if best < 0:
+            best = _cheapest_movable(g * dp, g * dp + dp, cost, out_mb, cnt, kb, head, nxt)
+        if best < 0:
+            best = _cheapest_movable(0, nb, cost, out_mb, cnt, kb, head, nxt)
         if best >= 0:
             _move(best, b, e % kb, cost, tok, out_bin, out_mb, load, fill, cnt, kb, head, nxt, prv)
 

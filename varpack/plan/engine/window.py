@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.engine.improve import improve, room
-from varpack.plan.tuning import LEVEL_TOLERANCE
+from varpack.plan.tuning import LEVEL_TOLERANCE, MICRO_COST
 
 
 @njit(cache=True, inline="always")
@@ -159,8 +159,9 @@ def compose_window(
     window). Returns the number of steps (0: the window is too small for one step).
 
     The window is composed at the steps its tokens need and, where its lighter samples' cost
-    asks for more, at that count too; the one of lower time over its samples' ideal is kept
-    (more steps only where they pay more than :data:`LEVEL_TOLERANCE`)."""
+    asks for more, at that count too; the one of lower time over its samples' ideal is kept,
+    each micro-batch counted at :data:`~varpack.plan.tuning.MICRO_COST` of a full one (more
+    steps only where they gain more than that and :data:`LEVEL_TOLERANCE`)."""
     m = len(cost)
     ct = 0.0
     xt = 0.0
@@ -175,7 +176,12 @@ def compose_window(
     ob, om, wt = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.bool_)
     other, q = _candidate(True, cost, tok, order, held, reach, density, nmax, dp, kb, gps, cap,
                           fill_to, last, passes, ob, om, wt)  # fmt: skip
-    if q > p and other < best * (1.0 - LEVEL_TOLERANCE):
+    # each micro-batch a rank runs costs MICRO_COST of a full one: more steps must pay for theirs
+    share = 0.0
+    for i in range(m):
+        share += cost[i] / dp
+    per_step = MICRO_COST * cap * density * kb * gps / max(share, 1e-300)
+    if q > p and other + q * per_step < (best + p * per_step) * (1.0 - LEVEL_TOLERANCE):
         out_bin[:], out_mb[:], wait[:] = ob, om, wt
         return q
     return p if best < np.inf else 0
@@ -287,9 +293,10 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
     for b in range(nb):
         n = _push(heap, n, key, b, dp, g_count)
     skipped = np.empty(nb, dtype=np.int64)
+    fits_none = cap + 1  # the fewest tokens no micro-batch had room for (room only shrinks)
     for q in range(m):
         i = order[q]
-        if wait[i] or out_bin[i] >= 0:
+        if wait[i] or out_bin[i] >= 0 or tok[i] >= fits_none:
             continue
         ns = 0
         while n > 0:
@@ -305,6 +312,8 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
                 break
             skipped[ns] = b
             ns += 1
+        if out_bin[i] < 0:
+            fits_none = min(fits_none, tok[i])
         for s in range(ns):
             n = _push(heap, n, key, skipped[s], dp, g_count)
     improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, g_count, dp, kb, cap, passes)
