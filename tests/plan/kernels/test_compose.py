@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shuffle_shapes import heavy_bodied, heavy_mix, lengths, sorted_lengths
 
 from varpack.errors import ConfigError
 from varpack.metadata.synth import sample_lengths
@@ -26,13 +27,8 @@ from varpack.validate import validate_plan
 FLOPS: dict[str, Any] = dict(cost="flops", hidden=896, kv_hidden=128, layers=24)
 
 
-def _sorted(lens):
-    return np.sort(np.asarray(lens, dtype=np.int64), kind="stable")
-
-
-def _heavy_bodied(n, seed=0, cap=16384):
-    x = np.random.default_rng(seed).lognormal(np.log(450), 1.45, n)
-    return _sorted(np.clip(np.rint(x), 1, cap))
+_sorted = sorted_lengths
+_heavy_bodied = heavy_bodied
 
 
 def _per_step_rank_counts(p):
@@ -41,14 +37,6 @@ def _per_step_rank_counts(p):
 
 # ---- properties ----------------------------------------------------------------------------------
 
-lengths = st.lists(
-    st.one_of(st.integers(1, 60), st.integers(1, 400), st.just(400)), min_size=1, max_size=300
-)
-# many light samples and a few heavy ones (near the budget), the long-SFT shape in small
-heavy_mix = st.tuples(
-    st.lists(st.integers(1, 80), min_size=20, max_size=400),
-    st.lists(st.integers(200, 400), min_size=0, max_size=12),
-).map(lambda t: t[0] + t[1])
 configs = st.fixed_dictionaries(
     {
         "dp": st.integers(1, 4),

@@ -13,15 +13,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.engine.window import compose_window
-
-
-@njit(cache=True)
-def _grow(a, size):  # type: ignore[no-untyped-def]
-    if size <= len(a):
-        return a
-    b = np.empty(max(size, 2 * len(a)), dtype=a.dtype)
-    b[: len(a)] = a
-    return b
+from varpack.plan.kernels.compose import grow
 
 
 @njit(cache=True)
@@ -91,8 +83,8 @@ def compose_epoch(lens, alone, price, costs, window_tok, dp, kb, gps, cap, fill_
                 b += 1
         cum += tot
         m = nc + b - a
-        buf = _grow(buf, m)
-        carry = _grow(carry, m)
+        buf = grow(buf, m)
+        carry = grow(carry, m)
         for i in range(a, b):
             buf[nc + i - a] = i
         a = b
@@ -127,7 +119,7 @@ def compose_epoch(lens, alone, price, costs, window_tok, dp, kb, gps, cap, fill_
                 carry[i] = buf[i]
             nc = m
         else:
-            starts = _grow(starts, nmb + p * per_step + 1)
+            starts = grow(starts, nmb + p * per_step + 1)
             out, nmb = _emit(buf, order, out_bin, out_mb, p, dp, kb, gps, stream, out, starts, nmb)
             nc = 0
             for i in range(m):

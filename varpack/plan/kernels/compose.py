@@ -56,7 +56,7 @@ def _by_cost(buf, m, lens):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _grow(a, size):  # type: ignore[no-untyped-def]
+def grow(a, size):  # type: ignore[no-untyped-def]
     """``a`` with room for ``size`` entries (doubling; contents kept)."""
     if size <= len(a):
         return a
@@ -205,9 +205,9 @@ def _compose_epoch(
                 b += 1
         cum += tot
         m = nc + b - a
-        buf = _grow(buf, m)
-        carry = _grow(carry, m)
-        where = _grow(where, m)
+        buf = grow(buf, m)
+        carry = grow(carry, m)
+        where = grow(where, m)
         wtok = tot
         for i in range(nc):
             wtok += lens[buf[i]]
@@ -242,7 +242,7 @@ def _compose_epoch(
                 carry[i] = buf[i]
             nc = m
         else:
-            starts = _grow(starts, nmb + p * per_step + 1)
+            starts = grow(starts, nmb + p * per_step + 1)
             was = out
             out, nmb, nc = _emit(
                 buf, order, where[:m], p * per_step, stream, out, starts, nmb, carry

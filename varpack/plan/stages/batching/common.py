@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.kernels import assign
 from varpack.plan.kernels.micro import summarize
-from varpack.plan.kernels.order import ORDERS, OrderRule, step_size
+from varpack.plan.kernels.order import ORDERS, MovedTally, OrderRule, step_size
 from varpack.plan.kernels.pack import PackRule, complete, pack
 from varpack.plan.kernels.shapes import round_up, round_up_to
 
@@ -78,6 +79,32 @@ class EpochJoiner:
         stream = self.streams[0] if one else np.concatenate(self.streams)
         step = self.steps[0] if one else np.concatenate(self.steps)
         return stream, np.append(np.concatenate(self.offs), self.n_pos), step
+
+
+class ComposedEpochs:
+    """What a composer of shuffled epochs collects, epoch by epoch: the stream (positions of
+    the selection) cut into micro-batches, the lengths along it, and how far samples moved
+    from their shuffled places; :meth:`batches` makes the plan's ``Batches``."""
+
+    def __init__(self, per_step: int) -> None:
+        self.joined, self.tally = EpochJoiner(), MovedTally()
+        self.slens: list[np.ndarray] = []
+        self.per_step = per_step
+
+    def add(self, epoch: int, perm: np.ndarray, plens: np.ndarray, pos: np.ndarray,
+            starts: np.ndarray) -> None:  # fmt: skip
+        """Epoch ``epoch``: its permutation ``perm`` (lengths ``plens`` in its order), composed
+        into positions ``pos`` of it cut at ``starts``."""
+        self.joined.add(epoch, perm[pos], starts, self.per_step)
+        self.tally.add_epoch(pos, starts, plens, self.per_step)
+        self.slens.append(plens[pos])
+
+    def batches(self, group: int, window: int) -> Batches:
+        """Every epoch's micro-batches, ``group`` consecutive ones a rank's share of a step."""
+        out = Batches(*self.joined.join(), self.joined.epochs, group=group)
+        out.stream_lens = self.slens[0] if len(self.slens) == 1 else np.concatenate(self.slens)
+        out.moved = self.tally.figures(window)
+        return out
 
 
 def whole_steps(

@@ -24,14 +24,14 @@ from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import cost_coefficients
 from varpack.plan.kernels.compose_threads import compose_threaded, default_threads
-from varpack.plan.kernels.order import MovedTally, OrderRule
+from varpack.plan.kernels.order import OrderRule
 from varpack.plan.kernels.permute import permuted
 from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.mix import blend_sources
 from varpack.plan.rules import capacity
 from varpack.plan.stages.batching import greedy
 from varpack.plan.stages.batching.common import (
-    EpochJoiner,
+    ComposedEpochs,
     order_rule,
     tokens_per_micro,
     whole_steps,
@@ -134,8 +134,7 @@ def build(
     """Micro-batches and steps of all epochs, composed by cost."""
     rule = cfg.pack_rule()
     orule = order_rule(cfg, tokens_per_micro(lens, alone, cfg, rule))
-    joined, slens, tally = EpochJoiner(), [], MovedTally()
-    per_step = cfg.micro_per_step
+    composed = ComposedEpochs(cfg.micro_per_step)
     blend = blend_sources()  # a blend (--mix): every step keeps its sources' weights
     how = composing(cfg, orule, blend is not None)
     threads = default_threads()  # the plan is the same whatever their number
@@ -160,11 +159,6 @@ def build(
             del sl
             dealt = wide[off[:-1]] if len(wide) else np.zeros(len(off) - 1, np.bool_)
             (pos,), off = move_micro((pos,), off, slot_cut(cost, dealt, cfg, epoch))
-        joined.add(epoch, perm[pos], off, per_step)
-        tally.add_epoch(pos, off, plens, per_step)
-        slens.append(plens[pos])
+        composed.add(epoch, perm, plens, pos, off)
         del perm, plens, pos, wide
-    batches = Batches(*joined.join(), joined.epochs, group=how.k)
-    batches.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
-    batches.moved = tally.figures(cfg.shuffle_window)
-    return batches
+    return composed.batches(how.k, cfg.shuffle_window)

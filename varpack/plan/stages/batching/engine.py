@@ -19,13 +19,12 @@ from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import sample_cost
 from varpack.plan.engine.epoch import compose_epoch
-from varpack.plan.kernels.order import MovedTally
 from varpack.plan.kernels.permute import permuted
 from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.mix import blend_sources
 from varpack.plan.rules import capacity
 from varpack.plan.stages.batching import greedy
-from varpack.plan.stages.batching.common import EpochJoiner, order_rule, tokens_per_micro
+from varpack.plan.stages.batching.common import ComposedEpochs, order_rule, tokens_per_micro
 from varpack.plan.sync import slotted
 from varpack.plan.tuning import ENGINE_FILL, ENGINE_PASSES
 
@@ -66,8 +65,7 @@ def build(
     price = sample_cost(np.arange(min(longest, PRICE_TABLE) + 1), model)
     kb, gps = regime(cfg)
     cap = capacity(cfg.pad_multiple, cfg.max_tokens)
-    joined, slens, tally = EpochJoiner(), [], MovedTally()
-    per_step = cfg.micro_per_step
+    composed = ComposedEpochs(cfg.micro_per_step)
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)
         costs = sample_cost(plens, model) if longest > PRICE_TABLE else price[:0]
@@ -86,10 +84,5 @@ def build(
             (stream,), starts = move_micro(
                 (stream,), starts, slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window)
             )
-        joined.add(epoch, perm[stream], starts, per_step)
-        tally.add_epoch(stream, starts, plens, per_step)
-        slens.append(plens[stream])
-    batches = Batches(*joined.join(), joined.epochs, group=kb)
-    batches.stream_lens = slens[0] if len(slens) == 1 else np.concatenate(slens)
-    batches.moved = tally.figures(cfg.shuffle_window)
-    return batches
+        composed.add(epoch, perm, plens, stream, starts)
+    return composed.batches(kb, cfg.shuffle_window)
