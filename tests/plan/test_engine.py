@@ -156,3 +156,36 @@ def test_samples_each_over_half_the_budget_are_composed_one_a_micro_batch() -> N
     p, meta, _ = make_plan(np.arange(len(lens)), lens, cfg)
     assert (p.micro.samples == 1).all() and p.num_steps == 375
     assert _time(p) <= meta["stats"]["time_vs_ideal_bound"] + 0.003
+
+
+@pytest.mark.parametrize(("k", "sync"), [(1, "step"), (4, "step"), (4, "micro")])
+def test_threads_compose_the_one_thread_plan(k: int, sync: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # runs of the epoch composed at once on threads, the carries between them resolved after:
+    # the same plan as one thread composes, byte for byte
+    import varpack.plan.kernels.compose_threads as ct
+    import varpack.plan.stages.batching.engine as eng
+
+    rng = np.random.default_rng(0)  # chat lengths, 1 % near the budget: heavy samples wait
+    lens = np.exp(rng.normal(np.log(450), 0.9, 40_000))
+    lens[rng.random(len(lens)) < 0.01] = 14_000
+    lens = _sorted(np.clip(np.rint(lens), 1, 16384))
+    cfg = PlanConfig(max_tokens=16384, dp=8, grad_accum=k, order="shuffle", sync=sync,
+                     compose="engine", epochs=2, shuffle_window=2, **FLOPS)  # fmt: skip
+    resolved = []
+    orig = ct._Run.resolved
+
+    def spy(run, carry, held):  # type: ignore[no-untyped-def]
+        resolved.append(len(carry))
+        return orig(run, carry, held)
+
+    monkeypatch.setattr(ct._Run, "resolved", spy)
+    monkeypatch.setattr(ct, "MIN_RUN", 4_000)
+    plans = {}
+    for threads in (1, 3, 5):
+        monkeypatch.setattr(eng, "default_threads", lambda t=threads: t)
+        plans[threads] = plan_arrays(np.arange(len(lens)), lens, cfg)
+    assert resolved  # the epoch was composed in runs ...
+    assert k > 1 or max(resolved) > 0  # ... and at grad-accum 1 heavy samples waited across them
+    for threads in (3, 5):
+        for field in ("stream", "offsets", "step", "rank", "micro_index"):
+            assert np.array_equal(getattr(plans[threads], field), getattr(plans[1], field))

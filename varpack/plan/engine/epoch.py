@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.engine.window import compose_window
-from varpack.plan.kernels.compose import grow
+from varpack.plan.kernels.compose import Composed, grow
 
 
 @njit(cache=True)
@@ -50,34 +50,46 @@ def _emit(buf, order, out_bin, out_mb, p, dp, kb, gps, stream, out, starts, nmb)
     return out + first[nmbw - 1], nmb + nmbw
 
 
-@njit(cache=True)
-def compose_epoch(lens, alone, price, costs, window_tok, dp, kb, gps, cap, fill_to, passes):  # type: ignore[no-untyped-def]
-    """``(stream, starts, ok)``: the epoch's positions (in the permuted order of ``lens``) cut
-    into micro-batches at ``starts``, ``dp x kb x gps`` a step; ``ok`` False where the epoch
-    has too few samples for whole steps. ``price``: the cost of a sample of each length (the
-    plan's cost model, indexed by length), or, where lengths are too long for such a table,
-    ``costs``: each sample's (in the permuted order)."""
+@njit(cache=True, nogil=True)
+def compose_epoch(lens, alone, price, costs, window_tok, dp, kb, gps, cap, fill_to, passes, run):  # type: ignore[no-untyped-def]
+    """``(stream, starts, ok, carry, held)``: a run of the epoch's positions (in the permuted
+    order of ``lens``) cut into micro-batches at ``starts``, ``dp x kb x gps`` a step; ``ok``
+    False where the epoch has too few samples for whole steps. ``price``: the cost of a sample
+    of each length (the plan's cost model, indexed by length), or, where lengths are too long
+    for such a table, ``costs``: each sample's (in the permuted order).
+
+    ``run`` is ``(carried, cum0, rest_tok, rest_n, held)``: the first ``carried`` positions come
+    from the run before (``held``: whether each is a heavy sample that waited), ``cum0`` tokens
+    of the epoch precede the run's own positions, ``rest_tok`` tokens in ``rest_n`` positions
+    follow them (``rest_n`` 0: the run ends the epoch, whose last window takes every sample
+    left). What a run does not place is handed on: ``carry`` (positions) and its held flags."""
+    nc0, cum0, rest_tok, rest_n, held_in = run
+    final = rest_n == 0
     n = len(lens)
     per_step = dp * kb * gps
-    total = 0
-    for i in range(n):
+    total = cum0 + rest_tok
+    for i in range(nc0, n):
         total += lens[i]
     stream = np.empty(n, dtype=np.int64)
     starts = np.empty(n + 1, dtype=np.int64)
     held = np.zeros(n, dtype=np.bool_)
-    buf = np.empty(0, dtype=np.int64)
+    buf = np.empty(nc0, dtype=np.int64)
     carry = np.empty(0, dtype=np.int64)
-    out = nmb = nc = 0
-    a = 0
-    cum = 0
-    while a < n or nc > 0:
+    for i in range(nc0):
+        buf[i] = i
+        held[i] = held_in[i]
+    out = nmb = 0
+    nc = nc0
+    a = nc0
+    cum = cum0
+    while a < n or (final and nc > 0):
         b = a
         tot = 0
         w = cum // window_tok
         while b < n and (cum + tot) // window_tok == w:
             tot += lens[b]
             b += 1
-        if b < n and (total - cum - tot < window_tok // 2 or n - b < 2 * per_step):
+        if b < n and (total - cum - tot < window_tok // 2 or n - b + rest_n < 2 * per_step):
             while b < n:  # a short tail joins the last window
                 tot += lens[b]
                 b += 1
@@ -88,7 +100,7 @@ def compose_epoch(lens, alone, price, costs, window_tok, dp, kb, gps, cap, fill_
         for i in range(a, b):
             buf[nc + i - a] = i
         a = b
-        last = a >= n
+        last = a >= n and final
         cost = np.empty(m)
         tok = np.empty(m, dtype=np.int64)
         hw = np.empty(m, dtype=np.bool_)
@@ -114,7 +126,7 @@ def compose_epoch(lens, alone, price, costs, window_tok, dp, kb, gps, cap, fill_
             nmax = p + 1  # the last window takes the steps it needs
         if p == 0:
             if last:
-                return stream[:0], starts[:1], False
+                return stream[:0], starts[:1], False, buf[:0], held[:0]
             for i in range(m):  # too few samples for a step: all move on
                 carry[i] = buf[i]
             nc = m
@@ -128,8 +140,41 @@ def compose_epoch(lens, alone, price, costs, window_tok, dp, kb, gps, cap, fill_
                     held[buf[i]] = wait[i]
                     nc += 1
             if last and nc > 0:
-                return stream[:0], starts[:1], False
+                return stream[:0], starts[:1], False, buf[:0], held[:0]
         for i in range(nc):
             buf[i] = carry[i]
     starts[nmb] = out
-    return stream[:out], starts[: nmb + 1], True
+    kept = np.empty(nc, dtype=np.bool_)
+    for i in range(nc):
+        kept[i] = held[buf[i]]
+    return stream[:out], starts[: nmb + 1], True, buf[:nc].copy(), kept
+
+
+def compose_run(
+    arrays: tuple[np.ndarray, ...],
+    run: tuple[int, int, int, int, np.ndarray],
+    price: np.ndarray,
+    window_tok: int,
+    dp: int,
+    kb: int,
+    gps: int,
+    cap: int,
+    fill_to: float,
+    passes: int,
+) -> Composed | None:
+    """A run of the permuted epoch composed by the engine (the shape the threaded runner calls,
+    :func:`varpack.plan.kernels.compose_threads.threaded`): ``arrays`` the run's lengths, lone
+    flags and, where priced sample by sample, costs; None where the epoch's last window cannot
+    place every sample."""
+    lens, alone, *rest = arrays
+    nc0, cum0, rest_tok, rest_n, held = run
+    stream, starts, ok, carry, kept = compose_epoch(
+        np.ascontiguousarray(lens, dtype=np.int64),
+        np.ascontiguousarray(alone, dtype=np.bool_),
+        price, rest[0] if rest else price[:0],
+        np.int64(max(window_tok, 1)), np.int64(dp), np.int64(kb), np.int64(gps), np.int64(cap),
+        float(fill_to), np.int64(passes),
+        (np.int64(nc0), np.int64(cum0), np.int64(rest_tok), np.int64(rest_n),
+         np.ascontiguousarray(held, dtype=np.bool_)),
+    )  # fmt: skip
+    return Composed(stream, starts, carry, kept, price[:0].astype(np.bool_)) if ok else None

@@ -89,17 +89,17 @@ def run_starts(lens, window_tok, runs, prefix):  # type: ignore[no-untyped-def]
     return pos, cum
 
 
+#: composes a run: its per-position arrays (carried positions first) and its place in the epoch
+#: ``(carried, cum0, rest_tok, rest_n, held)``, as :func:`compose_run` reads ``run``
+Composer = Callable[[tuple[np.ndarray, ...], tuple[int, int, int, int, np.ndarray]], Composed | None]
+
+
 @dataclass
 class _Epoch:
-    """The permuted epoch and :func:`compose_run`'s other arguments."""
+    """The permuted epoch's per-position arrays and the composer of a run of them."""
 
-    lens: np.ndarray
-    alone: np.ndarray
-    src: np.ndarray | None
-    blend: tuple[np.ndarray, float] | None
-    args: tuple[tuple[float, float], int, int, int, int, int, int, float]  # see compose_run
-    level: bool
-    mix: bool
+    arrays: tuple[np.ndarray, ...]  # the lengths first
+    compose: Composer
     total: int  # tokens of the epoch
 
     def piece(self, a: int, e: int, cum: int, carry: np.ndarray, held: np.ndarray) -> _Out:
@@ -107,18 +107,10 @@ class _Epoch:
         flags), ``cum`` tokens before ``a``: its stream, starts, carry, held flags and wide
         flags, in epoch positions; None where it cannot be composed."""
         nc = len(carry)
-        rest_tok = self.total - cum - int(self.lens[a:e].sum())
-        run = (nc, cum, rest_tok, len(self.lens) - e, held)
-        got = compose_run(
-            self._joined(self.lens, carry, a, e),
-            self._joined(self.alone, carry, a, e),
-            *self.args,
-            sources=None if self.blend is None else (self._joined(self.src, carry, a, e),
-                                                     *self.blend),
-            run=run,
-            level=self.level,
-            mix=self.mix,
-        )  # fmt: skip
+        lens = self.arrays[0]
+        rest_tok = self.total - cum - int(lens[a:e].sum())
+        got = self.compose(tuple(self._joined(x, carry, a, e) for x in self.arrays),
+                           (nc, cum, rest_tok, len(lens) - e, held))  # fmt: skip
         if got is None:
             return None
         return _epoch_positions(got.stream, carry, a), got.starts, \
@@ -216,17 +208,41 @@ def compose_threaded(
     """:func:`compose_run` of a whole epoch on ``threads`` threads (default
     :func:`default_threads`): the same result (see the module doc). ``min_run``: samples a
     run holds at least (default :data:`MIN_RUN`; fewer threads where the epoch is short)."""
+    args = (coeffs, window_tokens, step_tokens, dp, k, multiple, budget, fill)
+
+    def run(arrays: tuple[np.ndarray, ...], at: tuple[int, int, int, int, np.ndarray]) -> Composed | None:
+        lens, lone, *src = arrays
+        blend = None if sources is None else (src[0], sources[1], sources[2])
+        return compose_run(lens, lone, *args, blend, at, level, mix)
+
+    arrays = (plens, alone) if sources is None else (plens, alone, sources[0])
+    return threaded(arrays, run, window_tokens, step_tokens, dp * k, threads, min_run)
+
+
+def threaded(
+    arrays: tuple[np.ndarray, ...],
+    compose: Composer,
+    window_tokens: int,
+    tail_tokens: int,
+    per_step: int,
+    threads: int | None = None,
+    min_run: int | None = None,
+) -> Composed | None:
+    """A whole epoch (``arrays``: its per-position arrays, the lengths first) composed by
+    ``compose`` on ``threads`` threads (default :func:`default_threads`): the same result as one
+    call on the whole epoch (see the module doc). ``tail_tokens``, ``per_step``: a tail of
+    fewer tokens or fewer than two steps' positions joins the window before (the composer's
+    rule); ``min_run``: samples a run holds at least (default :data:`MIN_RUN`)."""
     threads = default_threads() if threads is None else max(1, threads)
     min_run = MIN_RUN if min_run is None else min_run
-    args = (coeffs, window_tokens, step_tokens, dp, k, multiple, budget, fill)
+    plens = arrays[0]
+    whole = (0, 0, 0, 0, np.zeros(0, dtype=np.bool_))
     runs = int(min(threads, len(plens) // max(1, min_run)))
-    spans = (_spans(plens, max(window_tokens, 1), step_tokens, dp * k, runs, min_run)
+    spans = (_spans(plens, max(window_tokens, 1), tail_tokens, per_step, runs, min_run)
              if runs > 1 else [])  # fmt: skip
     if len(spans) < 2:
-        return compose_run(plens, alone, *args, sources, None, level, mix)
-    ep = _Epoch(plens, alone, None if sources is None else sources[0],
-                None if sources is None else (sources[1], sources[2]), args, level, mix,
-                int(plens.sum()))  # fmt: skip
+        return compose(arrays, whole)
+    ep = _Epoch(arrays, compose, int(plens.sum()))
     parts = [_Run(ep, b, c, e) for b, c, e in spans]
     _in_threads([p.compose for p in parts[1:]], parts[0].compose)
     for p in parts:

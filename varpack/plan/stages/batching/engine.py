@@ -12,13 +12,16 @@ samples for whole steps it is composed by tokens (:mod:`.greedy`).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from varpack.errors import ConfigError
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import sample_cost
-from varpack.plan.engine.epoch import compose_epoch
+from varpack.plan.engine.epoch import compose_run
+from varpack.plan.kernels.compose_threads import default_threads, threaded
 from varpack.plan.kernels.permute import permuted
 from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.mix import blend_sources
@@ -66,20 +69,22 @@ def build(
     kb, gps = regime(cfg)
     cap = capacity(cfg.pad_multiple, cfg.max_tokens)
     composed = ComposedEpochs(cfg.micro_per_step)
+    window_tok = max(orule.window * orule.step, 1)
+    run = partial(compose_run, price=price, window_tok=window_tok, dp=cfg.dp, kb=kb, gps=gps,
+                  cap=cap, fill_to=ENGINE_FILL, passes=ENGINE_PASSES)  # fmt: skip
+    threads = default_threads()  # the plan is the same whatever their number
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)
-        costs = sample_cost(plens, model) if longest > PRICE_TABLE else price[:0]
-        stream, starts, ok = compose_epoch(
-            np.ascontiguousarray(plens, dtype=np.int64),
-            alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_),
-            price, costs, np.int64(max(orule.window * orule.step, 1)),
-            np.int64(cfg.dp), np.int64(kb), np.int64(gps), np.int64(cap),
-            float(ENGINE_FILL), np.int64(ENGINE_PASSES),
-        )  # fmt: skip
-        if not ok:
+        arrays = (plens, alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_))
+        if longest > PRICE_TABLE:  # priced sample by sample
+            arrays += (sample_cost(plens, model),)
+        got = threaded(arrays, run, window_tok, window_tok // 2, cfg.dp * kb * gps, threads)
+        if got is None:
             return greedy.build(lens, alone, cfg, lengths)
+        stream, starts = got.stream, got.starts
+        del got
         if kb == 1:  # the ranks meet at every micro-batch: slots of alike cost
-            each = costs[stream] if len(costs) else price[plens[stream]]
+            each = arrays[2][stream] if len(arrays) > 2 else price[plens[stream]]
             cost = np.add.reduceat(each, starts[:-1]) if len(stream) else price[:0]
             (stream,), starts = move_micro(
                 (stream,), starts, slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window)
