@@ -171,11 +171,17 @@ def compose_window(
             xt += tok[i]
     density = ct / xt if xt > 0 else cost[order[0]] / max(tok[order[0]], 1)
     reach = cap * kb * density
-    best, p = _candidate(False, cost, tok, order, held, reach, density, nmax, dp, kb, gps, cap,
-                         fill_to, last, passes, out_bin, out_mb, wait)  # fmt: skip
-    ob, om, wt = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.bool_)
-    other, q = _candidate(True, cost, tok, order, held, reach, density, nmax, dp, kb, gps, cap,
-                          fill_to, last, passes, ob, om, wt)  # fmt: skip
+    h, p = _choose(False, cost, tok, order, held, reach, density, nmax, dp, kb, gps, cap, fill_to,
+                   last, wait)  # fmt: skip
+    wt = np.empty(m, np.bool_)
+    hq, q = _choose(True, cost, tok, order, held, reach, density, nmax, dp, kb, gps, cap, fill_to,
+                    last, wt)  # fmt: skip
+    best, p = _compose_down(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb,
+                            wait)  # fmt: skip
+    if q <= p:  # more steps are not asked for: the count the tokens need stands
+        return p
+    ob, om = np.empty(m, np.int64), np.empty(m, np.int64)
+    other, q = _compose_down(q, hq, cost, tok, order, dp, kb, gps, cap, passes, ob, om, wt)
     # each micro-batch a rank runs costs MICRO_COST of a full one: more steps must pay for theirs
     share = 0.0
     for i in range(m):
@@ -184,11 +190,23 @@ def compose_window(
     if q > p and other + q * per_step < (best + p * per_step) * (1.0 - LEVEL_TOLERANCE):
         out_bin[:], out_mb[:], wait[:] = ob, om, wt
         return q
-    return p if best < np.inf else 0
+    return p
 
 
 @njit(cache=True)
-def _candidate(
+def _compose_down(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb, wait):  # type: ignore[no-untyped-def]
+    """``(time over the ideal, steps)`` of the window composed at ``p`` steps, or fewer where
+    these leave a micro-batch empty; ``(inf, 0)`` where none will do."""
+    while p >= 1:
+        t = _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb, wait)
+        if t < np.inf:
+            return t, p
+        p -= 1
+    return np.inf, 0
+
+
+@njit(cache=True)
+def _choose(
     by_cost,
     cost,
     tok,
@@ -203,21 +221,17 @@ def _candidate(
     cap,
     fill_to,
     last,
-    passes,
-    out_bin,
-    out_mb,
     wait,
 ):  # type: ignore[no-untyped-def]
-    """``(time over the ideal, steps)`` of the window composed at the steps its tokens need
-    (``by_cost``: or more, as its lighter samples' cost asks), the heavy samples those above
-    the level the rest fills every bin to at that count; fewer steps where these leave a
-    micro-batch empty; ``(inf, 0)`` where none will do."""
+    """``(heavy samples, steps)`` of the window at the steps its tokens need (``by_cost``: or
+    more, as its lighter samples' cost asks), the heavy samples those above the level the rest
+    fills every bin to at that count (writing ``wait``); 0 steps where none will do."""
     m = len(cost)
     h = _heavy(cost, order, held, reach, dp, last, wait)
     p_tok, p_cost = _steps(cost, tok, order, wait, h, density, nmax, dp, kb, gps, cap, fill_to)
     p = p_cost if by_cost else p_tok
     if p < 1:
-        return np.inf, 0
+        return h, 0
     full = min(-(-h // dp), p * gps)
     rest = 0.0
     for q in range(h, m):
@@ -236,12 +250,7 @@ def _candidate(
             p_tok, p_cost = _steps(cost, tok, order, wait, h, density, nmax, dp, kb, gps, cap,
                                    fill_to)  # fmt: skip
             p = p_cost if by_cost else p_tok
-    while p >= 1:
-        t = _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb, wait)
-        if t < np.inf:
-            return t, p
-        p -= 1
-    return np.inf, 0
+    return h, max(p, 0)
 
 
 @njit(cache=True)
