@@ -91,7 +91,9 @@ def run_starts(lens, window_tok, runs, prefix):  # type: ignore[no-untyped-def]
 
 #: composes a run: its per-position arrays (carried positions first) and its place in the epoch
 #: ``(carried, cum0, rest_tok, rest_n, held)``, as :func:`compose_run` reads ``run``
-Composer = Callable[[tuple[np.ndarray, ...], tuple[int, int, int, int, np.ndarray]], Composed | None]
+Composer = Callable[
+    [tuple[np.ndarray, ...], tuple[int, int, int, int, np.ndarray]], Composed | None
+]
 
 
 @dataclass
@@ -210,7 +212,9 @@ def compose_threaded(
     run holds at least (default :data:`MIN_RUN`; fewer threads where the epoch is short)."""
     args = (coeffs, window_tokens, step_tokens, dp, k, multiple, budget, fill)
 
-    def run(arrays: tuple[np.ndarray, ...], at: tuple[int, int, int, int, np.ndarray]) -> Composed | None:
+    def run(
+        arrays: tuple[np.ndarray, ...], at: tuple[int, int, int, int, np.ndarray]
+    ) -> Composed | None:
         lens, lone, *src = arrays
         blend = None if sources is None else (src[0], sources[1], sources[2])
         return compose_run(lens, lone, *args, blend, at, level, mix)
