@@ -178,15 +178,16 @@ def compose_window(
                     last, wt)  # fmt: skip
     best, p = _compose_down(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb,
                             wait)  # fmt: skip
-    if q <= p:  # more steps are not asked for: the count the tokens need stands
-        return p
-    ob, om = np.empty(m, np.int64), np.empty(m, np.int64)
-    other, q = _compose_down(q, hq, cost, tok, order, dp, kb, gps, cap, passes, ob, om, wt)
     # each micro-batch a rank runs costs MICRO_COST of a full one: more steps must pay for theirs
     share = 0.0
     for i in range(m):
         share += cost[i] / dp
     per_step = MICRO_COST * cap * density * kb * gps / max(share, 1e-300)
+    # more steps are not asked for, or cannot pay for theirs (no time is below the ideal)
+    if q <= p or best + p * per_step <= 1.0 + q * per_step:
+        return p
+    ob, om = np.empty(m, np.int64), np.empty(m, np.int64)
+    other, q = _compose_down(q, hq, cost, tok, order, dp, kb, gps, cap, passes, ob, om, wt)
     if q > p and other + q * per_step < (best + p * per_step) * (1.0 - LEVEL_TOLERANCE):
         out_bin[:], out_mb[:], wait[:] = ob, om, wt
         return q
@@ -301,13 +302,20 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
     n = 0
     for b in range(nb):
         n = _push(heap, n, key, b, dp, g_count)
-    skipped = np.empty(nb, dtype=np.int64)
+    # bins without room for the sample at hand are parked, by their room (which only shrinks),
+    # and come back once the samples are that short: a sample's search pops only bins that
+    # are too full for it (each parked once for them) or the one it goes to
+    parked = np.empty(nb, dtype=np.int64)
+    free = np.empty(nb)
+    npk = 0
     fits_none = cap + 1  # the fewest tokens no micro-batch had room for (room only shrinks)
     for q in range(m):
         i = order[q]
         if wait[i] or out_bin[i] >= 0 or tok[i] >= fits_none:
             continue
-        ns = 0
+        while npk > 0 and free[parked[0]] >= tok[i]:
+            b, npk = _pop(parked, npk, free, dp, g_count)
+            n = _push(heap, n, key, b, dp, g_count)
         while n > 0:
             b, n = _pop(heap, n, key, dp, g_count)
             j = room(fill, b, kb, cap, tok[i])
@@ -319,12 +327,13 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
                 key[b] -= cost[i]
                 n = _push(heap, n, key, b, dp, g_count)
                 break
-            skipped[ns] = b
-            ns += 1
+            least = fill[b * kb]
+            for u in range(1, kb):
+                least = min(least, fill[b * kb + u])
+            free[b] = cap - least
+            npk = _push(parked, npk, free, b, dp, g_count)
         if out_bin[i] < 0:
             fits_none = min(fits_none, tok[i])
-        for s in range(ns):
-            n = _push(heap, n, key, skipped[s], dp, g_count)
     improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, g_count, dp, kb, cap, passes)
     for e in range(nb * kb):
         if cnt[e] == 0:
