@@ -210,6 +210,9 @@ def improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, groups, dp, kb, 
             best, bi, bk, bb, bj = 0.0, -1, -1, -1, -1
             i = head[hi]
             while i >= 0:
+                if cost[i] <= best:  # no change of it gains more than its cost
+                    i = nxt[i]
+                    continue
                 if cnt[hi * kb + out_mb[i]] >= 2:  # moves
                     for b in range(g * dp, g * dp + dp):
                         if b == hi or load[b] + cost[i] >= mx:

@@ -29,22 +29,22 @@ from varpack.plan.tuning import LEVEL_TOLERANCE, MICRO_COST
 
 
 @njit(cache=True, inline="always")
-def _above(key, a, b, dp, groups):  # type: ignore[no-untyped-def]
+def _above(key, a, b, rank):  # type: ignore[no-untyped-def]
     """Bin ``a`` comes before ``b`` in the heap: larger key, then earlier in the deal order,
     which takes one bin of every group in turn (rank 0 of each group, then rank 1, ...), so
     that a run of alike samples spreads over the groups rather than filling one."""
     if key[a] != key[b]:
         return key[a] > key[b]
-    return (a % dp) * groups + a // dp < (b % dp) * groups + b // dp
+    return rank[a] < rank[b]
 
 
 @njit(cache=True)
-def _push(heap, n, key, b, dp, groups):  # type: ignore[no-untyped-def]
+def _push(heap, n, key, b, rank):  # type: ignore[no-untyped-def]
     i = n
     heap[i] = b
     while i > 0:
         up = (i - 1) // 2
-        if not _above(key, heap[i], heap[up], dp, groups):
+        if not _above(key, heap[i], heap[up], rank):
             break
         heap[i], heap[up] = heap[up], heap[i]
         i = up
@@ -52,16 +52,16 @@ def _push(heap, n, key, b, dp, groups):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _pop(heap, n, key, dp, groups):  # type: ignore[no-untyped-def]
+def _pop(heap, n, key, rank):  # type: ignore[no-untyped-def]
     top = heap[0]
     n -= 1
     heap[0] = heap[n]
     i = 0
     while True:
         left, best = 2 * i + 1, i
-        if left < n and _above(key, heap[left], heap[best], dp, groups):
+        if left < n and _above(key, heap[left], heap[best], rank):
             best = left
-        if left + 1 < n and _above(key, heap[left + 1], heap[best], dp, groups):
+        if left + 1 < n and _above(key, heap[left + 1], heap[best], rank):
             best = left + 1
         if best == i:
             break
@@ -298,10 +298,13 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
     key = np.empty(nb)  # how far each bin is below its target
     for b in range(nb):
         key[b] = (max(level, top[b]) if heavy_bin[b] else level) - load[b]
+    rank = np.empty(nb, dtype=np.int64)  # each bin's place in the deal order (see _above)
+    for b in range(nb):
+        rank[b] = (b % dp) * g_count + b // dp
     heap = np.empty(nb, dtype=np.int64)
     n = 0
     for b in range(nb):
-        n = _push(heap, n, key, b, dp, g_count)
+        n = _push(heap, n, key, b, rank)
     # bins without room for the sample at hand are parked, by their room (which only shrinks),
     # and come back once the samples are that short: a sample's search pops only bins that
     # are too full for it (each parked once for them) or the one it goes to
@@ -314,10 +317,10 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
         if wait[i] or out_bin[i] >= 0 or tok[i] >= fits_none:
             continue
         while npk > 0 and free[parked[0]] >= tok[i]:
-            b, npk = _pop(parked, npk, free, dp, g_count)
-            n = _push(heap, n, key, b, dp, g_count)
+            b, npk = _pop(parked, npk, free, rank)
+            n = _push(heap, n, key, b, rank)
         while n > 0:
-            b, n = _pop(heap, n, key, dp, g_count)
+            b, n = _pop(heap, n, key, rank)
             j = room(fill, b, kb, cap, tok[i])
             if j >= 0:
                 out_bin[i], out_mb[i] = b, j
@@ -325,13 +328,13 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
                 fill[b * kb + j] += tok[i]
                 cnt[b * kb + j] += 1
                 key[b] -= cost[i]
-                n = _push(heap, n, key, b, dp, g_count)
+                n = _push(heap, n, key, b, rank)
                 break
             least = fill[b * kb]
             for u in range(1, kb):
                 least = min(least, fill[b * kb + u])
             free[b] = cap - least
-            npk = _push(parked, npk, free, b, dp, g_count)
+            npk = _push(parked, npk, free, b, rank)
         if out_bin[i] < 0:
             fits_none = min(fits_none, tok[i])
     improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, g_count, dp, kb, cap, passes)
