@@ -67,6 +67,16 @@ COMPOSED = [
 
 #: one rank count per composed case (each count met), as the CP cases below
 COMPOSED_RANKS = (3, 4, 2, 4, 3)
+#: the balance engine: both syncs, grad-accum 1 to 4, samples alone, shapes, a warm-up reorder
+ENGINE = [
+    ["--dp", 4, "--grad-accum", 2, "--epochs", 2, "--shuffle-window", 3, "--sync", "step"],
+    ["--dp", 2, "--grad-accum", 1, "--warmup", "reorder", "--cost", "flops", "--model-preset",
+     "qwen2.5-0.5b"],
+    ["--dp", 3, "--grad-accum", 4, "--epochs", 2, "--oversize", "alone", "--shuffle-window", 1,
+     "--sync", "micro", "--cost", "flops", "--model-preset", "qwen2.5-0.5b"],
+    ["--dp", 2, "--grad-accum", 2, "--max-shapes", 6, "--shuffle-window", 1],
+]  # fmt: skip
+ENGINE_RANKS = (3, 2, 4, 3)
 CP_RANKS = (2, 3, 3, 2)
 FALLBACK = ["--max-tokens", 4096, "--order", "shuffle", "--dp", 8, "--grad-accum", 2,
             "--oversize", "drop"]  # fmt: skip
@@ -127,6 +137,12 @@ def _composed_args(case: int) -> list[object]:
     return args + ([] if "--oversize" in args else ["--oversize", "drop"])
 
 
+def _engine_args(case: int) -> list[object]:
+    args = ["--max-tokens", 4096, "--order", "shuffle", "--seed", case, "--compose", "engine",
+            *ENGINE[case]]  # fmt: skip
+    return args + ([] if "--oversize" in args else ["--oversize", "drop"])
+
+
 def _cp_args(case: int) -> list[object]:
     return ["--max-tokens", 4096, "--dp", 2, "--grad-accum", 2, "--oversize", "drop",
             *CONTEXT_PARALLEL[case]]  # fmt: skip
@@ -143,6 +159,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Case, Ran]
         out = top / f"composed{case}" / "out"
         cases[f"composed{case}"] = (COMPOSED_RANKS[case], ["plan", sorted_out, out,
                                                            *_composed_args(case)])  # fmt: skip
+    for case in range(len(ENGINE)):
+        sorted_out = _sorted(top / f"engine{case}", 6000, 40 + case)
+        out = top / f"engine{case}" / "out"
+        cases[f"engine{case}"] = (ENGINE_RANKS[case], ["plan", sorted_out, out,
+                                                       *_engine_args(case)], {"COUNT_REDONE": "1"})  # fmt: skip
     rl = _rollouts(top / "rollouts", 5000, 5)
     cases["rollouts"] = (3, ["plan", rl, top / "rollouts" / "out", *ROLLOUTS])
     few = _sorted(top / "fallback", 90, 3)
@@ -190,6 +211,24 @@ def test_steps_composed_by_cost_are_the_one_process_plan(
     _ok(got)
     assert _files(Path(str(out))) == _files(tmp_path / "one"), (ranks, args)
     assert got.stdout.replace(str(out), "OUT") == one.stdout.replace(str(tmp_path / "one"), "OUT")
+
+
+def test_the_engine_composes_the_one_process_plan(
+    runs: dict[str, tuple[Case, Ran]], tmp_path: Path
+) -> None:
+    """``--compose engine``: every rank composes its windows by the engine's rule, carries
+    resolved between ranks; the plan is the one process's, byte for byte."""
+    carried = 0
+    for case in range(len(ENGINE)):
+        (ranks, (_, sorted_out, out, *args), _), got = runs[f"engine{case}"]
+        one = cli("plan", sorted_out, tmp_path / f"one{case}", *args)
+        _ok(got)
+        assert _files(Path(str(out))) == _files(tmp_path / f"one{case}"), (ranks, args)
+        shown = got.stdout.replace(str(out), "OUT").splitlines()
+        assert [x for x in shown if "carried in" not in x] == one.stdout.replace(
+            str(tmp_path / f"one{case}"), "OUT").splitlines()  # fmt: skip
+        carried += sum("carried in" in x and not x.split(": ")[1].startswith("0 ") for x in shown)
+    assert carried > 0  # samples carried across ranks were composed in
 
 
 def test_windows_dealt_window_wide_are_the_one_process_plan(

@@ -1,7 +1,7 @@
 """Composing by cost under MPI: every rank composes its windows at once, the carry resolved after.
 
-One process composes an epoch's windows in turn (:func:`~varpack.plan.kernels.compose.
-compose_run`): what a window cannot place, and whether a heavy sample waits, is carried into the
+One process composes an epoch's windows in turn (the composer's or the balance engine's rule,
+``how.compose``): what a window cannot place, and whether a heavy sample waits, is carried into the
 next. So rank ``k``'s first window depends on rank ``k-1``'s last, and relaying that carry would
 compose the ranks one after the other. Instead each rank composes its windows at once as if
 nothing were carried in, keeping the carry after each window; then, rank after rank, the true
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from varpack.make.mpi.moves import Rows, count, relayed
-from varpack.plan.kernels.compose import compose_run
 from varpack.plan.stages.batching.costed import Composing
+from varpack.plan.stages.batching.engine import EngineRule
 
 
 @dataclass
@@ -34,7 +34,7 @@ class _Windows:
     total: int  # tokens of the stream
     size: int  # positions of the stream
     at: int  # positions before this rank's own rows
-    how: Composing
+    how: Composing | EngineRule
 
 
 #: stream, starts, carry, held, and for each stream entry whether its window was dealt wide
@@ -48,11 +48,10 @@ def _window(w: _Windows, j: int, carry: np.ndarray, held: np.ndarray) -> _Out | 
     before = int(w.before[j])
     run = (len(carry), before, w.total - int(w.before[j + 1]), w.size - w.at - b, held)
     lens, alone = _pick(w.lens, w.extra["lens"], idx), _pick(w.alone, w.extra["alone"], idx)
-    how = w.how
-    got = compose_run(lens, alone, *how.run_args(), None, run, level=how.level, mix=how.mix)
+    got = w.how.compose((lens, alone), run)
     if got is None:
         return None
-    wide = got.wide if how.mix else np.zeros(len(got.stream), dtype=np.bool_)
+    wide = got.wide if len(got.wide) else np.zeros(len(got.stream), dtype=np.bool_)
     return idx[got.stream], got.starts, idx[got.carry], got.held, wide
 
 
@@ -115,13 +114,14 @@ class _Found:
 
 
 def compose_share(
-    comm: Any, rows: Rows, starts: list[int], how: Composing
+    comm: Any, rows: Rows, starts: list[int], how: Composing | EngineRule
 ) -> tuple[Rows, np.ndarray] | None:
     """This rank's windows (``starts``: where each starts, and the end; whole on this rank)
     composed by cost: ``(rows, starts)`` in the composed order (with a column ``_wide``: was
     the row's window dealt window-wide), or None on the rank whose last window could not be
     composed. ``how``: the epoch's composition (:func:`~varpack.plan.stages.batching.costed.
-    composing`, the one-process planner's rule)."""
+    composing` or :func:`~varpack.plan.stages.batching.engine.engine_rule`, the one-process
+    planner's rule)."""
     n, lens = count(rows), rows["lens"].astype(np.int64, copy=False)
     sizes = comm.allgather((n, int(lens.sum())))
     at = sum(c for c, _ in sizes[: comm.Get_rank()])

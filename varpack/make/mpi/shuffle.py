@@ -7,9 +7,11 @@ Per epoch the ranks hold runs of the permuted stream (:mod:`.permute`); then, as
   and each step's segment is packed into exactly one step of micro-batches, the overflow carried
   into the next (:func:`~varpack.plan.kernels.pack.pack_steps`); the last rank completes the
   count (:mod:`.curriculum`);
-* ``--compose cost`` (the ``costed`` batcher): each window is dealt to (step, rank) slots by cost
-  (:func:`~varpack.plan.kernels.compose.compose_run`), what fits nowhere carried into the next
-  window. Where the epoch's last window cannot be composed, the plan is composed by tokens.
+* ``--compose cost`` (the ``costed`` batcher) and ``--compose engine`` (the balance engine):
+  each window is composed by the one-process planner's rule (:func:`~varpack.plan.stages.
+  batching.costed.composing`, :func:`~varpack.plan.stages.batching.engine.engine_rule`), what
+  fits nowhere carried into the next window. Where the epoch's last window cannot be composed,
+  the plan is composed by tokens.
 
 Windows never cross ranks: each moves whole to the rank holding its first position. The carry
 between windows (a few samples) is relayed from rank to rank (:func:`~.moves.relayed`), so every
@@ -35,7 +37,8 @@ from varpack.plan.kernels.pack import pack, pack_steps
 from varpack.plan.kernels.slots import move_micro
 from varpack.plan.stages.batching import composes_by_cost
 from varpack.plan.stages.batching.common import effective_lengths, order_rule
-from varpack.plan.stages.batching.costed import composing, slot_cut
+from varpack.plan.stages.batching.costed import Composing, composing, slot_cut
+from varpack.plan.stages.batching.engine import EngineRule, engine_rule
 from varpack.plan.sync import slotted
 
 Epoch = tuple[Rows, np.ndarray, int, int]  # (rows, off, first micro-batch, epoch's count)
@@ -187,13 +190,17 @@ def _costed(
     composed (the plan is composed by tokens then, as one process does)."""
     base = held["rows"]
     orule = order_rule(cfg, _sorted_micro(comm, base, cfg, base["lens"]))
+    how: Composing | EngineRule  # the one-process planner's rule
+    if cfg.compose == "engine":
+        how = engine_rule(cfg, orule, comm.allreduce(int(base["lens"].max(initial=0)), op=_max()))
+    else:
+        how = composing(cfg, orule, blend=False)
     del base
-    how = composing(cfg, orule, blend=False)  # the one-process planner's rule
     epochs, tallies = [], []
     for epoch in range(cfg.epochs):
         rows = _draw(comm, held, cfg, epoch)
-        rows["_window"] = _cost_windows(comm, rows["lens"], how.window_tokens, how.step_tokens,
-                                        how.dp * how.k)  # fmt: skip
+        rows["_window"] = _cost_windows(comm, rows["lens"], how.window_tokens, how.tail_tokens,
+                                        how.per_step)  # fmt: skip
         rows, window = _whole_windows(comm, rows)
         starts = _starts(window)
         del window
@@ -202,8 +209,8 @@ def _costed(
             return None
         assert got is not None
         rows, off = got
-        if how.cut:  # slots (steps at grad-accum 1) cut by cost, as whole_steps does
-            rows, off = _cut_slots(comm, rows, off, cfg, epoch)
+        if how.cut:  # slots (steps at grad-accum 1) cut by cost, as the one process does
+            rows, off = _cut_slots(comm, rows, off, cfg, epoch, how)
         del rows["_wide"]
         epochs.append(_numbered(comm, rows, off))
         tallies.append(moved_tally(comm, epochs[-1], cfg.micro_per_step))
@@ -223,8 +230,19 @@ def _land(comm: Any) -> Any:
     return MPI.LAND
 
 
+def _max() -> Any:
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
 def _cut_slots(
-    comm: Any, rows: Rows, off: np.ndarray, cfg: PlanConfig, epoch: int
+    comm: Any,
+    rows: Rows,
+    off: np.ndarray,
+    cfg: PlanConfig,
+    epoch: int,
+    how: Composing | EngineRule,
 ) -> tuple[Rows, np.ndarray]:
     """Slots cut by cost, as :func:`~varpack.plan.stages.batching.costed.build` cuts them, under
     MPI: the count completed on the last rank, then every rank holds whole blocks of
@@ -232,8 +250,12 @@ def _cut_slots(
     its blocks into slots."""
     rows, off = complete_tail(comm, rows, off, cfg, f"epoch {epoch}")
     rows, off = whole_units(comm, rows, off, cfg.shuffle_window * cfg.micro_per_step)
-    cost = summarize(off, rows["lens"], cfg.micro_rule()).cost
-    order = slot_cut(cost, rows["_wide"][off[:-1]], cfg, epoch)
+    if isinstance(how, EngineRule):
+        cost = np.add.reduceat(how.costs(rows["lens"]), off[:-1]) if count(rows) else np.zeros(0)
+        order = how.slot_cut(cost)
+    else:
+        cost = summarize(off, rows["lens"], cfg.micro_rule()).cost
+        order = slot_cut(cost, rows["_wide"][off[:-1]], cfg, epoch)
     (idx,), off = move_micro((np.arange(count(rows), dtype=np.int64),), off, order)
     return take_index(rows, idx), off
 

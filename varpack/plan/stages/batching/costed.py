@@ -23,6 +23,7 @@ import numpy as np
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import cost_coefficients
+from varpack.plan.kernels.compose import Composed, compose_run
 from varpack.plan.kernels.compose_threads import compose_threaded, default_threads
 from varpack.plan.kernels.order import OrderRule
 from varpack.plan.kernels.permute import permuted
@@ -89,6 +90,23 @@ class Composing(NamedTuple):
         """compose_run's positional arguments after the lengths and lone flags."""
         return (self.coeffs, self.window_tokens, self.step_tokens, self.dp, self.k,
                 self.multiple, self.budget, self.fill)  # fmt: skip
+
+    @property
+    def tail_tokens(self) -> int:
+        """An epoch's tail of fewer tokens joins the window before it."""
+        return self.step_tokens
+
+    @property
+    def per_step(self) -> int:
+        return self.dp * self.k
+
+    def compose(
+        self, arrays: tuple[np.ndarray, ...], run: tuple[int, int, int, int, np.ndarray]
+    ) -> Composed | None:
+        """A run of the permuted stream (``arrays``: its lengths and lone flags; ``run``: its
+        place in the epoch, as :func:`compose_run` reads it), without a blend."""
+        return compose_run(arrays[0], arrays[1], *self.run_args(), None, run, level=self.level,
+                           mix=self.mix)  # fmt: skip
 
 
 def composing(cfg: PlanConfig, orule: OrderRule, blend: bool) -> Composing:

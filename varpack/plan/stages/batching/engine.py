@@ -12,16 +12,18 @@ samples for whole steps it is composed by tokens (:mod:`.greedy`).
 
 from __future__ import annotations
 
-from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
 from varpack.errors import ConfigError
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
-from varpack.plan.cost import sample_cost
+from varpack.plan.cost import CostModel, sample_cost
 from varpack.plan.engine.epoch import compose_run
+from varpack.plan.kernels.compose import Composed
 from varpack.plan.kernels.compose_threads import default_threads, threaded
+from varpack.plan.kernels.order import OrderRule
 from varpack.plan.kernels.permute import permuted
 from varpack.plan.kernels.slots import move_micro, slot_order
 from varpack.plan.mix import blend_sources
@@ -52,6 +54,79 @@ def check(cfg: PlanConfig) -> None:
         )
 
 
+class EngineRule(NamedTuple):
+    """How the engine composes an epoch: the one rule of the one-process planner (:func:`build`,
+    on threads) and the MPI planner (:mod:`varpack.make.mpi.shuffle`), each composing runs of
+    the permuted stream (:meth:`compose`) and, where the ranks meet at every micro-batch,
+    cutting the composed micro-batches into slots of alike cost (:meth:`slot_cut`)."""
+
+    model: CostModel
+    price: np.ndarray  # the cost of a sample of each length, up to the epoch's longest
+    per_sample: bool  # lengths beyond the table: priced sample by sample
+    window_tokens: int
+    dp: int
+    kb: int
+    gps: int
+    cap: int
+    grad_accum: int
+    shuffle_window: int
+
+    @property
+    def tail_tokens(self) -> int:
+        """An epoch's tail of fewer tokens joins the window before it."""
+        return self.window_tokens // 2
+
+    @property
+    def per_step(self) -> int:
+        return self.dp * self.kb * self.gps
+
+    @property
+    def cut(self) -> bool:
+        """The ranks meet at every micro-batch: the epoch's micro-batches are cut into slots."""
+        return self.kb == 1
+
+    def costs(self, lens: np.ndarray) -> np.ndarray:
+        """Each sample's cost (the same numbers from the table or the model)."""
+        return sample_cost(lens, self.model) if self.per_sample else self.price[lens]
+
+    def compose(
+        self, arrays: tuple[np.ndarray, ...], run: tuple[int, int, int, int, np.ndarray]
+    ) -> Composed | None:
+        """A run of the permuted stream (``arrays``: its lengths and lone flags; ``run``: its
+        place in the epoch, as :func:`~varpack.plan.engine.epoch.compose_run` reads it)."""
+        lens = arrays[0]
+        if self.per_sample:
+            arrays = (*arrays[:2], sample_cost(lens, self.model))
+        return compose_run(arrays, run, self.price, self.window_tokens, self.dp, self.kb,
+                           self.gps, self.cap, ENGINE_FILL, ENGINE_PASSES)  # fmt: skip
+
+    def slot_cut(self, micro_cost: np.ndarray) -> np.ndarray:
+        """The order of an epoch's micro-batches (whole steps, ``micro_cost`` each) cut into
+        slots of alike cost (:func:`~varpack.plan.kernels.slots.slot_order`)."""
+        return slot_order(micro_cost, self.dp, self.grad_accum, self.shuffle_window)
+
+
+def engine_rule(cfg: PlanConfig, orule: OrderRule, longest: int) -> EngineRule:
+    """The engine's rule for ``cfg``'s epochs (``orule``: its order rule; ``longest``: the
+    longest selected sample, over every rank)."""
+    assert cfg.max_tokens is not None
+    check(cfg)
+    model = cfg.cost_model()
+    kb, gps = regime(cfg)
+    return EngineRule(
+        model,
+        sample_cost(np.arange(min(longest, PRICE_TABLE) + 1), model),
+        longest > PRICE_TABLE,
+        max(orule.window * orule.step, 1),
+        cfg.dp,
+        kb,
+        gps,
+        capacity(cfg.pad_multiple, cfg.max_tokens),
+        cfg.grad_accum,
+        cfg.shuffle_window,
+    )
+
+
 def build(
     lens: np.ndarray,
     alone: np.ndarray,
@@ -60,34 +135,22 @@ def build(
     group: np.ndarray | None = None,  # unused: only full-budget pieces are composed by cost
 ) -> Batches:
     """Micro-batches and steps of all epochs, composed by the engine."""
-    assert cfg.max_tokens is not None
-    check(cfg)
     orule = order_rule(cfg, tokens_per_micro(lens, alone, cfg, cfg.pack_rule()))
-    model = cfg.cost_model()
-    longest = int(lens.max(initial=0))
-    price = sample_cost(np.arange(min(longest, PRICE_TABLE) + 1), model)
-    kb, gps = regime(cfg)
-    cap = capacity(cfg.pad_multiple, cfg.max_tokens)
+    rule = engine_rule(cfg, orule, int(lens.max(initial=0)))
     composed = ComposedEpochs(cfg.micro_per_step)
-    window_tok = max(orule.window * orule.step, 1)
-    run = partial(compose_run, price=price, window_tok=window_tok, dp=cfg.dp, kb=kb, gps=gps,
-                  cap=cap, fill_to=ENGINE_FILL, passes=ENGINE_PASSES)  # fmt: skip
     threads = default_threads()  # the plan is the same whatever their number
     for epoch in range(cfg.epochs):
         perm, plens = permuted(cfg.seed, epoch, lens)
-        arrays = (plens, alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_))
-        if longest > PRICE_TABLE:  # priced sample by sample
-            arrays += (sample_cost(plens, model),)
-        got = threaded(arrays, run, window_tok, window_tok // 2, cfg.dp * kb * gps, threads)
+        lone = alone[perm] if alone.any() else np.zeros(len(perm), dtype=np.bool_)
+        got = threaded((plens, lone), rule.compose, rule.window_tokens, rule.tail_tokens,
+                       rule.per_step, threads)  # fmt: skip
         if got is None:
             return greedy.build(lens, alone, cfg, lengths)
         stream, starts = got.stream, got.starts
         del got
-        if kb == 1:  # the ranks meet at every micro-batch: slots of alike cost
-            each = arrays[2][stream] if len(arrays) > 2 else price[plens[stream]]
-            cost = np.add.reduceat(each, starts[:-1]) if len(stream) else price[:0]
-            (stream,), starts = move_micro(
-                (stream,), starts, slot_order(cost, cfg.dp, cfg.grad_accum, cfg.shuffle_window)
-            )
+        if rule.cut:
+            cost = np.add.reduceat(rule.costs(plens[stream]), starts[:-1]) if len(stream) else \
+                np.zeros(0)  # fmt: skip
+            (stream,), starts = move_micro((stream,), starts, rule.slot_cut(cost))
         composed.add(epoch, perm, plens, stream, starts)
-    return composed.batches(kb, cfg.shuffle_window)
+    return composed.batches(rule.kb, cfg.shuffle_window)
