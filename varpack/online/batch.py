@@ -223,6 +223,7 @@ def plan_batch(
     oversize: str | None = None,
     loss_tokens: Any = None,
     max_shapes: int | None = None,
+    compose: str = "cost",
 ) -> BatchPlan:
     """Plan one batch of samples of ``lengths`` tokens (see the module doc for the contract).
 
@@ -253,6 +254,8 @@ def plan_batch(
             step is ``plan.step_loss_tokens``.
         max_shapes: at most this many padded lengths over the whole plan (packed layout: each
             micro-batch padded up to one of them, within the budget), for compiled models.
+        compose: ``cost`` (the composer) or ``engine`` (the balance engine, packed layout
+            without ``pp``: each step composed for the time under ``sync``).
 
     Raises:
         ConfigError, InputError: one line saying what is wrong and what to do.
@@ -263,6 +266,7 @@ def plan_batch(
         kv_hidden=kv_hidden, layers=layers, model=model, sync=sync, layout=layout,
         pad_multiple=pad_multiple,
         pp=pp, seed=seed, forward_only=forward_only, oversize=oversize, max_shapes=max_shapes,
+        compose=compose,
     )  # fmt: skip
     lens = lengths_array(lengths)
     group = group_numbers(groups, len(lens))

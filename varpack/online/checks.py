@@ -34,6 +34,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "layout": ("packed", "padded"),
     "sync": ("micro", "step"),
     "oversize": ("alone", "split", "error"),
+    "compose": ("cost", "engine"),
 }
 OPTIONAL_CHOICES = ("sync", "oversize")
 #: Most tokens a step may be planned to hold (dp x pp x max_tokens): its sums stay far inside
@@ -126,6 +127,11 @@ def batch_options(**given: Any) -> Options:
             f"sync='micro' conflicts with pp={pp}: pipeline stages meet their data-parallel "
             "peers once per optimizer step (after the pipeline flush); pass sync='step' or "
             "leave sync out (step is the default with pp > 1)"
+        )
+    if o["compose"] == "engine" and (o["layout"] != "packed" or pp > 1):
+        raise ConfigError(
+            "compose='engine' composes the packed layout without pp; leave compose out for "
+            "the others"
         )
     if o["layout"] == "padded" and (pp > 1 or max_shapes is not None):
         what = "pp > 1" if pp > 1 else "max_shapes"

@@ -58,6 +58,7 @@ from varpack.plan.kernels.steplevel import level_slots
 from varpack.plan.lr import step_totals
 from varpack.plan.oversize import ALONE_BOUND, alone_bound
 from varpack.plan.rules import capacity
+from varpack.plan.stages.batching import engine
 from varpack.plan.stages.batching.costed import step_fill
 from varpack.plan.stages.placement import assign
 from varpack.plan.stages.select import SHOW_IDS, select
@@ -130,19 +131,23 @@ def plan_batch_arrays(
     rows = perm[np.argsort(unit_step[perm], kind="stable")]
     bounds = np.concatenate(([0], np.cumsum(per_step)))
     step_rows = [rows[bounds[s] : bounds[s + 1]] for s in range(steps)]
-    dealt = _dealt(step_rows, chosen, cfg)
-    if dealt is not None:
-        parts, k = dealt
+    if cfg.compose == "engine":
+        cfg, batches = _by_engine(step_rows, chosen, cfg, steps)
     else:
-        slot = int(STEP_SHARE * cfg.dp * _tokens_per_micro(chosen))  # tokens a slot is made of
-        parts = [_compose(r, chosen, cfg, slot) for r in step_rows]
-        k = max(-(-(len(starts) - 1) // cfg.dp) for _, starts in parts)
-        k = -(-k // cfg.pp) * cfg.pp
-    cfg = dataclasses.replace(cfg, grad_accum=k)
-    batches = _whole_steps(parts, chosen, cfg, steps)
+        dealt = _dealt(step_rows, chosen, cfg)
+        if dealt is not None:
+            parts, k = dealt
+        else:
+            slot = int(STEP_SHARE * cfg.dp * _tokens_per_micro(chosen))  # tokens of a slot
+            parts = [_compose(r, chosen, cfg, slot) for r in step_rows]
+            k = max(-(-(len(starts) - 1) // cfg.dp) for _, starts in parts)
+            k = -(-k // cfg.pp) * cfg.pp
+        cfg = dataclasses.replace(cfg, grad_accum=k)
+        batches = _whole_steps(parts, chosen, cfg, steps)
     shaped = shape(batches, chosen.lens, cfg, None)
     placed = assign(batches, shaped, cfg)
     rank = placed.rank
+    k = cfg.grad_accum
     if slotted(cfg.sync, k):  # each slot's ranks: level sums over the step too
         rank = level_lanes(placed.step, placed.micro_index, placed.micro.cost, cfg.dp, k)
     micro = placed.micro
@@ -235,6 +240,41 @@ def _unit_steps(
     _, unit = np.unique(key, return_inverse=True)
     unit = unit.ravel()
     return deal_steps(np.bincount(unit, weights=cost), steps, rng)[unit]
+
+
+def _by_engine(
+    step_rows: list[np.ndarray], chosen: Selection, cfg: PlanConfig, steps: int
+) -> tuple[PlanConfig, Batches]:
+    """The steps composed by the balance engine (``compose="engine"``), each on its own
+    (:func:`~varpack.plan.stages.batching.engine.batch_steps`): the config at the micro-batches
+    per rank they take, and their micro-batches, a rank's share of a step one group (under
+    ``sync="micro"`` one micro-batch, the slots of each step cut by cost)."""
+    got = engine.batch_steps([(chosen.lens[r], chosen.alone[r]) for r in step_rows], cfg)
+    if got is None:
+        raise ConfigError(
+            f"compose='engine' cannot compose every step of this batch into the same number "
+            f"of micro-batches for {cfg.dp} ranks (some steps hold too few samples for the "
+            "micro-batches the fullest one needs); lower dp or mini_batches, or raise max_tokens"
+        )
+    parts, k = got
+    cfg = dataclasses.replace(cfg, grad_accum=k)
+    kb, _ = engine.regime(cfg)
+    stream = np.concatenate([r[pos] for r, (pos, _) in zip(step_rows, parts, strict=True)])
+    offs, at = [], 0
+    for pos, starts in parts:
+        offs.append(starts[:-1] + at)
+        at += len(pos)
+    starts = np.append(np.concatenate(offs), at)
+    slens = chosen.lens[stream]
+    if kb == 1:  # the ranks meet at every micro-batch: each step's slots of alike cost
+        cost = np.add.reduceat(sample_cost(slens, cfg.cost_model()), starts[:-1])
+        (pos,), starts = move_micro(
+            (np.arange(len(stream), dtype=np.int64),), starts, slot_order(cost, cfg.dp, k, 1)
+        )
+        stream, slens = stream[pos], slens[pos]
+    step = algo.steps_in_order(len(starts) - 1, cfg.micro_per_step)
+    epochs = [{"epoch": 0, "first_step": 0, "num_steps": steps}]
+    return cfg, Batches(stream, starts, step, epochs, group=kb, stream_lens=slens)
 
 
 def _dealt(

@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from varpack.plan.tuning import LEVEL_TOLERANCE, TRADE_NEIGHBOURS
+from varpack.plan.engine.fills import add, fills_tree, room
+from varpack.plan.tuning import TRADE_NEIGHBOURS
 
 
 @njit(cache=True, inline="always")
@@ -40,17 +41,6 @@ def _link(i, b, head, nxt, prv):  # type: ignore[no-untyped-def]
     if head[b] >= 0:
         prv[head[b]] = i
     head[b] = i
-
-
-@njit(cache=True)
-def room(fill, b, kb, cap, x):  # type: ignore[no-untyped-def]
-    """The least-filled micro-batch of bin ``b`` that holds ``x`` more tokens, or -1."""
-    best = -1
-    for j in range(kb):
-        f = fill[b * kb + j]
-        if f + x <= cap and (best < 0 or f < fill[b * kb + best]):
-            best = j
-    return best
 
 
 @njit(cache=True)
@@ -83,28 +73,27 @@ def _group_top(load, g, dp):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _move(i, b, j, cost, tok, out_bin, out_mb, load, fill, cnt, kb, head, nxt, prv):  # type: ignore[no-untyped-def]
+def _move(i, b, j, cost, tok, out_bin, out_mb, load, fill, tree, cnt, kb, head, nxt, prv):  # type: ignore[no-untyped-def]
     """Sample ``i`` to micro-batch ``j`` of bin ``b``."""
     a = out_bin[i]
-    e = a * kb + out_mb[i]
-    fill[e] -= tok[i]
-    cnt[e] -= 1
+    add(fill, tree, a, kb, out_mb[i], -tok[i])
+    cnt[a * kb + out_mb[i]] -= 1
     load[a] -= cost[i]
     _unlink(i, a, head, nxt, prv)
     out_bin[i], out_mb[i] = b, j
-    fill[b * kb + j] += tok[i]
+    add(fill, tree, b, kb, j, tok[i])
     cnt[b * kb + j] += 1
     load[b] += cost[i]
     _link(i, b, head, nxt, prv)
 
 
 @njit(cache=True)
-def _swap(i, k, cost, tok, out_bin, out_mb, load, fill, cnt, kb, head, nxt, prv):  # type: ignore[no-untyped-def]
+def _swap(i, k, cost, tok, out_bin, out_mb, load, fill, tree, cnt, kb, head, nxt, prv):  # type: ignore[no-untyped-def]
     """Samples ``i`` and ``k`` trade places (micro-batches included)."""
     a, b = out_bin[i], out_bin[k]
     ja, jb = out_mb[i], out_mb[k]
-    _move(i, b, jb, cost, tok, out_bin, out_mb, load, fill, cnt, kb, head, nxt, prv)
-    _move(k, a, ja, cost, tok, out_bin, out_mb, load, fill, cnt, kb, head, nxt, prv)
+    _move(i, b, jb, cost, tok, out_bin, out_mb, load, fill, tree, cnt, kb, head, nxt, prv)
+    _move(k, a, ja, cost, tok, out_bin, out_mb, load, fill, tree, cnt, kb, head, nxt, prv)
 
 
 @njit(cache=True)
@@ -128,7 +117,7 @@ def _cheapest_movable(a, z, cost, out_mb, cnt, kb, head, nxt):  # type: ignore[n
 
 
 @njit(cache=True)
-def fill_empty(cost, tok, out_bin, out_mb, load, fill, cnt, nb, dp, kb, head, nxt, prv):  # type: ignore[no-untyped-def]
+def fill_empty(cost, tok, out_bin, out_mb, load, fill, tree, cnt, nb, dp, kb, head, nxt, prv):  # type: ignore[no-untyped-def]
     """Give every empty micro-batch one sample: from a fuller micro-batch of its bin (the
     bin's cost is unchanged), else the cheapest movable one of its group, else of any bin."""
     for e in range(nb * kb):
@@ -141,7 +130,8 @@ def fill_empty(cost, tok, out_bin, out_mb, load, fill, cnt, nb, dp, kb, head, nx
         if best < 0:
             best = _cheapest_movable(0, nb, cost, out_mb, cnt, kb, head, nxt)
         if best >= 0:
-            _move(best, b, e % kb, cost, tok, out_bin, out_mb, load, fill, cnt, kb, head, nxt, prv)
+            _move(best, b, e % kb, cost, tok, out_bin, out_mb, load, fill, tree, cnt, kb, head,
+                  nxt, prv)  # fmt: skip
 
 
 @njit(cache=True)
@@ -158,9 +148,10 @@ def _near(gm, a, z, cost, target):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, groups, dp, kb, cap, passes):  # type: ignore[no-untyped-def]
+def improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, groups, dp, kb, cap, passes, tol):  # type: ignore[no-untyped-def]
     """Lower each group's costliest bin (see the module doc); every micro-batch keeps a
-    sample and its budget."""
+    sample and its budget. A group whose costliest bin is within ``tol`` of its bins' mean
+    is level enough."""
     m = len(order)
     nb = groups * dp
     head = np.full(nb, -1, dtype=np.int64)
@@ -170,7 +161,8 @@ def improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, groups, dp, kb, 
         i = order[q]
         if out_bin[i] >= 0:
             _link(i, out_bin[i], head, nxt, prv)
-    fill_empty(cost, tok, out_bin, out_mb, load, fill, cnt, nb, dp, kb, head, nxt, prv)
+    tree = fills_tree(fill, kb)
+    fill_empty(cost, tok, out_bin, out_mb, load, fill, tree, cnt, nb, dp, kb, head, nxt, prv)
     at = np.empty(m, dtype=np.int64)  # each sample's place in the costliest-first order
     gstart = np.zeros(groups + 1, dtype=np.int64)
     for q in range(m):
@@ -204,7 +196,7 @@ def improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, groups, dp, kb, 
             mean = 0.0
             for b in range(g * dp, g * dp + dp):
                 mean += load[b] / dp
-            if mx - mean <= LEVEL_TOLERANCE * mean:  # level enough: no change pays here
+            if mx - mean <= tol * mean:  # level enough: no change pays here
                 stuck[g] = True
                 continue
             best, bi, bk, bb, bj = 0.0, -1, -1, -1, -1
@@ -220,7 +212,7 @@ def improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, groups, dp, kb, 
                         rest = t3 if b == b2 else second
                         gain = mx - max(mx - cost[i], load[b] + cost[i], rest)
                         if gain > best:
-                            j = room(fill, b, kb, cap, tok[i])
+                            j = room(fill, tree, b, kb, cap, tok[i])
                             if j >= 0:
                                 best, bi, bk, bb, bj = gain, i, -1, b, j
                 # swaps inside the group, near the cost that levels hi with lo
@@ -255,14 +247,30 @@ def improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, groups, dp, kb, 
                 i = nxt[i]
             # nothing lowers it, or by so little (a hundredth of the tolerance) that rounds
             # of such changes cost more time than they save
-            if bi < 0 or best <= 0.01 * LEVEL_TOLERANCE * mean:
+            if bi < 0 or best <= 0.01 * tol * mean:
                 stuck[g] = True
                 continue
             if bk < 0:
-                _move(bi, bb, bj, cost, tok, out_bin, out_mb, load, fill, cnt, kb, head, nxt, prv)
+                _move(
+                    bi,
+                    bb,
+                    bj,
+                    cost,
+                    tok,
+                    out_bin,
+                    out_mb,
+                    load,
+                    fill,
+                    tree,
+                    cnt,
+                    kb,
+                    head,
+                    nxt,
+                    prv,
+                )
             else:
                 h = bb // dp
-                _swap(bi, bk, cost, tok, out_bin, out_mb, load, fill, cnt, kb, head, nxt, prv)
+                _swap(bi, bk, cost, tok, out_bin, out_mb, load, fill, tree, cnt, kb, head, nxt, prv)
                 if h != g:  # each keeps the other's place in its group's cost order
                     pi, pk = gpos[bi], gpos[bk]
                     gm[pi], gm[pk] = bk, bi

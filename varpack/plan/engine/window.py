@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from varpack.plan.engine.improve import improve, room
+from varpack.plan.engine.fills import add, fills_tree, least, room
+from varpack.plan.engine.improve import improve
 from varpack.plan.tuning import LEVEL_TOLERANCE, MICRO_COST
 
 
@@ -89,6 +90,44 @@ def _level(load, group_top, heavy_bins, light_cost):  # type: ignore[no-untyped-
         else:
             lo = x
     return lo
+
+
+@njit(cache=True)
+def _regroup(out_bin, load, fill, cnt, p, gps, dp, kb):  # type: ignore[no-untyped-def]
+    """Each step's bins renumbered costliest first over its groups (slot ``j`` of step ``s`` is
+    group ``j * p + s``), so that each of its slots holds bins of alike cost: of every cut of
+    a step into slots, the one of the least time. A step keeps its samples."""
+    nb = p * gps * dp
+    new = np.empty(nb, dtype=np.int64)
+    mine = np.empty(gps * dp, dtype=np.int64)
+    for s in range(p):
+        for j in range(gps):
+            for r in range(dp):
+                mine[j * dp + r] = (j * p + s) * dp + r
+        by = np.argsort(-load[mine], kind="mergesort")
+        for u in range(gps * dp):
+            new[mine[by[u]]] = mine[u]
+    for i in range(len(out_bin)):
+        if out_bin[i] >= 0:
+            out_bin[i] = new[out_bin[i]]
+    old_load, old_fill, old_cnt = load.copy(), fill.copy(), cnt.copy()
+    for b in range(nb):
+        load[new[b]] = old_load[b]
+        for j in range(kb):
+            fill[new[b] * kb + j] = old_fill[b * kb + j]
+            cnt[new[b] * kb + j] = old_cnt[b * kb + j]
+
+
+@njit(cache=True)
+def _density(cost, tok, order, cap):  # type: ignore[no-untyped-def]
+    """The cost per token of the samples of at most half a micro-batch (the light ones)."""
+    ct = 0.0
+    xt = 0.0
+    for i in range(len(cost)):
+        if 2 * tok[i] <= cap:
+            ct += cost[i]
+            xt += tok[i]
+    return ct / xt if xt > 0 else cost[order[0]] / max(tok[order[0]], 1)
 
 
 @njit(cache=True)
@@ -163,13 +202,7 @@ def compose_window(
     each micro-batch counted at :data:`~varpack.plan.tuning.MICRO_COST` of a full one (more
     steps only where they gain more than that and :data:`LEVEL_TOLERANCE`)."""
     m = len(cost)
-    ct = 0.0
-    xt = 0.0
-    for i in range(m):  # the cost per token of the samples of at most half a micro-batch
-        if 2 * tok[i] <= cap:
-            ct += cost[i]
-            xt += tok[i]
-    density = ct / xt if xt > 0 else cost[order[0]] / max(tok[order[0]], 1)
+    density = _density(cost, tok, order, cap)
     reach = cap * kb * density
     h, p = _choose(False, cost, tok, order, held, reach, density, nmax, dp, kb, gps, cap, fill_to,
                    last, wait)  # fmt: skip
@@ -199,7 +232,8 @@ def _compose_down(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out
     """``(time over the ideal, steps)`` of the window composed at ``p`` steps, or fewer where
     these leave a micro-batch empty; ``(inf, 0)`` where none will do."""
     while p >= 1:
-        t = _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb, wait)
+        t = _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb, wait,
+                        LEVEL_TOLERANCE)  # fmt: skip
         if t < np.inf:
             return t, p
         p -= 1
@@ -255,7 +289,7 @@ def _choose(
 
 
 @njit(cache=True)
-def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb, wait):  # type: ignore[no-untyped-def]
+def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb, wait, tol):  # type: ignore[no-untyped-def]
     """The window composed into ``p`` steps, its ``h`` costliest samples heavy (writing
     ``out_bin``, ``out_mb``; ``wait`` is given); its time (the sum of its groups' costliest
     bins) over its placed samples' ideal; infinite where a micro-batch is left empty."""
@@ -312,6 +346,7 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
     free = np.empty(nb)
     npk = 0
     fits_none = cap + 1  # the fewest tokens no micro-batch had room for (room only shrinks)
+    tree = fills_tree(fill, kb)
     for q in range(m):
         i = order[q]
         if wait[i] or out_bin[i] >= 0 or tok[i] >= fits_none:
@@ -321,23 +356,22 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
             n = _push(heap, n, key, b, rank)
         while n > 0:
             b, n = _pop(heap, n, key, rank)
-            j = room(fill, b, kb, cap, tok[i])
+            j = room(fill, tree, b, kb, cap, tok[i])
             if j >= 0:
                 out_bin[i], out_mb[i] = b, j
                 load[b] += cost[i]
-                fill[b * kb + j] += tok[i]
+                add(fill, tree, b, kb, j, tok[i])
                 cnt[b * kb + j] += 1
                 key[b] -= cost[i]
                 n = _push(heap, n, key, b, rank)
                 break
-            least = fill[b * kb]
-            for u in range(1, kb):
-                least = min(least, fill[b * kb + u])
-            free[b] = cap - least
+            free[b] = cap - fill[b * kb + least(tree, kb, b)]
             npk = _push(parked, npk, free, b, rank)
         if out_bin[i] < 0:
             fits_none = min(fits_none, tok[i])
-    improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, g_count, dp, kb, cap, passes)
+    if gps > 1:
+        _regroup(out_bin, load, fill, cnt, p, gps, dp, kb)
+    improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, g_count, dp, kb, cap, passes, tol)
     for e in range(nb * kb):
         if cnt[e] == 0:
             return np.inf
@@ -351,3 +385,28 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
     for b in range(nb):
         ideal += load[b]
     return time / max(ideal / dp, 1e-300)
+
+
+@njit(cache=True)
+def compose_steps(cost, tok, order, p, dp, kb, gps, cap, passes, tol, out_bin, out_mb):  # type: ignore[no-untyped-def]
+    """Every sample composed into exactly ``p`` steps, nothing waiting (a batch planned in
+    memory, each of its steps on its own): the heavy samples and the deal as for a window
+    (:func:`compose_window`) at that count, each group levelled to ``tol``. Returns the time
+    over the ideal; infinite where a sample fits nowhere or a micro-batch is left empty."""
+    m = len(cost)
+    held = np.zeros(m, dtype=np.bool_)
+    wait = np.zeros(m, dtype=np.bool_)
+    density = _density(cost, tok, order, cap)
+    h = _heavy(cost, order, held, cap * kb * density, dp, True, wait)
+    full = min(-(-h // dp), p * gps)
+    rest = 0.0
+    for q in range(h, m):
+        rest += cost[order[q]]
+    light_bins = (p * gps - full) * dp
+    if light_bins > 0:
+        h = _heavy(cost, order, held, rest / light_bins, dp, True, wait)
+    t = _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_mb, wait, tol)
+    for i in range(m):
+        if out_bin[i] < 0:
+            return np.inf
+    return t

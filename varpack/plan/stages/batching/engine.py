@@ -12,6 +12,7 @@ samples for whole steps it is composed by tokens (:mod:`.greedy`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -21,6 +22,7 @@ from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import CostModel, sample_cost
 from varpack.plan.engine.epoch import compose_run
+from varpack.plan.engine.window import compose_steps
 from varpack.plan.kernels.compose import Composed
 from varpack.plan.kernels.compose_threads import default_threads, threaded
 from varpack.plan.kernels.order import OrderRule
@@ -31,7 +33,7 @@ from varpack.plan.rules import capacity
 from varpack.plan.stages.batching import greedy
 from varpack.plan.stages.batching.common import ComposedEpochs, order_rule, tokens_per_micro
 from varpack.plan.sync import slotted
-from varpack.plan.tuning import ENGINE_FILL, ENGINE_PASSES
+from varpack.plan.tuning import BATCH_TOLERANCE, ENGINE_FILL, ENGINE_PASSES, MORE_MICRO
 
 #: Lengths up to this are priced from a table (8 bytes a length); an epoch with a longer
 #: sample (alone in its micro-batch) is priced sample by sample instead
@@ -154,3 +156,72 @@ def build(
             (stream,), starts = move_micro((stream,), starts, rule.slot_cut(cost))
         composed.add(epoch, perm, plens, stream, starts)
     return composed.batches(rule.kb, cfg.shuffle_window)
+
+
+def batch_steps(
+    steps: list[tuple[np.ndarray, np.ndarray]], cfg: PlanConfig
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], int] | None:
+    """A batch planned in memory (``plan_batch``), each of its steps (``(lens, alone)``: its
+    samples) composed by the engine on its own into ``dp x K`` micro-batches: ``K`` the fewest
+    that composes every step, from the fewest a rank needs for the fullest step's tokens up to
+    :data:`~varpack.plan.tuning.MORE_MICRO` of them more, and one. Each step's samples in
+    their composed order and its micro-batch starts (ranks' shares of ``kb`` micro-batches in
+    turn; slot after slot under ``--sync micro``), and ``K``; None where no ``K`` will do."""
+    assert cfg.max_tokens is not None
+    check(cfg)
+    cap = capacity(cfg.pad_multiple, cfg.max_tokens)
+    model = cfg.cost_model()
+    fewest = max(-(-int(lens.sum()) // (cfg.dp * cap)) for lens, _ in steps)
+    least = min(len(lens) for lens, _ in steps) // cfg.dp  # K that leaves no micro-batch empty
+    priced = [_priced(lens, alone, model, cap) for lens, alone in steps]
+
+    def composed(k: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        kb, gps = regime(dataclasses.replace(cfg, grad_accum=k))
+        parts = []
+        for x in priced:
+            got = _batch_step(*x, cfg.dp, kb, gps, cap)
+            if got is None:
+                return None
+            parts.append(got)
+        return parts
+
+    # the fewest K that composes, found by bisection (more micro-batches only add room)
+    lo, hi = max(fewest, 1), min(fewest + int(MORE_MICRO * fewest) + 1, least)
+    found = composed(hi) if hi >= lo else None
+    if found is None:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        got = composed(mid)
+        if got is None:
+            lo = mid + 1
+        else:
+            hi, found = mid, got
+    return found, hi
+
+
+def _priced(
+    lens: np.ndarray, alone: np.ndarray, model: CostModel, cap: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A step's samples' costs, tokens (a lone one counts the budget) and order, costliest
+    (longest) first, ties in the step's order."""
+    tok = np.where(alone, cap, lens).astype(np.int64)
+    return sample_cost(lens, model), tok, np.lexsort((np.arange(len(lens)), -lens))
+
+
+def _batch_step(
+    cost: np.ndarray, tok: np.ndarray, order: np.ndarray, dp: int, kb: int, gps: int, cap: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """One step composed: its samples' order and micro-batch starts, or None."""
+    m = len(cost)
+    out_bin, out_mb = np.empty(m, np.int64), np.empty(m, np.int64)
+    if not np.isfinite(compose_steps(cost, tok, order, np.int64(1), np.int64(dp), np.int64(kb),
+                                     np.int64(gps), np.int64(cap), np.int64(ENGINE_PASSES),
+                                     float(BATCH_TOLERANCE), out_bin, out_mb)):  # fmt: skip
+        return None
+    micro = out_bin * kb + out_mb  # a step's group j is slot j: bins, then micro-batches, in turn
+    at = np.empty(m, dtype=np.int64)
+    at[order] = np.arange(m)
+    pos = np.lexsort((at, micro))  # inside a micro-batch, costliest first
+    nmb = dp * kb * gps
+    return pos, np.concatenate(([0], np.cumsum(np.bincount(micro, minlength=nmb))))
