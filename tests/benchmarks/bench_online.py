@@ -24,7 +24,8 @@
     micro-batch costs its samples' FLOPs; time vs ideal under ``step`` sync (a step waits for its
     slowest rank's sum) and ``micro`` sync (each micro-batch slot waits for its slowest rank);
     micro-batches over the budget; micro-batches per rank per step. varpack is planned with the
-    matching ``sync``; a peer is scored under both.
+    matching ``sync``, by the composer (``varpack-*``) and by the balance engine
+    (``engine-*``, ``compose="engine"``); a peer is scored under both.
 """
 
 from __future__ import annotations
@@ -189,9 +190,9 @@ def lpt_plan(lens: np.ndarray, dp: int, budget: int, steps: int, group: int = 1,
 
 
 def varpack_plan(lens: np.ndarray, dp: int, budget: int, steps: int, group: int = 1,
-                 seed: int = 0, sync: str = "micro") -> Plan:  # fmt: skip
+                 seed: int = 0, sync: str = "micro", compose: str = "cost") -> Plan:  # fmt: skip
     plan = plan_batch(lens, dp=dp, max_tokens=budget, mini_batches=steps, sync=sync, seed=seed,
-                      groups=group if group > 1 else None, **DIMS)  # fmt: skip
+                      groups=group if group > 1 else None, compose=compose, **DIMS)  # fmt: skip
     return plan.steps
 
 
@@ -242,16 +243,20 @@ def latency(quick: bool) -> None:
     for n in TARGET_MS:
         lens = rollout(n, seed=n)
 
-        def call(lens: np.ndarray = lens) -> None:
-            plan = plan_batch(lens, dp=DP, max_tokens=BUDGET, mini_batches=STEPS, **DIMS)
-            assert len(plan.steps) == STEPS  # the nested lists a rank reads, built too
+        for compose in ("cost", "engine"):
 
-        call()  # the first call: kernels loaded
-        wall, cpu = _timed(call, repeat)
-        k = plan_batch(lens, dp=DP, max_tokens=BUDGET, mini_batches=STEPS, **DIMS).micro_per_step
-        ok = "ok" if cpu <= TARGET_MS[n] else "OVER"
-        print(f"{n:>8} {wall:>9.1f} {cpu:>8.1f} {TARGET_MS[n]:>8.0f}  {k:>4}  {ok} (cpu), "
-              f"{'ok' if wall <= TARGET_MS[n] else 'over'} (wall)")  # fmt: skip
+            def call(lens: np.ndarray = lens, compose: str = compose) -> None:
+                plan = plan_batch(lens, dp=DP, max_tokens=BUDGET, mini_batches=STEPS,
+                                  compose=compose, **DIMS)  # fmt: skip
+                assert len(plan.steps) == STEPS  # the nested lists a rank reads, built too
+
+            call()  # the first call: kernels loaded
+            wall, cpu = _timed(call, repeat)
+            k = plan_batch(lens, dp=DP, max_tokens=BUDGET, mini_batches=STEPS, compose=compose,
+                           **DIMS).micro_per_step  # fmt: skip
+            ok = "ok" if cpu <= TARGET_MS[n] else "OVER"
+            print(f"{n:>8} {wall:>9.1f} {cpu:>8.1f} {TARGET_MS[n]:>8.0f}  {k:>4}  {ok} (cpu), "
+                  f"{'ok' if wall <= TARGET_MS[n] else 'over'} (wall)  --compose {compose}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         imp_w, imp_c, first_w, first_c = first_call(rollout(8192), tmp)
     print(f"fresh process, 8 K samples: import {imp_w:.2f} s (cpu {imp_c:.2f}), first call "
@@ -288,22 +293,26 @@ def quality(quick: bool) -> None:
             rows[name] = (score(plan, lens, DP), took)
             if name == "roll":  # as its document pads them: B rows of the longest, rounded
                 rows["roll-padded"] = (score(plan, lens, DP, round_to=128), took)
-        for sync in ("step", "micro"):
-            plan = varpack_plan(lens, DP, BUDGET, STEPS, group, sync=sync)
-            again = partial(varpack_plan, lens, DP, BUDGET, STEPS, group, sync=sync)
-            _, took = _timed(again, 3)
-            rows[f"varpack-{sync}"] = (score(plan, lens, DP), took / 1e3)  # CPU, median of 3
+        for compose, label in (("cost", "varpack"), ("engine", "engine")):
+            for sync in ("step", "micro"):
+                plan = varpack_plan(lens, DP, BUDGET, STEPS, group, sync=sync, compose=compose)
+                again = partial(varpack_plan, lens, DP, BUDGET, STEPS, group, sync=sync,
+                                compose=compose)  # fmt: skip
+                _, took = _timed(again, 3)
+                rows[f"{label}-{sync}"] = (score(plan, lens, DP), took / 1e3)  # CPU, median of 3
         least = np.mean([-(-int(lens[m].sum()) // (DP * BUDGET))
                          for m in mini_batches(n, STEPS, group, 0)])  # fmt: skip
         for name, (s, took) in rows.items():
             print(f"{shape:>6} {name:>12} {s['step']:>10.6f} {s['micro']:>10.6f} {s['over']:>5} "
                   f"{s['k']:>6.1f} {least:>6.2f} {1e3 * took:>8.1f}")  # fmt: skip
-        for model in ("step", "micro"):
-            ours = rows[f"varpack-{model}"][0][model]
-            best = min(v[0][model] for k, v in rows.items() if not k.startswith("varpack"))
-            verdict = "ahead" if ours < best else "BEHIND"
-            print(f"{'':>6} {model}: varpack {ours:.6f} vs best peer {best:.6f}: {verdict} "
-                  f"(idle {100 * (ours - 1):.4f} % vs {100 * (best - 1):.4f} %)")  # fmt: skip
+        for label in ("varpack", "engine"):
+            for model in ("step", "micro"):
+                ours = rows[f"{label}-{model}"][0][model]
+                best = min(v[0][model] for k, v in rows.items()
+                           if not k.startswith(("varpack", "engine")))  # fmt: skip
+                verdict = "ahead" if ours < best else "BEHIND"
+                print(f"{'':>6} {model}: {label} {ours:.7f} vs best peer {best:.7f}: {verdict} "
+                      f"(idle {100 * (ours - 1):.5f} % vs {100 * (best - 1):.5f} %)")  # fmt: skip
 
 
 def main() -> None:

@@ -219,9 +219,15 @@ def _batch_step(
                                      np.int64(gps), np.int64(cap), np.int64(ENGINE_PASSES),
                                      float(BATCH_TOLERANCE), out_bin, out_mb)):  # fmt: skip
         return None
+    nmb = dp * kb * gps
+    if kb > 1:  # a rank's micro-batches costliest first: each slot's alike, should ranks meet
+        load = np.bincount(out_bin * kb + out_mb, weights=cost, minlength=nmb)
+        by = np.lexsort((np.arange(nmb), -load, np.arange(nmb) // kb))
+        place = np.empty(nmb, dtype=np.int64)
+        place[by] = np.arange(nmb)
+        out_mb = place[out_bin * kb + out_mb] % kb
     micro = out_bin * kb + out_mb  # a step's group j is slot j: bins, then micro-batches, in turn
     at = np.empty(m, dtype=np.int64)
     at[order] = np.arange(m)
     pos = np.lexsort((at, micro))  # inside a micro-batch, costliest first
-    nmb = dp * kb * gps
     return pos, np.concatenate(([0], np.cumsum(np.bincount(micro, minlength=nmb))))
