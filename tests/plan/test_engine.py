@@ -189,3 +189,42 @@ def test_threads_compose_the_one_thread_plan(k: int, sync: str, monkeypatch) -> 
     for threads in (3, 5):
         for field in ("stream", "offsets", "step", "rank", "micro_index"):
             assert np.array_equal(getattr(plans[threads], field), getattr(plans[1], field))
+
+
+def test_more_steps_only_where_they_pay_for_their_micro_batches() -> None:
+    # bimodal lengths at a 128 K budget: a window's cost asks for more steps than its tokens
+    # fill, each step's micro-batches costing MICRO_COST of a full one: 188 steps where the
+    # tokens need 172.7 (without that charge 197, for 0.0003 of time)
+    from varpack.metadata.synth import sample_lengths
+
+    lens = _sorted(sample_lengths("bimodal", 20_000, np.random.default_rng(0)))
+    cfg = PlanConfig(max_tokens=131072, dp=8, grad_accum=2, order="shuffle", sync="step",
+                     compose="engine", **FLOPS)  # fmt: skip
+    p = plan_arrays(np.arange(len(lens)), lens, cfg)
+    assert p.num_steps <= 1.1 * lens.sum() / (8 * 2 * 131072)
+    assert _time(p) <= 1.001
+
+
+def test_a_group_within_its_tolerance_is_left_as_it_is() -> None:
+    # two bins of one group, 4e-5 of their mean apart; a swap (12 for 10) would level them
+    from varpack.plan.engine.improve import improve
+    from varpack.plan.tuning import LEVEL_TOLERANCE
+
+    cost = np.array([50_000.0, 49_990.0, 12.0, 12.0, 10.0])
+    tok = np.array([100, 100, 12, 12, 10], dtype=np.int64)
+    order = np.arange(5, dtype=np.int64)
+    out_bin = np.array([0, 1, 1, 1, 0], dtype=np.int64)
+    out_mb = np.zeros(5, dtype=np.int64)
+    load = np.array([50_010.0, 50_014.0])
+    fill = np.array([110.0, 124.0])
+    cnt = np.array([2, 3], dtype=np.int64)
+    assert (load.max() - load.mean()) / load.mean() < LEVEL_TOLERANCE
+    fill = np.array([110.0, 110.0])
+    cnt = np.array([2, 2], dtype=np.int64)
+    improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, np.int64(1), np.int64(2),
+            np.int64(1), np.int64(1000), np.int64(8), LEVEL_TOLERANCE)  # fmt: skip
+    assert out_bin.tolist() == [0, 1, 1, 1, 0]
+    improve(cost, tok, order, out_bin, out_mb, load, fill, cnt, np.int64(1), np.int64(2),
+            np.int64(1), np.int64(1000), np.int64(8), 0.0)  # fmt: skip
+    assert out_bin.tolist() != [0, 1, 1, 1, 0]  # without it, the swap is made
+    assert load.tolist() == [50_012.0, 50_012.0]
