@@ -53,11 +53,8 @@ def _push(heap, n, key, b, rank):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _pop(heap, n, key, rank):  # type: ignore[no-untyped-def]
-    top = heap[0]
-    n -= 1
-    heap[0] = heap[n]
-    i = 0
+def _sift(heap, n, key, rank, i):  # type: ignore[no-untyped-def]
+    """Move ``heap[i]`` down to its place (its key fell, or it was put at the root)."""
     while True:
         left, best = 2 * i + 1, i
         if left < n and _above(key, heap[left], heap[best], rank):
@@ -65,9 +62,17 @@ def _pop(heap, n, key, rank):  # type: ignore[no-untyped-def]
         if left + 1 < n and _above(key, heap[left + 1], heap[best], rank):
             best = left + 1
         if best == i:
-            break
+            return
         heap[i], heap[best] = heap[best], heap[i]
         i = best
+
+
+@njit(cache=True)
+def _pop(heap, n, key, rank):  # type: ignore[no-untyped-def]
+    top = heap[0]
+    n -= 1
+    heap[0] = heap[n]
+    _sift(heap, n, key, rank, 0)
     return top, n
 
 
@@ -355,7 +360,7 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
             b, npk = _pop(parked, npk, free, rank)
             n = _push(heap, n, key, b, rank)
         while n > 0:
-            b, n = _pop(heap, n, key, rank)
+            b = heap[0]  # the bin furthest below its target (a total order: any heap's first)
             j = room(fill, tree, b, kb, cap, tok[i])
             if j >= 0:
                 out_bin[i], out_mb[i] = b, j
@@ -363,8 +368,9 @@ def _compose_at(p, h, cost, tok, order, dp, kb, gps, cap, passes, out_bin, out_m
                 add(fill, tree, b, kb, j, tok[i])
                 cnt[b * kb + j] += 1
                 key[b] -= cost[i]
-                n = _push(heap, n, key, b, rank)
+                _sift(heap, n, key, rank, 0)
                 break
+            b, n = _pop(heap, n, key, rank)
             free[b] = cap - fill[b * kb + least(tree, kb, b)]
             npk = _push(parked, npk, free, b, rank)
         if out_bin[i] < 0:
