@@ -35,20 +35,28 @@ def _costliest_first(buf, m, lens):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _emit(buf, order, out_bin, out_mb, p, dp, kb, gps, stream, out, starts, nmb):  # type: ignore[no-untyped-def]
+def emit(buf, order, cost, out_bin, out_mb, p, dp, kb, gps, stream, out, starts, nmb):  # type: ignore[no-untyped-def]
     """Append a composed window's micro-batches, step by step: under step sync each rank's
-    ``kb`` micro-batches in turn; with slots (``gps`` a step) slot ``j`` of step ``s`` is group
-    ``j * p + s`` (so heavy groups, the first, spread over the steps). Inside a micro-batch its
-    samples costliest first. Returns the new stream length and micro-batch count."""
+    ``kb`` micro-batches in turn, costliest first (each slot then holds alike ones, should the
+    ranks meet at every micro-batch after all); with slots (``gps`` a step) slot ``j`` of step
+    ``s`` is group ``j * p + s`` (so heavy groups, the first, spread over the steps). Inside a
+    micro-batch its samples costliest first. Returns the new stream length and micro-batch
+    count."""
     nmbw = p * gps * dp * kb
+    load = np.zeros(nmbw)
+    for i in range(len(order)):
+        if out_bin[i] >= 0:
+            load[out_bin[i] * kb + out_mb[i]] += cost[i]
     slot_of = np.empty(nmbw, dtype=np.int64)  # micro-batch (bin, mb) -> its place in the window
     at = 0
     for s in range(p):
         for j in range(gps):
             g = j * p + s
             for r in range(dp):
+                e = (g * dp + r) * kb
+                by = np.argsort(-load[e : e + kb], kind="mergesort")
                 for u in range(kb):
-                    slot_of[(g * dp + r) * kb + u] = at
+                    slot_of[e + by[u]] = at
                     at += 1
     first = np.zeros(nmbw + 1, dtype=np.int64)
     m = len(order)
@@ -150,7 +158,8 @@ def compose_epoch(lens, alone, price, costs, window_tok, dp, kb, gps, cap, fill_
             nc = m
         else:
             starts = grow(starts, nmb + p * per_step + 1)
-            out, nmb = _emit(buf, order, out_bin, out_mb, p, dp, kb, gps, stream, out, starts, nmb)
+            out, nmb = emit(buf, order, cost, out_bin, out_mb, p, dp, kb, gps, stream, out, starts,
+                            nmb)  # fmt: skip
             nc = 0
             for i in range(m):
                 if out_bin[i] < 0:

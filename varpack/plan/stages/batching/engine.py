@@ -21,7 +21,7 @@ from varpack.errors import ConfigError
 from varpack.plan.arrays import Batches
 from varpack.plan.config import PlanConfig
 from varpack.plan.cost import CostModel, sample_cost
-from varpack.plan.engine.epoch import compose_run
+from varpack.plan.engine.epoch import compose_run, emit
 from varpack.plan.engine.window import compose_steps
 from varpack.plan.kernels.compose import Composed
 from varpack.plan.kernels.compose_threads import default_threads, threaded
@@ -219,15 +219,9 @@ def _batch_step(
                                      np.int64(gps), np.int64(cap), np.int64(ENGINE_PASSES),
                                      float(BATCH_TOLERANCE), out_bin, out_mb)):  # fmt: skip
         return None
-    nmb = dp * kb * gps
-    if kb > 1:  # a rank's micro-batches costliest first: each slot's alike, should ranks meet
-        load = np.bincount(out_bin * kb + out_mb, weights=cost, minlength=nmb)
-        by = np.lexsort((np.arange(nmb), -load, np.arange(nmb) // kb))
-        place = np.empty(nmb, dtype=np.int64)
-        place[by] = np.arange(nmb)
-        out_mb = place[out_bin * kb + out_mb] % kb
-    micro = out_bin * kb + out_mb  # a step's group j is slot j: bins, then micro-batches, in turn
-    at = np.empty(m, dtype=np.int64)
-    at[order] = np.arange(m)
-    pos = np.lexsort((at, micro))  # inside a micro-batch, costliest first
-    return pos, np.concatenate(([0], np.cumsum(np.bincount(micro, minlength=nmb))))
+    pos, starts = np.empty(m, dtype=np.int64), np.empty(dp * kb * gps + 1, dtype=np.int64)
+    _, nmb = emit(np.arange(m, dtype=np.int64), order, cost, out_bin, out_mb, np.int64(1),
+                  np.int64(dp), np.int64(kb), np.int64(gps), pos, np.int64(0), starts,
+                  np.int64(0))  # fmt: skip
+    starts[nmb] = m
+    return pos, starts
