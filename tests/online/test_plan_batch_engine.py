@@ -91,14 +91,14 @@ def test_ahead_of_a_longest_processing_time_baseline(sync: str, cap: int, group:
     group=st.sampled_from([1, 4]),
     cost=st.sampled_from(["tokens", "flops"]),
     seed=st.integers(0, 3),
-    oversize=st.sampled_from(["alone", "error"]),
+    oversize=st.sampled_from(["alone", "split", "error"]),
 )
 def test_every_engine_plan_keeps_the_contract(n, dp, steps, budget, pad_multiple, sync, group,
                                               cost, seed, oversize) -> None:  # fmt: skip
     n = max(n, 4 * dp * steps * group)
     rng = np.random.default_rng(seed)
     lens = rng.integers(1, budget // 2 + 1, n)
-    if oversize == "alone":  # a tenth longer than the budget: a micro-batch of its own
+    if oversize != "error":  # a tenth longer than the budget: alone, or split into pieces
         lens[rng.random(n) < 0.1] = rng.integers(budget + 1, 2 * budget)
     dims = FLOPS if cost == "flops" else {"cost": cost}
     try:
