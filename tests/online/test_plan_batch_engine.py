@@ -131,3 +131,12 @@ def test_what_the_engine_does_not_compose_is_one_line(options: dict) -> None:  #
     with pytest.raises(ConfigError) as err:
         plan_batch(rollout(256), dp=2, max_tokens=8192, **options)
     assert "compose" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_samples_over_half_the_budget_take_a_micro_batch_each() -> None:
+    # each sample needs a micro-batch of its own: K = 16 a rank where the tokens alone say 9
+    # (and 5 % more, 10, leave samples without room): planned, not refused
+    lens = np.full(64, 4500)
+    plan = plan_batch(lens, dp=4, max_tokens=8192, compose="engine")
+    assert plan.micro_per_step == 16
+    check_contract(plan, lens, dp=4, steps=1, max_tokens=8192)

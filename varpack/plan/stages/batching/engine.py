@@ -164,7 +164,8 @@ def batch_steps(
     """A batch planned in memory (``plan_batch``), each of its steps (``(lens, alone)``: its
     samples) composed by the engine on its own into ``dp x K`` micro-batches: ``K`` the fewest
     that composes every step, from the fewest a rank needs for the fullest step's tokens up to
-    :data:`~varpack.plan.tuning.MORE_MICRO` of them more, and one. Each step's samples in
+    :data:`~varpack.plan.tuning.MORE_MICRO` of them more, and one (beyond, only where none of
+    those composes: up to the most that leave no micro-batch empty). Each step's samples in
     their composed order and its micro-batch starts (ranks' shares of ``kb`` micro-batches in
     turn; slot after slot under ``--sync micro``), and ``K``; None where no ``K`` will do."""
     assert cfg.max_tokens is not None
@@ -185,9 +186,13 @@ def batch_steps(
             parts.append(got)
         return parts
 
-    # the fewest K that composes, found by bisection (more micro-batches only add room)
+    # the fewest K that composes, found by bisection (more micro-batches only add room): up
+    # to MORE_MICRO more than the fewest, else up to the most that leave none empty
     lo, hi = max(fewest, 1), min(fewest + int(MORE_MICRO * fewest) + 1, least)
     found = composed(hi) if hi >= lo else None
+    if found is None and least > hi:
+        lo, hi = max(hi + 1, lo), least
+        found = composed(hi)
     if found is None:
         return None
     while lo < hi:
