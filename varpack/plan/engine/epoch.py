@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from varpack.plan.engine.window import compose_window
-from varpack.plan.kernels.compose import Composed, grow
+from varpack.plan.kernels.compose import Composed, grow, window_end
 from varpack.plan.kernels.order import sort_by_length
 
 
@@ -109,16 +109,7 @@ def compose_epoch(lens, alone, price, costs, window_tok, dp, kb, gps, cap, fill_
     a = nc0
     cum = cum0
     while a < n or (final and nc > 0):
-        b = a
-        tot = 0
-        w = cum // window_tok
-        while b < n and (cum + tot) // window_tok == w:
-            tot += lens[b]
-            b += 1
-        if b < n and (total - cum - tot < window_tok // 2 or n - b + rest_n < 2 * per_step):
-            while b < n:  # a short tail joins the last window
-                tot += lens[b]
-                b += 1
+        b, tot = window_end(lens, a, cum, window_tok, total, window_tok // 2, rest_n, per_step)
         cum += tot
         m = nc + b - a
         buf = grow(buf, m)

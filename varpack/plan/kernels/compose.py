@@ -66,6 +66,33 @@ def grow(a, size):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
+def window_end(lens, a, cum, window_tok, total, tail_tok, n_after, per_step):  # type: ignore[no-untyped-def]
+    """``(end, tokens)`` of the window that starts at position ``a`` of ``lens`` (``cum``
+    tokens of the stream before it): the positions whose tokens before them fall in the same
+    multiple of ``window_tok``; where what follows is a tail of fewer than ``tail_tok`` of the
+    stream's ``total`` tokens, or of fewer than two steps' positions (``n_after`` more follow
+    ``lens``), the tail joins it.
+
+    >>> window_end(np.array([4, 4, 4, 4, 1]), 0, 0, 8, 17, 3, 0, 1)
+    (2, 8)
+    >>> window_end(np.array([4, 4, 4, 4, 1]), 2, 8, 8, 17, 3, 0, 1)
+    (5, 9)
+    """
+    n = len(lens)
+    b = a
+    tot = np.int64(0)
+    w = cum // window_tok
+    while b < n and (cum + tot) // window_tok == w:
+        tot += lens[b]
+        b += 1
+    if b < n and (total - cum - tot < tail_tok or n - b + n_after < 2 * per_step):
+        while b < n:  # a short tail joins the last window
+            tot += lens[b]
+            b += 1
+    return b, tot
+
+
+@njit(cache=True)
 def _emit(buf, order, where, nbins, stream, out, starts, nmb, carry):  # type: ignore[no-untyped-def]
     """Append the placed samples micro-batch by micro-batch (costliest first inside each);
     the others go to ``carry``. Returns the new stream length, micro-batch count, carry count."""
@@ -193,16 +220,7 @@ def _compose_epoch(
     a = nc0
     cum = cum0  # tokens of the permutation before position a
     while a < n or (final and nc > 0):
-        b = a
-        tot = np.int64(0)
-        w = cum // window_tok
-        while b < n and (cum + tot) // window_tok == w:
-            tot += lens[b]
-            b += 1
-        if b < n and (total_tok - cum - tot < step_tok or n - b + rest_n < 2 * per_step):
-            while b < n:  # a short tail joins the last window
-                tot += lens[b]
-                b += 1
+        b, tot = window_end(lens, a, cum, window_tok, total_tok, step_tok, rest_n, per_step)
         cum += tot
         m = nc + b - a
         buf = grow(buf, m)
