@@ -251,8 +251,7 @@ def _cut_slots(
     rows, off = complete_tail(comm, rows, off, cfg, f"epoch {epoch}")
     rows, off = whole_units(comm, rows, off, cfg.shuffle_window * cfg.micro_per_step)
     if isinstance(how, EngineRule):
-        cost = np.add.reduceat(how.costs(rows["lens"]), off[:-1]) if count(rows) else np.zeros(0)
-        order = how.slot_cut(cost)
+        order = how.slot_cut(rows["lens"], off)
     else:
         cost = summarize(off, rows["lens"], cfg.micro_rule()).cost
         order = slot_cut(cost, rows["_wide"][off[:-1]], cfg, epoch)

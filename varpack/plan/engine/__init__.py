@@ -7,6 +7,7 @@ objective (:mod:`.window`): heavy samples a group at a time, the rest dealt to t
 below its target, then each group levelled by the moves and swaps that lower it. The regimes
 (grad-accum, step or micro) are data: the size of a bin and the number of groups a step.
 
-It covers shuffled budget batching in the packed layout without ``--pp`` or a blend; the
+It covers shuffled budget batching in the packed layout without ``--pp`` or a blend, in one
+process, on threads and under MPI, and the steps of ``plan_batch(compose="engine")``; the
 composer of ``--compose cost`` covers the rest while the two are compared.
 """

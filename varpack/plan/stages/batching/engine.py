@@ -2,13 +2,14 @@
 objective, window by window (:mod:`varpack.plan.engine`).
 
 Per epoch the shuffle order's permutation comes with the lengths moved along
-(:func:`varpack.plan.kernels.permute.permuted`, as for ``--compose cost``), and
-:func:`varpack.plan.engine.epoch.compose_epoch` composes it: under ``--sync step`` a bin is a
-rank's ``grad_accum`` micro-batches of a step (the assign stage moves them whole,
-``Batches.group``); under ``--sync micro`` a bin is one micro-batch and a step ``grad_accum``
-slots of ``dp`` (the assign stage cuts each step's slots by cost). Where an epoch has too few
-samples for whole steps it is composed by tokens (:mod:`.greedy`).
-"""
+(:func:`varpack.plan.kernels.permute.permuted`, as for ``--compose cost``), and the engine's
+rule (:class:`EngineRule`) composes its runs on threads (the same plan whatever their number;
+the MPI planner calls the same rule): under ``--sync step`` a bin is a rank's ``grad_accum``
+micro-batches of a step (the assign stage moves them whole, ``Batches.group``); under ``--sync
+micro`` a bin is one micro-batch, a step ``grad_accum`` slots of ``dp``, and the epoch's
+micro-batches are cut into slots of alike cost, window by window. Where an epoch has too few
+samples for whole steps it is composed by tokens (:mod:`.greedy`). :func:`batch_steps` composes
+the steps of a batch planned in memory (``plan_batch(compose="engine")``)."""
 
 from __future__ import annotations
 
@@ -102,10 +103,12 @@ class EngineRule(NamedTuple):
         return compose_run(arrays, run, self.price, self.window_tokens, self.dp, self.kb,
                            self.gps, self.cap, ENGINE_FILL, ENGINE_PASSES)  # fmt: skip
 
-    def slot_cut(self, micro_cost: np.ndarray) -> np.ndarray:
-        """The order of an epoch's micro-batches (whole steps, ``micro_cost`` each) cut into
-        slots of alike cost (:func:`~varpack.plan.kernels.slots.slot_order`)."""
-        return slot_order(micro_cost, self.dp, self.grad_accum, self.shuffle_window)
+    def slot_cut(self, slens: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """The order of an epoch's micro-batches (whole steps, cut at ``starts`` from the
+        stream's lengths ``slens``) cut into slots of alike cost
+        (:func:`~varpack.plan.kernels.slots.slot_order`)."""
+        cost = np.add.reduceat(self.costs(slens), starts[:-1]) if len(slens) else np.zeros(0)
+        return slot_order(cost, self.dp, self.grad_accum, self.shuffle_window)
 
 
 def engine_rule(cfg: PlanConfig, orule: OrderRule, longest: int) -> EngineRule:
@@ -151,9 +154,7 @@ def build(
         stream, starts = got.stream, got.starts
         del got
         if rule.cut:
-            cost = np.add.reduceat(rule.costs(plens[stream]), starts[:-1]) if len(stream) else \
-                np.zeros(0)  # fmt: skip
-            (stream,), starts = move_micro((stream,), starts, rule.slot_cut(cost))
+            (stream,), starts = move_micro((stream,), starts, rule.slot_cut(plens[stream], starts))
         composed.add(epoch, perm, plens, stream, starts)
     return composed.batches(rule.kb, cfg.shuffle_window)
 
