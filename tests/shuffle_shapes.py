@@ -1,5 +1,6 @@
-"""Length shapes the tests of the shuffled composers share: hypothesis strategies of small
-lengths with a few near the budget, and the heavy-bodied long tail."""
+"""Length shapes and plan options the tests of the shuffled composers share: hypothesis
+strategies of small lengths with a few near the budget, of the options every shuffled plan
+takes, and the heavy-bodied long tail."""
 
 from __future__ import annotations
 
@@ -15,6 +16,23 @@ heavy_mix = st.tuples(
     st.lists(st.integers(1, 80), min_size=20, max_size=400),
     st.lists(st.integers(200, 400), min_size=0, max_size=12),
 ).map(lambda t: t[0] + t[1])
+
+
+def options(**more: st.SearchStrategy) -> st.SearchStrategy:  # type: ignore[type-arg]
+    """The options of a small shuffled plan (budgets 300-512), and ``more`` of the caller's."""
+    return st.fixed_dictionaries(
+        {
+            "dp": st.integers(1, 4),
+            "grad_accum": st.integers(1, 4),
+            "window": st.integers(1, 4),
+            "epochs": st.integers(1, 2),
+            "seed": st.integers(0, 5),
+            "pad_multiple": st.sampled_from([1, 1, 8]),
+            "oversize": st.sampled_from(["error", "drop", "alone"]),
+            "budget": st.sampled_from([400, 512, 300]),
+            **more,
+        }
+    )
 
 
 def sorted_lengths(lens) -> np.ndarray:  # type: ignore[no-untyped-def]

@@ -41,7 +41,7 @@ from statistics import NormalDist
 
 import numpy as np
 from real_cost import RealModel
-from rl_peers import Micro, independent_times, karmarkar_karp
+from rl_peers import Micro, independent_times, karmarkar_karp, lpt_steps
 
 from varpack.online import plan_batch
 
@@ -155,38 +155,9 @@ def roll_plan(lens: np.ndarray, dp: int, budget: int, steps: int, group: int = 1
 
 def lpt_plan(lens: np.ndarray, dp: int, budget: int, steps: int, group: int = 1,
              seed: int = 0) -> Plan:  # fmt: skip
-    """The plain baseline a new user writes: each mini-batch's samples, costliest first, each
-    into the least-loaded (by cost) of the fewest micro-batches that hold its tokens,
-    ``ceil(tokens / (dp x budget))`` per rank (one more a rank while some sample finds no
-    room), then those micro-batches cut into slots of ``dp`` by cost and each slot's dealt to
-    the ranks lightest-first against their sums so far (longest-processing-time throughout)."""
-    plan = []
-    for mb in mini_batches(len(lens), steps, group, seed):
-        x = lens[mb]
-        c = REAL.sample_cost(x)
-        order = np.argsort(-c, kind="stable")
-        k = max(1, -(-int(x.sum()) // (dp * budget)))
-        while True:
-            load, tok = np.zeros(dp * k), np.zeros(dp * k, dtype=np.int64)
-            where = np.full(len(mb), -1)
-            for i in order:
-                room = np.flatnonzero((tok + x[i] <= budget) | (tok == 0))
-                if not len(room):
-                    break
-                b = room[np.argmin(load[room])]
-                where[i], load[b], tok[b] = b, load[b] + c[i], tok[b] + x[i]
-            if (where >= 0).all() and (tok > 0).all():
-                break
-            k += 1
-        bins = [mb[where == b] for b in range(dp * k)]
-        ranks: list[list[np.ndarray]] = [[] for _ in range(dp)]
-        sums = np.zeros(dp)
-        for slot in np.argsort(-load, kind="stable").reshape(k, dp):
-            for b, r in zip(slot, np.argsort(sums, kind="stable"), strict=True):
-                ranks[r].append(bins[b])
-                sums[r] += load[b]
-        plan.append(ranks)
-    return plan
+    """The plain baseline (:func:`rl_peers.lpt_steps`) on the bench's mini-batches."""
+    return lpt_steps(lens, REAL.sample_cost(lens), mini_batches(len(lens), steps, group, seed),
+                     dp, budget)  # fmt: skip
 
 
 def varpack_plan(lens: np.ndarray, dp: int, budget: int, steps: int, group: int = 1,

@@ -85,6 +85,43 @@ def independent_times(m: Micro, dp: int, model: RealModel | None = None) -> dict
     }
 
 
+def lpt_steps(lens: np.ndarray, cost: np.ndarray, steps: list[np.ndarray], dp: int,
+              budget: int) -> list[list[list[np.ndarray]]]:  # fmt: skip
+    """The plain baseline a new user writes (``bench_online.py``, and the engine's tests on its
+    own steps): each step's samples (``steps``: indices into ``lens``), costliest first, each
+    into the least loaded (by ``cost``) of the fewest micro-batches that hold its tokens,
+    ``ceil(tokens / (dp x budget))`` per rank (one more a rank while some sample finds no room;
+    a sample over the budget takes an empty one), then those micro-batches cut into slots of
+    ``dp`` by cost and each slot's dealt to the ranks lightest first against their sums
+    (longest-processing-time throughout). ``[step][rank]`` -> micro-batches."""
+    plan = []
+    for mb in steps:
+        x, c = lens[mb], cost[mb]
+        order = np.argsort(-c, kind="stable")
+        k = max(1, -(-int(x.sum()) // (dp * budget)))
+        while True:
+            load, tok = np.zeros(dp * k), np.zeros(dp * k, dtype=np.int64)
+            where = np.full(len(mb), -1)
+            for i in order:
+                room = np.flatnonzero((tok + x[i] <= budget) | (tok == 0))
+                if not len(room):
+                    break
+                b = room[np.argmin(load[room])]
+                where[i], load[b], tok[b] = b, load[b] + c[i], tok[b] + x[i]
+            if (where >= 0).all() and (tok > 0).all():
+                break
+            k += 1
+        bins = [mb[where == b] for b in range(dp * k)]
+        ranks: list[list[np.ndarray]] = [[] for _ in range(dp)]
+        sums = np.zeros(dp)
+        for slot in np.argsort(-load, kind="stable").reshape(k, dp):
+            for b, r in zip(slot, np.argsort(sums, kind="stable"), strict=True):
+                ranks[r].append(bins[b])
+                sums[r] += load[b]
+        plan.append(ranks)
+    return plan
+
+
 def karmarkar_karp(values: np.ndarray, k: int, equal_size: bool) -> list[list[int]]:
     """Largest differencing into ``k`` sets (sums balanced; ``equal_size``: as many items each),
     largest set first."""
