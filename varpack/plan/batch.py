@@ -148,10 +148,13 @@ def plan_batch_arrays(
     placed = assign(batches, shaped, cfg)
     rank = placed.rank
     k = cfg.grad_accum
-    if slotted(cfg.sync, k):  # each slot's ranks: level sums over the step too
-        rank = level_lanes(placed.step, placed.micro_index, placed.micro.cost, cfg.dp, k)
     micro = placed.micro
     step_samples, step_tokens = step_totals(placed.step, micro.samples, micro.tokens, steps)
+    if slotted(cfg.sync, k):  # each slot's ranks: level sums over the step too
+        # counted from a rank the step's tokens pick (the same on every rank, another each
+        # step and batch): the deal's order would make the last rank the slowest slot after slot
+        rank = level_lanes(placed.step, placed.micro_index, micro.cost, cfg.dp, k,
+                           step_tokens % cfg.dp)  # fmt: skip
     return PlanArrays(
         cfg=cfg,
         ids=chosen.ids,
